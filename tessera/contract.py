@@ -1,0 +1,439 @@
+"""The contract between Tessera's components.
+
+This module alone spells the resource names, the annotation keys and the JSON shapes that the device
+plugin, the extender, the hook's limits file and the CLI exchange through the Kubernetes API. Every
+component imports what it needs from here; none re-spells a key.
+
+The domain (default ``tessera.io``) is set in one place: ``TESSERA_DOMAIN`` in the environment, or
+:func:`keys_for` for a component given a ``--domain`` flag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from fractions import Fraction
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+DEFAULT_DOMAIN = "tessera.io"
+DOMAIN_ENV = "TESSERA_DOMAIN"
+
+# The kubelet device plugin API version and the health strings it compares exactly.
+DEVICE_PLUGIN_API_VERSION = "v1beta1"
+HEALTHY: Literal["Healthy"] = "Healthy"
+UNHEALTHY: Literal["Unhealthy"] = "Unhealthy"
+
+# Virtual device IDs are "<GPU-UUID>::<n>", the form dcgm-exporter understands for shared GPUs.
+SLICE_SEPARATOR = "::"
+
+# Inside a container: where the device plugin mounts the hook's inputs.
+CONTAINER_LIMITS_FILE = "/var/run/tessera/limits"
+CONTAINER_STATE_DIR = "/var/run/tessera/state"
+CONTAINER_HOOK_LIBRARY = "/usr/local/tessera/libvgpu.so"
+CONTAINER_LD_SO_PRELOAD = "/etc/ld.so.preload"
+
+MAX_CORES = 100
+
+
+class ContractError(ValueError):
+    """Input that breaks the contract. The message names the field and the value."""
+
+
+class Phase(StrEnum):
+    """Progress of a placement decision, written on the pod."""
+
+    ALLOCATING = "allocating"
+    ALLOCATED = "allocated"
+    FAILED = "failed"
+
+
+class Policy(StrEnum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+    FRAGMENTATION = "fragmentation"
+
+
+@dataclass(frozen=True, slots=True)
+class ContractKeys:
+    """Every resource name and annotation key, under one domain."""
+
+    domain: str
+
+    @property
+    def vgpu(self) -> str:
+        return f"{self.domain}/vgpu"
+
+    @property
+    def vgpu_memory(self) -> str:
+        return f"{self.domain}/vgpu-memory"
+
+    @property
+    def vgpu_cores(self) -> str:
+        return f"{self.domain}/vgpu-cores"
+
+    @property
+    def node_gpus(self) -> str:
+        return f"{self.domain}/gpus"
+
+    @property
+    def node_heartbeat(self) -> str:
+        return f"{self.domain}/heartbeat"
+
+    @property
+    def gpu_models(self) -> str:
+        return f"{self.domain}/gpu-models"
+
+    @property
+    def gpu_models_exclude(self) -> str:
+        return f"{self.domain}/gpu-models-exclude"
+
+    @property
+    def workload(self) -> str:
+        return f"{self.domain}/workload"
+
+    @property
+    def min_speed(self) -> str:
+        return f"{self.domain}/min-speed"
+
+    @property
+    def policy(self) -> str:
+        return f"{self.domain}/policy"
+
+    @property
+    def allocation(self) -> str:
+        return f"{self.domain}/allocation"
+
+    @property
+    def allocation_phase(self) -> str:
+        return f"{self.domain}/allocation-phase"
+
+    @property
+    def bind_time(self) -> str:
+        return f"{self.domain}/bind-time"
+
+    @property
+    def resources(self) -> tuple[str, str, str]:
+        return (self.vgpu, self.vgpu_memory, self.vgpu_cores)
+
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def keys_for(domain: str) -> ContractKeys:
+    """Keys under ``domain``; refuses a domain Kubernetes would not accept as a resource prefix."""
+    if len(domain) > 253 or not _DNS_SUBDOMAIN.match(domain) or "kubernetes.io" in domain:
+        raise ContractError(f"domain: {domain!r} is not a DNS subdomain usable for extended resources")
+    return ContractKeys(domain)
+
+
+KEYS = keys_for(os.environ.get(DOMAIN_ENV, DEFAULT_DOMAIN))
+
+
+# --------------------------------------------------------------------------------------------------
+# Node inventory: published by the device plugin, read by the extender.
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuInfo(_Strict):
+    """One physical GPU as the node agent found it through NVML."""
+
+    uuid: str = Field(min_length=1)
+    index: int = Field(ge=0)
+    model: str = Field(min_length=1)
+    memory_mib: int = Field(gt=0)
+    sm_count: int = Field(ge=0)
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$")
+    pci_bus_id: str = ""
+    numa_node: int | None = None
+    nvlink_peers: tuple[str, ...] = ()
+    health: Literal["Healthy", "Unhealthy"] = HEALTHY
+    split: int = Field(ge=1, description="virtual devices (slices) this GPU is advertised as")
+
+    @property
+    def healthy(self) -> bool:
+        return self.health == HEALTHY
+
+
+_INVENTORY = TypeAdapter(tuple[GpuInfo, ...])
+
+
+def dump_inventory(gpus: tuple[GpuInfo, ...] | list[GpuInfo]) -> str:
+    return _INVENTORY.dump_json(tuple(gpus)).decode()
+
+
+def parse_inventory(text: str, *, node: str = "") -> tuple[GpuInfo, ...]:
+    try:
+        return _INVENTORY.validate_json(text)
+    except ValidationError as e:
+        where = f"node {node!r}: " if node else ""
+        raise ContractError(f"{where}annotation {KEYS.node_gpus}: {_first_error(e)}") from None
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with seconds, the form Kubernetes itself writes."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str, *, field: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ContractError(f"{field}: {text!r} is not an RFC 3339 time") from None
+    if moment.tzinfo is None:
+        raise ContractError(f"{field}: {text!r} has no time zone")
+    return moment
+
+
+# --------------------------------------------------------------------------------------------------
+# The decision: written by the extender at bind, read by the device plugin at Allocate.
+
+
+class GpuGrant(_Strict):
+    """One GPU given to one container, with the container's quotas on it."""
+
+    uuid: str = Field(min_length=1)
+    memory_mib: int = Field(gt=0)
+    # Share of the GPU's time in percent; 0 = none reserved.
+    cores: int = Field(ge=0, le=MAX_CORES)
+
+
+class ContainerAllocation(_Strict):
+    name: str = Field(min_length=1)
+    gpus: tuple[GpuGrant, ...] = Field(min_length=1)
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct(cls, gpus: tuple[GpuGrant, ...]) -> tuple[GpuGrant, ...]:
+        uuids = [g.uuid for g in gpus]
+        if len(set(uuids)) != len(uuids):
+            raise ValueError(f"a container's GPUs must be distinct, got {uuids}")
+        return gpus
+
+
+class Allocation(_Strict):
+    """The pod annotation ``<domain>/allocation``: which GPUs each container gets, on which node."""
+
+    node: str = Field(min_length=1)
+    containers: tuple[ContainerAllocation, ...] = Field(min_length=1)
+
+    def for_container(self, name: str) -> ContainerAllocation | None:
+        return next((c for c in self.containers if c.name == name), None)
+
+
+def dump_allocation(allocation: Allocation) -> str:
+    return allocation.model_dump_json()
+
+
+def parse_allocation(text: str, *, pod: str = "") -> Allocation:
+    try:
+        return Allocation.model_validate_json(text)
+    except ValidationError as e:
+        where = f"pod {pod}: " if pod else ""
+        raise ContractError(f"{where}annotation {KEYS.allocation}: {_first_error(e)}") from None
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    value = err.get("input")
+    shown = json.dumps(value)[:80] if _jsonable(value) else repr(value)[:80]
+    return f"{loc or 'value'}: {err['msg']} (got {shown})"
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# A pod's requests, parsed into typed per-container requests.
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """What one container asks for: ``vgpu`` distinct GPUs, each with this memory and compute share.
+
+    ``memory_mib`` None means the whole GPU's memory; ``cores`` None means no compute reserved.
+    """
+
+    name: str
+    vgpu: int
+    memory_mib: int | None
+    cores: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodPreferences:
+    """Placement wishes a user writes as pod annotations."""
+
+    models: tuple[str, ...] = ()
+    models_exclude: tuple[str, ...] = ()
+    workload: str | None = None
+    min_speed: float | None = None
+    policy: Policy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    containers: tuple[ContainerRequest, ...]
+    preferences: PodPreferences
+
+    @property
+    def wants_gpu(self) -> bool:
+        return bool(self.containers)
+
+
+_QUANTITY = re.compile(r"^([+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)([a-zA-Z]*|[eE][+-]?[0-9]+)$")
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def parse_integer_quantity(value: object, *, field: str) -> int:
+    """A Kubernetes quantity that must be a whole number (as extended resources must be).
+
+    ``"4096"``, ``4096``, ``"4Ki"`` and ``"4000m"`` are integers; ``"0.5"`` and ``"1500m"`` are not.
+    """
+    if isinstance(value, bool):
+        raise ContractError(f"{field}: {value!r} must be an integer")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ContractError(f"{field}: {value!r} is not a quantity")
+    number, suffix = match.groups()
+    amount = Fraction(number)
+    if suffix in _BINARY:
+        amount *= _BINARY[suffix]
+    elif suffix in _DECIMAL:
+        amount *= _DECIMAL[suffix]
+    elif suffix == "m":
+        amount /= 1000
+    elif suffix[:1] in "eE" and len(suffix) > 1:
+        amount *= Fraction(10) ** int(suffix[1:])
+    else:
+        raise ContractError(f"{field}: {value!r} has an unknown suffix {suffix!r}")
+    if amount.denominator != 1:
+        raise ContractError(f"{field}: {value!r} must be an integer")
+    return int(amount)
+
+
+def _container_request(container: Mapping[str, Any], keys: ContractKeys) -> ContainerRequest | None:
+    name = str(container.get("name") or "")
+    resources = container.get("resources") or {}
+    limits: Mapping[str, Any] = resources.get("limits") or {}
+    requests: Mapping[str, Any] = resources.get("requests") or {}
+    values: dict[str, int] = {}
+    for resource in keys.resources:
+        field = f"container {name!r}: {resource}"
+        limit = limits.get(resource)
+        request = requests.get(resource)
+        if limit is None and request is None:
+            continue
+        parsed_limit = None if limit is None else parse_integer_quantity(limit, field=field)
+        parsed_request = None if request is None else parse_integer_quantity(request, field=field)
+        if parsed_limit is not None and parsed_request is not None and parsed_limit != parsed_request:
+            raise ContractError(
+                f"{field}: request {request!r} differs from limit {limit!r}; they must be equal"
+            )
+        values[resource] = parsed_limit if parsed_limit is not None else parsed_request  # type: ignore[assignment]
+    if not values:
+        return None
+    vgpu = values.get(keys.vgpu)
+    memory = values.get(keys.vgpu_memory)
+    cores = values.get(keys.vgpu_cores)
+    if vgpu is None:
+        asked = ", ".join(r for r in (keys.vgpu_memory, keys.vgpu_cores) if r in values)
+        raise ContractError(f"container {name!r}: {asked} asked without {keys.vgpu}")
+    if vgpu < 1:
+        raise ContractError(f"container {name!r}: {keys.vgpu}: {vgpu} must be at least 1")
+    if memory is not None and memory <= 0:
+        raise ContractError(f"container {name!r}: {keys.vgpu_memory}: {memory} must be more than 0 MiB")
+    if cores is not None and not 1 <= cores <= MAX_CORES:
+        raise ContractError(f"container {name!r}: {keys.vgpu_cores}: {cores} is outside 1..{MAX_CORES}")
+    return ContainerRequest(name=name, vgpu=vgpu, memory_mib=memory, cores=cores)
+
+
+def _split_models(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def parse_preferences(annotations: Mapping[str, str] | None, keys: ContractKeys = KEYS) -> PodPreferences:
+    annotations = annotations or {}
+    min_speed: float | None = None
+    raw_speed = annotations.get(keys.min_speed)
+    if raw_speed is not None:
+        try:
+            min_speed = float(raw_speed)
+        except ValueError:
+            raise ContractError(f"annotation {keys.min_speed}: {raw_speed!r} is not a number") from None
+        if not 0 < min_speed < float("inf"):
+            raise ContractError(f"annotation {keys.min_speed}: {raw_speed!r} must be a positive number")
+    policy: Policy | None = None
+    raw_policy = annotations.get(keys.policy)
+    if raw_policy is not None:
+        try:
+            policy = Policy(raw_policy.strip().lower())
+        except ValueError:
+            allowed = ", ".join(p.value for p in Policy)
+            raise ContractError(f"annotation {keys.policy}: {raw_policy!r} is not one of {allowed}") from None
+    workload = annotations.get(keys.workload)
+    if workload is not None and not workload.strip():
+        raise ContractError(f"annotation {keys.workload}: {workload!r} is empty")
+    return PodPreferences(
+        models=_split_models(annotations.get(keys.gpu_models, "")),
+        models_exclude=_split_models(annotations.get(keys.gpu_models_exclude, "")),
+        workload=workload.strip() if workload else None,
+        min_speed=min_speed,
+        policy=policy,
+    )
+
+
+def parse_pod_request(pod: Mapping[str, Any], keys: ContractKeys = KEYS) -> PodRequest:
+    """Typed requests of a pod given as Kubernetes API JSON (camelCase keys, as on the wire).
+
+    Raises :class:`ContractError` naming the container, the resource and the value.
+    """
+    spec = pod.get("spec") or {}
+    metadata = pod.get("metadata") or {}
+    containers: list[ContainerRequest] = []
+    for container in spec.get("containers") or []:
+        parsed = _container_request(container, keys)
+        if parsed is not None:
+            containers.append(parsed)
+    for container in spec.get("initContainers") or []:
+        if _container_request(container, keys) is not None:
+            raise ContractError(
+                f"init container {container.get('name')!r}: {keys.vgpu} is supported on containers only"
+            )
+    preferences = parse_preferences(metadata.get("annotations"), keys)
+    return PodRequest(containers=tuple(containers), preferences=preferences)
+
+
+def slice_id(uuid: str, n: int) -> str:
+    return f"{uuid}{SLICE_SEPARATOR}{n}"
+
+
+def slice_gpu(device_id: str) -> str:
+    """The physical GPU UUID of a virtual device ID."""
+    uuid, sep, n = device_id.rpartition(SLICE_SEPARATOR)
+    if not sep or not uuid or not n.isdigit():
+        raise ContractError(f"device ID: {device_id!r} is not of the form <GPU-UUID>{SLICE_SEPARATOR}<n>")
+    return uuid
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
