@@ -1,0 +1,349 @@
+"""A real Kubernetes control plane as local processes: etcd, kube-apiserver, and kube-scheduler.
+
+Used by the tests (through ``tests/conftest.py``) and by ``tessera sandbox``. Binaries come from
+``hack/k8s-binaries.sh``, which builds them from Go modules into a cache outside the work tree.
+Everything listens on 127.0.0.1 with free ports, and every process started here is stopped by
+:meth:`ControlPlane.stop` (each runs in its own process group, so children go with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+K8S_VERSION = "v1.34.10"
+BIN_ENV = "TESSERA_K8S_BIN"
+CACHE_ENV = "TESSERA_K8S_CACHE"
+ADMIN_TOKEN = "tessera-admin-token"
+LOOPBACK = "127.0.0.1"
+
+REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
+
+
+class ControlPlaneError(RuntimeError):
+    """A control-plane process could not be started or did not become ready."""
+
+
+def default_bin_dir() -> Path:
+    if os.environ.get(BIN_ENV):
+        return Path(os.environ[BIN_ENV])
+    cache = os.environ.get(CACHE_ENV) or str(Path.home() / ".cache" / "tessera" / f"k8s-{K8S_VERSION}")
+    return Path(cache) / "bin"
+
+
+def find_binaries(bin_dir: Path | None = None, names: Sequence[str] = REQUIRED_BINARIES) -> Path:
+    """The directory holding ``names``; a clear error saying how to build them when absent."""
+    directory = bin_dir or default_bin_dir()
+    missing = [n for n in names if not os.access(directory / n, os.X_OK)]
+    if missing:
+        raise ControlPlaneError(
+            f"{', '.join(missing)} not found in {directory}: run hack/k8s-binaries.sh "
+            f"(or set {BIN_ENV} to a directory holding them)"
+        )
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass
+class ManagedProcess:
+    """A child process in its own process group, with its output in a log file."""
+
+    name: str
+    args: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    popen: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                self.args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=self.env,
+            )
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it if it lingers; safe to call twice."""
+        if self.popen is None:
+            return
+        pgid = self.popen.pid
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+                self.popen.wait()
+        # Children that outlived their parent still share its process group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        self.popen = None
+
+
+def _insecure_tls() -> ssl.SSLContext:
+    # The apiserver self-signs its serving certificate on loopback; tests trust it by token alone.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def wait_http_ok(
+    url: str, process: ManagedProcess, timeout: float, token: str | None = None, path_ok: int = 200
+) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if not process.running:
+            raise ControlPlaneError(f"{process.name} exited while starting:\n{process.log_tail()}")
+        request = urllib.request.Request(url)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=2, context=_insecure_tls()) as response:
+                if response.status == path_ok:
+                    return
+                last = f"HTTP {response.status}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}"
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        time.sleep(0.2)
+    raise ControlPlaneError(
+        f"{process.name} not ready at {url} after {timeout:.0f}s ({last}):\n{process.log_tail()}"
+    )
+
+
+@dataclass
+class ControlPlane:
+    """etcd + kube-apiserver (+ kube-scheduler on demand) under ``work_dir``."""
+
+    work_dir: Path
+    bin_dir: Path = field(default_factory=default_bin_dir)
+    extra_tokens: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Additional bearer tokens: token -> (user name, comma-separated groups), for RBAC tests."""
+
+    api_port: int = 0
+    processes: list[ManagedProcess] = field(default_factory=list)
+
+    @property
+    def api_url(self) -> str:
+        return f"https://{LOOPBACK}:{self.api_port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.work_dir / "admin.kubeconfig"
+
+    def kubeconfig_for(self, token: str, name: str) -> Path:
+        """A kubeconfig authenticating with ``token`` (one of ``extra_tokens`` or the admin's)."""
+        path = self.work_dir / f"{name}.kubeconfig"
+        path.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters:\n- name: local\n  cluster:\n    server: {self.api_url}\n"
+            "    insecure-skip-tls-verify: true\n"
+            f"users:\n- name: {name}\n  user:\n    token: {token}\n"
+            f"contexts:\n- name: local\n  context:\n    cluster: local\n    user: {name}\n"
+            "current-context: local\n"
+        )
+        return path
+
+    def start(self, timeout: float = 90.0) -> None:
+        find_binaries(self.bin_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_etcd_and_apiserver(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_etcd_and_apiserver(self, timeout: float) -> None:
+        certs = self.work_dir / "pki"
+        certs.mkdir(exist_ok=True)
+        self._service_account_keys(certs)
+        tokens = self.work_dir / "tokens.csv"
+        rows = [f'{ADMIN_TOKEN},admin,admin,"system:masters"']
+        rows += [f'{tok},{user},{user},"{groups}"' for tok, (user, groups) in self.extra_tokens.items()]
+        tokens.write_text("\n".join(rows) + "\n")
+
+        etcd_port, etcd_peer = free_port(), free_port()
+        etcd = ManagedProcess(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                f"--data-dir={self.work_dir / 'etcd'}",
+                f"--listen-client-urls=http://{LOOPBACK}:{etcd_port}",
+                f"--advertise-client-urls=http://{LOOPBACK}:{etcd_port}",
+                f"--listen-peer-urls=http://{LOOPBACK}:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://{LOOPBACK}:{etcd_peer}",
+                f"--initial-cluster=default=http://{LOOPBACK}:{etcd_peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+            self.work_dir / "logs" / "etcd.log",
+        )
+        self._launch(etcd)
+        wait_http_ok(f"http://{LOOPBACK}:{etcd_port}/health", etcd, timeout)
+
+        self.api_port = free_port()
+        apiserver = ManagedProcess(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://{LOOPBACK}:{etcd_port}",
+                f"--bind-address={LOOPBACK}",
+                f"--advertise-address={LOOPBACK}",
+                f"--secure-port={self.api_port}",
+                f"--cert-dir={certs}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                f"--service-account-issuer=https://{LOOPBACK}:{self.api_port}/",
+                f"--service-account-key-file={certs / 'sa.pub'}",
+                f"--service-account-signing-key-file={certs / 'sa.key'}",
+                f"--token-auth-file={tokens}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                # No kube-controller-manager runs: nothing would create default service accounts
+                # or lift the not-ready taint from new nodes.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--kubelet-preferred-address-types=Hostname,InternalIP",
+                "--v=1",
+            ],
+            self.work_dir / "logs" / "kube-apiserver.log",
+        )
+        self._launch(apiserver)
+        wait_http_ok(f"{self.api_url}/readyz", apiserver, timeout, token=ADMIN_TOKEN)
+        self.kubeconfig_for(ADMIN_TOKEN, "admin")
+
+    def start_scheduler(
+        self, config_yaml: str, name: str = "kube-scheduler", timeout: float = 60.0
+    ) -> ManagedProcess:
+        """Start kube-scheduler with a KubeSchedulerConfiguration; ``{kubeconfig}`` in it is filled in."""
+        find_binaries(self.bin_dir, ("kube-scheduler",))
+        config = self.work_dir / f"{name}.yaml"
+        config.write_text(config_yaml.replace("{kubeconfig}", str(self.kubeconfig)))
+        port = free_port()
+        scheduler = ManagedProcess(
+            name,
+            [
+                str(self.bin_dir / "kube-scheduler"),
+                f"--config={config}",
+                f"--secure-port={port}",
+                f"--bind-address={LOOPBACK}",
+                "--leader-elect=false",
+                "--v=2",
+            ],
+            self.work_dir / "logs" / f"{name}.log",
+        )
+        self._launch(scheduler)
+        try:
+            wait_http_ok(f"https://{LOOPBACK}:{port}/healthz", scheduler, timeout)
+        except BaseException:
+            self.stop_process(scheduler)
+            raise
+        return scheduler
+
+    def stop_process(self, process: ManagedProcess) -> None:
+        process.stop()
+        if process in self.processes:
+            self.processes.remove(process)
+
+    def stop(self) -> None:
+        """Stop everything started here, newest first."""
+        while self.processes:
+            self.processes.pop().stop()
+
+    def _launch(self, process: ManagedProcess) -> None:
+        self.processes.append(process)
+        process.start()
+
+    @staticmethod
+    def _service_account_keys(certs: Path) -> None:
+        key, pub = certs / "sa.key", certs / "sa.pub"
+        if key.exists() and pub.exists():
+            return
+        for args in (
+            ["openssl", "genrsa", "-out", str(key), "2048"],
+            ["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(pub)],
+        ):
+            result = subprocess.run(args, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise ControlPlaneError(f"{' '.join(args)} failed: {result.stderr.strip()}")
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def fake_node_body(
+    name: str, capacity: dict[str, str], annotations: dict[str, str] | None = None
+) -> dict[str, object]:
+    """A Node without a kubelet: its status (capacity, allocatable, Ready) is written by the caller.
+
+    Used by tests, benchmarks and ``tessera sandbox add-node`` to make scheduling across many nodes
+    visible without running a kubelet for each.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "tessera.local/fake-node": "true"},
+            "annotations": dict(annotations or {}),
+        },
+        "status": {
+            "capacity": dict(capacity),
+            "allocatable": dict(capacity),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "FakeNode",
+                    "message": "a node object without a kubelet, for scheduling only",
+                }
+            ],
+        },
+    }
