@@ -1,0 +1,339 @@
+"""The contract module: request parsing with exact error messages, and schema round trips."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tessera.contract import (
+    KEYS,
+    Allocation,
+    ContainerAllocation,
+    ContainerRequest,
+    ContractError,
+    GpuGrant,
+    GpuInfo,
+    Policy,
+    dump_allocation,
+    dump_inventory,
+    format_time,
+    keys_for,
+    parse_allocation,
+    parse_integer_quantity,
+    parse_inventory,
+    parse_pod_request,
+    parse_preferences,
+    parse_time,
+    slice_gpu,
+    slice_id,
+)
+
+
+def pod(
+    *containers: dict[str, Any],
+    annotations: dict[str, str] | None = None,
+    init: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": list(containers)}
+    if init:
+        spec["initContainers"] = init
+    return {"metadata": {"name": "p", "annotations": annotations or {}}, "spec": spec}
+
+
+def container(
+    name: str = "main", limits: dict[str, Any] | None = None, requests: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if limits is not None:
+        resources["limits"] = limits
+    if requests is not None:
+        resources["requests"] = requests
+    return {"name": name, "resources": resources}
+
+
+def test_keys_use_the_default_domain() -> None:
+    assert KEYS.vgpu == "tessera.io/vgpu"
+    assert KEYS.vgpu_memory == "tessera.io/vgpu-memory"
+    assert KEYS.vgpu_cores == "tessera.io/vgpu-cores"
+    assert KEYS.node_gpus == "tessera.io/gpus"
+    assert KEYS.allocation == "tessera.io/allocation"
+    assert KEYS.allocation_phase == "tessera.io/allocation-phase"
+
+
+def test_domain_is_configurable_in_one_place() -> None:
+    keys = keys_for("gpu.example.com")
+    assert keys.vgpu == "gpu.example.com/vgpu"
+    assert keys.allocation == "gpu.example.com/allocation"
+    request = parse_pod_request(pod(container(limits={"gpu.example.com/vgpu": "2"})), keys)
+    assert request.containers == (ContainerRequest("main", 2, None, None),)
+
+
+@pytest.mark.parametrize("domain", ["", "Tessera.IO", "x.kubernetes.io", "a_b.io", "-a.io"])
+def test_bad_domain_is_refused(domain: str) -> None:
+    with pytest.raises(ContractError, match=r"^domain: "):
+        keys_for(domain)
+
+
+def test_full_request_parses() -> None:
+    limits = {KEYS.vgpu: "1", KEYS.vgpu_memory: "4096", KEYS.vgpu_cores: 30, "cpu": "1"}
+    request = parse_pod_request(pod(container(limits=limits, requests=dict(limits)), container("sidecar")))
+    assert request.containers == (ContainerRequest("main", 1, 4096, 30),)
+    assert request.wants_gpu
+
+
+def test_request_without_gpu() -> None:
+    assert not parse_pod_request(pod(container(limits={"cpu": "1"}))).wants_gpu
+
+
+def test_requests_alone_count() -> None:
+    request = parse_pod_request(pod(container(requests={KEYS.vgpu: "2"})))
+    assert request.containers == (ContainerRequest("main", 2, None, None),)
+
+
+@pytest.mark.parametrize(
+    ("limits", "requests", "message"),
+    [
+        (
+            {KEYS.vgpu: "0.5"},
+            None,
+            "container 'main': tessera.io/vgpu: '0.5' must be an integer",
+        ),
+        (
+            {KEYS.vgpu: "1", KEYS.vgpu_memory: "1500m"},
+            None,
+            "container 'main': tessera.io/vgpu-memory: '1500m' must be an integer",
+        ),
+        (
+            {KEYS.vgpu: "one"},
+            None,
+            "container 'main': tessera.io/vgpu: 'one' is not a quantity",
+        ),
+        (
+            {KEYS.vgpu: "1", KEYS.vgpu_cores: "30"},
+            {KEYS.vgpu: "1", KEYS.vgpu_cores: "20"},
+            "container 'main': tessera.io/vgpu-cores: request '20' differs from limit '30'; they must be equal",
+        ),
+        (
+            {KEYS.vgpu: "0"},
+            None,
+            "container 'main': tessera.io/vgpu: 0 must be at least 1",
+        ),
+        (
+            {KEYS.vgpu: "-1"},
+            None,
+            "container 'main': tessera.io/vgpu: -1 must be at least 1",
+        ),
+        (
+            {KEYS.vgpu: "1", KEYS.vgpu_memory: "0"},
+            None,
+            "container 'main': tessera.io/vgpu-memory: 0 must be more than 0 MiB",
+        ),
+        (
+            {KEYS.vgpu: "1", KEYS.vgpu_memory: "-5"},
+            None,
+            "container 'main': tessera.io/vgpu-memory: -5 must be more than 0 MiB",
+        ),
+        (
+            {KEYS.vgpu: "1", KEYS.vgpu_cores: "0"},
+            None,
+            "container 'main': tessera.io/vgpu-cores: 0 is outside 1..100",
+        ),
+        (
+            {KEYS.vgpu: "1", KEYS.vgpu_cores: "101"},
+            None,
+            "container 'main': tessera.io/vgpu-cores: 101 is outside 1..100",
+        ),
+        (
+            {KEYS.vgpu_memory: "1024"},
+            None,
+            "container 'main': tessera.io/vgpu-memory asked without tessera.io/vgpu",
+        ),
+        (
+            {KEYS.vgpu_memory: "1024", KEYS.vgpu_cores: "10"},
+            None,
+            "container 'main': tessera.io/vgpu-memory, tessera.io/vgpu-cores asked without tessera.io/vgpu",
+        ),
+        (
+            {KEYS.vgpu: "1", KEYS.vgpu_memory: "4Zi"},
+            None,
+            "container 'main': tessera.io/vgpu-memory: '4Zi' has an unknown suffix 'Zi'",
+        ),
+        (
+            {KEYS.vgpu: True},
+            None,
+            "container 'main': tessera.io/vgpu: True must be an integer",
+        ),
+    ],
+)
+def test_invalid_requests_name_container_resource_and_value(
+    limits: dict[str, Any], requests: dict[str, Any] | None, message: str
+) -> None:
+    with pytest.raises(ContractError) as error:
+        parse_pod_request(pod(container(limits=limits, requests=requests)))
+    assert str(error.value) == message
+
+
+def test_init_container_with_gpu_is_refused() -> None:
+    with pytest.raises(ContractError) as error:
+        parse_pod_request(pod(container(), init=[container("setup", limits={KEYS.vgpu: "1"})]))
+    assert str(error.value) == "init container 'setup': tessera.io/vgpu is supported on containers only"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("4096", 4096), (4096, 4096), ("4Ki", 4096), ("4000m", 4), ("1k", 1000), ("2e3", 2000), (" 7 ", 7)],
+)
+def test_integer_quantities(value: object, expected: int) -> None:
+    assert parse_integer_quantity(value, field="f") == expected
+
+
+def test_preferences_parse() -> None:
+    prefs = parse_preferences(
+        {
+            KEYS.gpu_models: "A100, V100",
+            KEYS.gpu_models_exclude: "T4",
+            KEYS.workload: "resnet50",
+            KEYS.min_speed: "1.5",
+            KEYS.policy: "Spread",
+        }
+    )
+    assert prefs.models == ("A100", "V100")
+    assert prefs.models_exclude == ("T4",)
+    assert prefs.workload == "resnet50"
+    assert prefs.min_speed == 1.5
+    assert prefs.policy is Policy.SPREAD
+
+
+@pytest.mark.parametrize(
+    ("annotations", "message"),
+    [
+        ({KEYS.min_speed: "fast"}, "annotation tessera.io/min-speed: 'fast' is not a number"),
+        ({KEYS.min_speed: "-1"}, "annotation tessera.io/min-speed: '-1' must be a positive number"),
+        ({KEYS.min_speed: "nan"}, "annotation tessera.io/min-speed: 'nan' must be a positive number"),
+        ({KEYS.min_speed: "inf"}, "annotation tessera.io/min-speed: 'inf' must be a positive number"),
+        (
+            {KEYS.policy: "random"},
+            "annotation tessera.io/policy: 'random' is not one of binpack, spread, fragmentation",
+        ),
+        ({KEYS.workload: "  "}, "annotation tessera.io/workload: '  ' is empty"),
+    ],
+)
+def test_malformed_annotations(annotations: dict[str, str], message: str) -> None:
+    with pytest.raises(ContractError) as error:
+        parse_pod_request(pod(container(limits={KEYS.vgpu: "1"}), annotations=annotations))
+    assert str(error.value) == message
+
+
+def gpu(index: int, **overrides: Any) -> GpuInfo:
+    fields: dict[str, Any] = {
+        "uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000",
+        "index": index,
+        "model": "NVIDIA A100-SXM4-40GB",
+        "memory_mib": 40960,
+        "sm_count": 108,
+        "compute_capability": "8.0",
+        "pci_bus_id": f"00000000:{index:02X}:00.0",
+        "numa_node": 0,
+        "nvlink_peers": (),
+        "split": 10,
+    }
+    fields.update(overrides)
+    return GpuInfo(**fields)
+
+
+def test_inventory_round_trip() -> None:
+    gpus = (gpu(0, nvlink_peers=(gpu(1).uuid,)), gpu(1, health="Unhealthy", numa_node=None))
+    text = dump_inventory(gpus)
+    assert parse_inventory(text) == gpus
+    assert not parse_inventory(text)[1].healthy
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("not json", "Invalid JSON"),
+        ('{"uuid": "x"}', "Input should be a valid"),
+        ('[{"uuid": "x"}]', "0.index: Field required"),
+        (
+            dump_inventory([gpu(0)]).replace('"split":10', '"split":0'),
+            "0.split: Input should be greater than or equal to 1",
+        ),
+        (
+            dump_inventory([gpu(0)]).replace('"Healthy"', '"Sick"'),
+            "0.health: Input should be 'Healthy' or 'Unhealthy'",
+        ),
+        (
+            dump_inventory([gpu(0)]).replace('"index":0', '"index":0,"extra":1'),
+            "0.extra: Extra inputs are not permitted",
+        ),
+    ],
+)
+def test_malformed_inventory(text: str, fragment: str) -> None:
+    with pytest.raises(ContractError) as error:
+        parse_inventory(text, node="n1")
+    assert str(error.value).startswith("node 'n1': annotation tessera.io/gpus: ")
+    assert fragment in str(error.value)
+
+
+def allocation() -> Allocation:
+    return Allocation(
+        node="n1",
+        containers=(
+            ContainerAllocation(name="main", gpus=(GpuGrant(uuid="GPU-a", memory_mib=4096, cores=30),)),
+            ContainerAllocation(
+                name="two",
+                gpus=(
+                    GpuGrant(uuid="GPU-a", memory_mib=1, cores=0),
+                    GpuGrant(uuid="GPU-b", memory_mib=2, cores=100),
+                ),
+            ),
+        ),
+    )
+
+
+def test_allocation_round_trip() -> None:
+    original = allocation()
+    assert parse_allocation(dump_allocation(original)) == original
+    assert original.for_container("two") is not None
+    assert original.for_container("nope") is None
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (
+            lambda s: s.replace('"cores":30', '"cores":101'),
+            "containers.0.gpus.0.cores: Input should be less than or equal to 100",
+        ),
+        (
+            lambda s: s.replace('"memory_mib":4096', '"memory_mib":0'),
+            "containers.0.gpus.0.memory_mib: Input should be greater than 0",
+        ),
+        (lambda s: s.replace('"GPU-b"', '"GPU-a"'), "a container's GPUs must be distinct"),
+        (lambda s: s.replace('"node":"n1",', ""), "node: Field required"),
+        (lambda s: s[:-3], "Invalid JSON"),
+    ],
+)
+def test_malformed_allocation(mutate: Any, fragment: str) -> None:
+    with pytest.raises(ContractError) as error:
+        parse_allocation(mutate(dump_allocation(allocation())), pod="ns/p")
+    assert str(error.value).startswith("pod ns/p: annotation tessera.io/allocation: ")
+    assert fragment in str(error.value)
+
+
+def test_slice_ids() -> None:
+    assert slice_id("GPU-abc", 3) == "GPU-abc::3"
+    assert slice_gpu("GPU-abc::3") == "GPU-abc"
+    for bad in ("GPU-abc", "::3", "GPU-abc::x"):
+        with pytest.raises(ContractError, match="device ID"):
+            slice_gpu(bad)
+
+
+def test_time_round_trip() -> None:
+    moment = parse_time("2026-11-21T10:00:00Z", field="t")
+    assert format_time(moment) == "2026-11-21T10:00:00Z"
+    with pytest.raises(ContractError, match="t: 'yesterday' is not an RFC 3339 time"):
+        parse_time("yesterday", field="t")
+    with pytest.raises(ContractError, match="has no time zone"):
+        parse_time("2026-11-21T10:00:00", field="t")
