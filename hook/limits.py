@@ -1,0 +1,96 @@
+"""The limits file: the hook's only source of quotas inside a Kubernetes container.
+
+The device plugin writes it on the node and mounts it read-only at
+:data:`tessera.contract.CONTAINER_LIMITS_FILE`. The format (``docs/hook.md``) is line based::
+
+    # comment
+    version 1
+    region /var/run/tessera/state/region
+    elastic 0
+    device GPU-8f6d... memory 4294967296 cores 30
+
+``memory`` is in bytes; ``cores`` is the percent of the GPU's time, 0 meaning no compute quota.
+``libvgpu.so`` parses it (``hook/src/config.c``); this module only writes it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tessera.contract import CONTAINER_STATE_DIR, MAX_CORES, ContractError, GpuGrant
+
+LIMITS_FORMAT_VERSION = 1
+# The shared accounting region of one container's processes, inside its state directory.
+CONTAINER_REGION_FILE = f"{CONTAINER_STATE_DIR}/region"
+# Must match VGPU_MAX_DEVICES and VGPU_UUID_LEN in hook/src/region.h.
+MAX_DEVICES = 16
+MAX_UUID_LENGTH = 79
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLimit:
+    """The quotas of one container on one physical GPU, named by its NVML UUID."""
+
+    uuid: str
+    memory_bytes: int
+    # Percent of the GPU's time, 1..100; 0 = no compute quota (launches are never throttled).
+    cores: int
+
+    @classmethod
+    def from_grant(cls, grant: GpuGrant) -> DeviceLimit:
+        return cls(uuid=grant.uuid, memory_bytes=grant.memory_mib * MIB, cores=grant.cores)
+
+    def validate(self) -> None:
+        if not self.uuid or len(self.uuid) > MAX_UUID_LENGTH or any(c.isspace() for c in self.uuid):
+            raise ContractError(
+                f"limits: uuid {self.uuid!r} must be 1..{MAX_UUID_LENGTH} characters without spaces"
+            )
+        if isinstance(self.memory_bytes, bool) or self.memory_bytes <= 0:
+            raise ContractError(f"limits: device {self.uuid}: memory_bytes {self.memory_bytes!r} must be > 0")
+        if isinstance(self.cores, bool) or not 0 <= self.cores <= MAX_CORES:
+            raise ContractError(f"limits: device {self.uuid}: cores {self.cores!r} is outside 0..{MAX_CORES}")
+
+
+def render_limits(
+    devices: Sequence[DeviceLimit], *, elastic: bool = False, region: str = CONTAINER_REGION_FILE
+) -> str:
+    """The text of a limits file; raises :class:`ContractError` naming the bad field."""
+    if not 1 <= len(devices) <= MAX_DEVICES:
+        raise ContractError(f"limits: {len(devices)} devices, expected 1..{MAX_DEVICES}")
+    uuids = [d.uuid for d in devices]
+    if len(set(uuids)) != len(uuids):
+        raise ContractError(f"limits: device uuids must be distinct, got {uuids}")
+    for device in devices:
+        device.validate()
+    if not region.startswith("/") or any(c.isspace() for c in region):
+        raise ContractError(f"limits: region {region!r} must be an absolute path without spaces")
+    lines = [
+        "# Tessera limits, written by the device plugin; format in docs/hook.md",
+        f"version {LIMITS_FORMAT_VERSION}",
+        f"region {region}",
+        f"elastic {int(elastic)}",
+        *(f"device {d.uuid} memory {d.memory_bytes} cores {d.cores}" for d in devices),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_limits(
+    path: Path, devices: Sequence[DeviceLimit], *, elastic: bool = False, region: str = CONTAINER_REGION_FILE
+) -> None:
+    """Writes the limits file atomically (readers see the old or the new file) and read-only (0444)."""
+    text = render_limits(devices, elastic=elastic, region=region)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

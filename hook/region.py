@@ -1,0 +1,107 @@
+"""Reads a container's shared accounting region (the file named ``region`` in its limits file).
+
+The layout is owned by the C hook; this module asks ``libvgpu.so`` (``vgpu_region_read``) for a
+consistent snapshot, in which the memory of processes that died and were not yet reclaimed is
+already left out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from hook._library import load_library
+from hook.limits import MAX_DEVICES
+
+NS_PER_SECOND = 1e9
+
+
+class RegionError(RuntimeError):
+    """The region file cannot be read; the message names the path and the reason."""
+
+
+class _DeviceUsageC(ctypes.Structure):
+    # Mirrors struct vgpu_device_usage in hook/src/snapshot.h (a test checks the size).
+    _fields_ = (
+        ("uuid", ctypes.c_char * 80),
+        ("memory_used", ctypes.c_uint64),
+        ("memory_quota", ctypes.c_uint64),
+        ("busy_ns", ctypes.c_uint64),
+        ("throttled_ns", ctypes.c_uint64),
+        ("launches", ctypes.c_uint64),
+        ("cores", ctypes.c_uint32),
+        ("elastic", ctypes.c_uint32),
+        ("processes", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUsage:
+    """One physical GPU as one container uses it."""
+
+    uuid: str
+    memory_used_bytes: int
+    memory_quota_bytes: int
+    # Percent of the GPU's time; 0 = no compute quota.
+    cores: int
+    elastic: bool
+    # Device time charged to the container's kernel launches, and time its launches were held back.
+    busy_seconds: float
+    throttled_seconds: float
+    launches: int
+    # Live processes holding memory on this GPU.
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegionUsage:
+    devices: tuple[DeviceUsage, ...]
+    # Live processes attached to the region.
+    live_processes: int
+
+    def device(self, uuid: str) -> DeviceUsage | None:
+        return next((d for d in self.devices if d.uuid == uuid), None)
+
+
+def device_usage_size() -> int:
+    """sizeof(struct vgpu_device_usage) as compiled into libvgpu.so."""
+    return int(load_library().vgpu_device_usage_size())
+
+
+def read_region(path: Path) -> RegionUsage:
+    library = load_library()
+    read = library.vgpu_region_read
+    read.argtypes = (
+        ctypes.c_char_p,
+        ctypes.POINTER(_DeviceUsageC),
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_int),
+    )
+    read.restype = ctypes.c_int
+    out = (_DeviceUsageC * MAX_DEVICES)()
+    live = ctypes.c_int(0)
+    count = read(os.fsencode(path), out, MAX_DEVICES, ctypes.byref(live))
+    if count < 0:
+        reason = "not a Tessera region of this version" if -count == errno.EPROTO else os.strerror(-count)
+        raise RegionError(f"region {path}: {reason}")
+    return RegionUsage(
+        devices=tuple(
+            DeviceUsage(
+                uuid=d.uuid.decode(errors="replace"),
+                memory_used_bytes=d.memory_used,
+                memory_quota_bytes=d.memory_quota,
+                cores=d.cores,
+                elastic=bool(d.elastic),
+                busy_seconds=d.busy_ns / NS_PER_SECOND,
+                throttled_seconds=d.throttled_ns / NS_PER_SECOND,
+                launches=d.launches,
+                processes=d.processes,
+            )
+            for d in out[:count]
+        ),
+        live_processes=live.value,
+    )
