@@ -1,0 +1,170 @@
+"""The node agent's settings, from flags with environment variables as defaults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, ContractError, ContractKeys, keys_for
+
+DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_HOOK_LIBRARY = Path("/usr/local/tessera/libvgpu.so")
+DEFAULT_STATE_DIR = Path("/var/lib/tessera")
+KUBELET_SOCKET = "kubelet.sock"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    node_name: str
+    plugin_dir: Path
+    split: int
+    keys: ContractKeys
+    # Host paths. The agent sees them at the same paths (the DaemonSet mounts them so).
+    hook_library: Path
+    state_dir: Path
+    metrics_address: str
+    metrics_port: int
+    kubeconfig: Path | None
+    heartbeat_seconds: float
+    health_poll_seconds: float
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.plugin_dir / KUBELET_SOCKET
+
+    @property
+    def endpoint(self) -> str:
+        """The plugin's socket file name in the plugin dir."""
+        return f"{self.keys.domain}-vgpu.sock"
+
+    @property
+    def plugin_socket(self) -> Path:
+        return self.plugin_dir / self.endpoint
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside 0..65535")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    env = environ.get
+    p = argparse.ArgumentParser(
+        prog="tessera-device-plugin",
+        description="Tessera node agent: advertises GPU slices to the kubelet, publishes the node's GPU "
+        "inventory, answers Allocate with the scheduler's choice and exports metrics.",
+    )
+    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    p.add_argument(
+        "--plugin-dir",
+        type=Path,
+        default=Path(env("TESSERA_PLUGIN_DIR", str(DEFAULT_PLUGIN_DIR))),
+        help="kubelet device plugin dir (env TESSERA_PLUGIN_DIR)",
+    )
+    p.add_argument(
+        "--split",
+        type=_positive_int,
+        default=env("TESSERA_SPLIT", "10"),
+        help="slices advertised per GPU (env TESSERA_SPLIT, default 10)",
+    )
+    p.add_argument(
+        "--domain",
+        default=env(DOMAIN_ENV, DEFAULT_DOMAIN),
+        help=f"resource and annotation domain (env {DOMAIN_ENV}, default {DEFAULT_DOMAIN})",
+    )
+    p.add_argument(
+        "--hook-library",
+        type=Path,
+        default=Path(env("TESSERA_HOOK_LIBRARY", str(DEFAULT_HOOK_LIBRARY))),
+        help="host path of libvgpu.so (env TESSERA_HOOK_LIBRARY)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(env("TESSERA_STATE_DIR", str(DEFAULT_STATE_DIR))),
+        help="host dir for per-container limits and accounting state (env TESSERA_STATE_DIR)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default=env("TESSERA_METRICS_ADDRESS", "127.0.0.1"),
+        help="address /metrics listens on (env TESSERA_METRICS_ADDRESS, default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=env("TESSERA_METRICS_PORT", "9401"),
+        help="port of /metrics, 0 for any free port (env TESSERA_METRICS_PORT, default 9401)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=environ.get("KUBECONFIG") or None,
+        help="kubeconfig file (env KUBECONFIG); in-cluster config when unset",
+    )
+    p.add_argument(
+        "--heartbeat-seconds",
+        type=_seconds,
+        default=env("TESSERA_HEARTBEAT_SECONDS", "30"),
+        help="how often the node annotations are refreshed (default 30)",
+    )
+    p.add_argument(
+        "--health-poll-seconds",
+        type=_seconds,
+        default=env("TESSERA_HEALTH_POLL_SECONDS", "5"),
+        help="how often every GPU is checked for presence (default 5)",
+    )
+    return p
+
+
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Settings from ``argv`` and ``environ``; exits with a message naming the flag on bad input."""
+    environ = os.environ if environ is None else environ
+    p = parser(environ)
+    args = p.parse_args(argv)
+    if not args.node_name:
+        p.error("--node-name (or env NODE_NAME) is required")
+    try:
+        keys = keys_for(args.domain)
+    except ContractError as e:
+        p.error(f"--domain: {e}")
+    return Config(
+        node_name=args.node_name,
+        plugin_dir=args.plugin_dir,
+        split=args.split,
+        keys=keys,
+        hook_library=args.hook_library,
+        state_dir=args.state_dir,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        kubeconfig=args.kubeconfig,
+        heartbeat_seconds=args.heartbeat_seconds,
+        health_poll_seconds=args.health_poll_seconds,
+    )

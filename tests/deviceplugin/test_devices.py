@@ -1,0 +1,53 @@
+"""Slices advertised per GPU and their health transitions."""
+
+from __future__ import annotations
+
+from deviceplugin.devices import GpuHealth, is_critical_xid, virtual_devices, with_health
+from tessera.contract import HEALTHY, UNHEALTHY, GpuInfo
+
+
+def gpu(uuid: str, numa: int | None = 0, split: int = 10) -> GpuInfo:
+    return GpuInfo(
+        uuid=uuid,
+        index=0,
+        model="Fake A100",
+        memory_mib=40960,
+        sm_count=108,
+        compute_capability="8.0",
+        numa_node=numa,
+        split=split,
+    )
+
+
+def test_each_gpu_is_split_into_slices_with_its_numa_node() -> None:
+    devices = virtual_devices([gpu("GPU-a", numa=1), gpu("GPU-b", numa=None, split=3)])
+    assert [d.id for d in devices] == [f"GPU-a::{n}" for n in range(10)] + [
+        "GPU-b::0",
+        "GPU-b::1",
+        "GPU-b::2",
+    ]
+    assert {d.numa_node for d in devices[:10]} == {1}
+    assert devices[-1].numa_node is None
+    assert all(d.healthy for d in devices)
+
+
+def test_critical_xid_makes_a_gpu_unhealthy_until_it_comes_back() -> None:
+    health = GpuHealth()
+    assert health.with_xid(13) == health  # the application's own fault: the GPU is fine
+    assert not is_critical_xid(43)
+    faulted = health.with_xid(79)
+    assert not faulted.healthy and faulted.fault_xid == 79
+    assert faulted.with_xid(48).fault_xid == 79  # the first fault is the one reported
+    assert faulted.with_presence(True) == faulted  # still there: still faulted
+    lost = faulted.with_presence(False)
+    assert not lost.healthy
+    assert lost.with_presence(True) == GpuHealth()  # reset / re-attached: healthy again
+
+
+def test_inventory_health_follows_the_state() -> None:
+    gpus = [gpu("GPU-a"), gpu("GPU-b")]
+    marked = with_health(gpus, {"GPU-b": GpuHealth(present=False)})
+    assert [g.health for g in marked] == [HEALTHY, UNHEALTHY]
+    devices = virtual_devices(marked)
+    assert sum(d.healthy for d in devices) == 10
+    assert not any(d.healthy for d in devices if d.id.startswith("GPU-b"))

@@ -1,0 +1,189 @@
+"""The pure core of Allocate and GetPreferredAllocation: which container a request is for."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from deviceplugin.matching import (
+    AllocationError,
+    GpuContainer,
+    NodeSnapshot,
+    PodView,
+    match_container,
+    pod_complete,
+    preferred_devices,
+    snapshot,
+)
+from tessera.contract import (
+    KEYS,
+    Allocation,
+    ContainerAllocation,
+    GpuGrant,
+    Phase,
+    dump_allocation,
+    format_time,
+    slice_id,
+)
+
+NODE = "node-a"
+GPUS = ("GPU-a", "GPU-b", "GPU-c", "GPU-d")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def pod(
+    name: str,
+    containers: dict[str, list[tuple[str, int, int]]],
+    *,
+    bind_offset: int = 0,
+    phase: str | None = Phase.ALLOCATING,
+    allocation: str | None = "",
+    slices: dict[str, int] | None = None,
+) -> PodView:
+    """A pending pod whose allocation gives each container its (uuid, MiB, cores) list."""
+    annotations = {KEYS.bind_time: format_time(T0 + timedelta(seconds=bind_offset))}
+    if phase is not None:
+        annotations[KEYS.allocation_phase] = phase
+    if allocation == "":
+        allocation = dump_allocation(
+            Allocation(
+                node=NODE,
+                containers=tuple(
+                    ContainerAllocation(
+                        name=c, gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=k) for u, m, k in grants)
+                    )
+                    for c, grants in containers.items()
+                ),
+            )
+        )
+    if allocation is not None:
+        annotations[KEYS.allocation] = allocation
+    counts = slices or {c: len(g) for c, g in containers.items()}
+    return PodView(
+        namespace="ns",
+        name=name,
+        uid=f"uid-{name}",
+        created=T0,
+        annotations=annotations,
+        gpu_containers=tuple(GpuContainer(c, n) for c, n in counts.items()),
+    )
+
+
+def state(*pods: PodView, served: set[tuple[str, str]] | None = None) -> NodeSnapshot:
+    return snapshot(pods, keys=KEYS, node=NODE, node_gpus=GPUS, served=served or set())
+
+
+def test_allocate_finds_the_container_by_gpu_set_and_size() -> None:
+    one = pod("one", {"main": [("GPU-a", 4096, 30)]})
+    two = pod("two", {"main": [("GPU-b", 1024, 10), ("GPU-c", 1024, 10)]})
+    s = state(one, two)
+    got = match_container([slice_id("GPU-c", 3), slice_id("GPU-b", 0)], s, node=NODE, node_gpus=GPUS)
+    assert (got.pod.name, got.container) == ("two", "main")
+    got = match_container([slice_id("GPU-a", 7)], s, node=NODE, node_gpus=GPUS)
+    assert got.pod.name == "one"
+    assert got.grants == (GpuGrant(uuid="GPU-a", memory_mib=4096, cores=30),)
+
+
+def test_equal_keys_are_served_oldest_bind_first_then_spec_order() -> None:
+    late = pod("late", {"a": [("GPU-a", 1024, 10)]}, bind_offset=5)
+    early = pod("early", {"x": [("GPU-a", 1024, 10)], "y": [("GPU-a", 1024, 10)]}, bind_offset=1)
+    s = state(late, early)
+    order = []
+    taken: set[tuple[str, str]] = set()
+    for _ in range(3):
+        got = match_container([slice_id("GPU-a", 0)], s, node=NODE, node_gpus=GPUS, taken=taken)
+        taken.add(got.key)
+        order.append((got.pod.name, got.container))
+    assert order == [("early", "x"), ("early", "y"), ("late", "a")]
+    with pytest.raises(AllocationError):
+        match_container([slice_id("GPU-a", 0)], s, node=NODE, node_gpus=GPUS, taken=taken)
+
+
+def test_served_containers_and_finished_pods_are_not_in_flight() -> None:
+    p = pod("p", {"x": [("GPU-a", 1024, 10)], "y": [("GPU-b", 1024, 10)]})
+    done = pod("done", {"x": [("GPU-c", 1024, 10)]}, phase=Phase.ALLOCATED)
+    failed = pod("failed", {"x": [("GPU-d", 1024, 10)]}, phase=Phase.FAILED)
+    s = state(p, done, failed, served={("uid-p", "x")})
+    assert [(c.pod.name, c.container) for c in s.in_flight] == [("p", "y")]
+    assert s.broken == ()
+    assert not pod_complete(p, {("uid-p", "x")})
+    assert pod_complete(p, {("uid-p", "x"), ("uid-p", "y")})
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (pod("p", {"main": [("GPU-a", 1, 1)]}, allocation=None), f"annotation {KEYS.allocation} is missing"),
+        (pod("p", {"main": [("GPU-a", 1, 1)]}, allocation="{not json"), "Invalid JSON"),
+        (pod("p", {"main": [("GPU-x", 1, 1)]}), "GPU GPU-x is not on this node 'node-a'"),
+        (
+            pod("p", {"main": [("GPU-a", 1, 1)]}, slices={"main": 2}),
+            f"container 'main' asks for 2 {KEYS.vgpu} but its allocation names 1 GPU(s)",
+        ),
+        (
+            pod("p", {"main": [("GPU-a", 1, 1)]}, slices={"other": 1}),
+            "has no entry for container 'other'",
+        ),
+        (pod("p", {"main": [("GPU-a", 1, 1)]}, phase=None), "is None, not 'allocating'"),
+    ],
+)
+def test_broken_pods_fail_allocate_with_the_reason(bad: PodView, reason: str) -> None:
+    s = state(bad)
+    assert s.in_flight == ()
+    size = bad.gpu_containers[0].slices
+    devices = [slice_id(g, 0) for g in GPUS[:size]]
+    with pytest.raises(AllocationError) as e:
+        match_container(devices, s, node=NODE, node_gpus=GPUS)
+    assert reason in e.value.message
+    assert "pod ns/p" in e.value.message
+    assert [b.pod.name for b in e.value.concerned] == ["p"]
+
+
+def test_allocation_for_another_node_is_broken() -> None:
+    other = Allocation(
+        node="node-b",
+        containers=(ContainerAllocation(name="m", gpus=(GpuGrant(uuid="GPU-a", memory_mib=1, cores=0),)),),
+    )
+    s = state(pod("p", {"m": [("GPU-a", 1, 1)]}, allocation=dump_allocation(other)))
+    assert "is for node 'node-b', not this node 'node-a'" in s.broken[0].reason
+
+
+def test_bad_device_ids_name_the_device() -> None:
+    s = state(pod("p", {"main": [("GPU-a", 1, 1), ("GPU-b", 1, 1)]}))
+    with pytest.raises(AllocationError, match=r"'GPU-z::0' is a slice of GPU GPU-z, not on this node"):
+        match_container(["GPU-z::0"], s, node=NODE, node_gpus=GPUS)
+    with pytest.raises(AllocationError, match=r"holds 2 slices of GPU GPU-a"):
+        match_container(["GPU-a::0", "GPU-a::1"], s, node=NODE, node_gpus=GPUS)
+    with pytest.raises(AllocationError, match=r"'garbage' is not of the form <GPU-UUID>::<n>"):
+        match_container(["garbage"], s, node=NODE, node_gpus=GPUS)
+    with pytest.raises(AllocationError, match=r"the request names no device"):
+        match_container([], s, node=NODE, node_gpus=GPUS)
+
+
+def test_kubelet_picking_other_gpus_concerns_the_in_flight_pods_of_that_size() -> None:
+    s = state(pod("p", {"main": [("GPU-a", 1, 1)]}), pod("q", {"main": [("GPU-b", 1, 1), ("GPU-c", 1, 1)]}))
+    with pytest.raises(AllocationError) as e:
+        match_container(["GPU-d::0"], s, node=NODE, node_gpus=GPUS)
+    assert [b.pod.name for b in e.value.concerned] == ["p"]
+    assert "was allocated GPU(s) ['GPU-a'], the kubelet chose others" in e.value.message
+
+
+def test_preferred_allocation_steers_to_the_in_flight_gpus() -> None:
+    s = state(
+        pod("new", {"main": [("GPU-c", 1, 1), ("GPU-a", 1, 1)]}, bind_offset=9),
+        pod("old", {"main": [("GPU-d", 1, 1), ("GPU-b", 1, 1)]}, bind_offset=1),
+        pod("single", {"main": [("GPU-a", 1, 1)]}),
+    )
+    available = [slice_id(g, n) for g in GPUS for n in range(3)]
+    assert preferred_devices(available, [], 2, s) == ["GPU-d::0", "GPU-b::0"]
+    # The oldest one's GPU has no free slice left: the next in-flight container of that size.
+    no_d = [d for d in available if not d.startswith("GPU-d")]
+    assert preferred_devices(no_d, [], 2, s) == ["GPU-c::0", "GPU-a::0"]
+    assert preferred_devices(available, ["GPU-b::2"], 2, s) == ["GPU-b::2", "GPU-d::0"]
+    assert preferred_devices(available, [], 1, s) == ["GPU-a::0"]
+
+
+def test_preferred_allocation_without_a_candidate_spreads_over_distinct_gpus() -> None:
+    available = ["GPU-a::0", "GPU-a::1", "GPU-b::0", "other-device", "GPU-c::4"]
+    assert preferred_devices(available, [], 3, state()) == ["GPU-a::0", "GPU-b::0", "GPU-c::4"]
