@@ -1,0 +1,310 @@
+"""Does a pod fit on a node, on which GPUs, and if not, why not.
+
+Rules (docs/placement.md has them with examples):
+
+* A GPU is *eligible* for a pod when it is healthy, its model matches ``<domain>/gpu-models`` (any
+  entry, case-insensitive substring; no entries = any model) and no ``<domain>/gpu-models-exclude``
+  entry, and its speed for the pod's workload is at least ``<domain>/min-speed``.
+* A container asking ``vgpu: n`` gets n *distinct* eligible GPUs, each with a free slice, free
+  memory >= its ``vgpu-memory`` (absent: the GPU's whole memory, i.e. none of it in use) and free
+  compute >= its ``vgpu-cores`` (absent: none reserved). Containers of one pod may share a GPU
+  when the quotas allow; each takes its own slice.
+* GPUs are tried in the policy's order; a multi-GPU container first tries sets inside one NVLink
+  island, then inside one NUMA node, then any set. Containers are placed biggest first, with
+  backtracking (bounded by ``SEARCH_LIMIT`` tries per node), so a fit is found whenever one exists
+  for the pods real clusters run.
+* A rejection names the shortfall: ``no GPU with 8192 MiB free; largest free 6144 MiB``. It is
+  *unresolvable* when even an empty node could not take the pod (wrong models, too little memory,
+  too few GPUs, node unusable), so kube-scheduler does not try preemption there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from itertools import combinations
+
+from tessera.contract import MAX_CORES
+from tessera.placement.model import (
+    ContainerShape,
+    GpuState,
+    Grant,
+    NodeFit,
+    NodeOutcome,
+    NodeRejection,
+    NodeState,
+    Placement,
+    PodShape,
+)
+from tessera.placement.policies import ClusterContext, PlacementPolicy
+from tessera.placement.speed import SpeedProfiles
+
+# GPU sets tried per node before giving up (only multi-container or multi-GPU pods come near it).
+SEARCH_LIMIT = 2000
+
+
+def model_allowed(model: str, allowed: Sequence[str], excluded: Sequence[str]) -> bool:
+    lowered = model.lower()
+    if allowed and not any(a.lower() in lowered for a in allowed):
+        return False
+    return not any(x.lower() in lowered for x in excluded)
+
+
+def eligible_gpus(node: NodeState, shape: PodShape, profiles: SpeedProfiles) -> list[int]:
+    """Positions of the node's GPUs the pod may use at all (health, model, speed)."""
+    prefs = shape.preferences
+    return [
+        i
+        for i, gpu in enumerate(node.gpus)
+        if gpu.healthy
+        and model_allowed(gpu.model, prefs.models, prefs.models_exclude)
+        and (prefs.min_speed is None or profiles.speed(gpu.model, prefs.workload) >= prefs.min_speed)
+    ]
+
+
+def _fits(gpu: GpuState, container: ContainerShape) -> bool:
+    return (
+        gpu.free_slices >= 1
+        and gpu.free_cores >= container.cores_needed
+        and gpu.free_memory_mib >= container.memory_on(gpu)
+    )
+
+
+def _islands(node: NodeState, positions: Sequence[int]) -> list[list[int]]:
+    """Groups of ``positions`` (kept in their order) that share an NVLink island, then a NUMA node."""
+    by_uuid = {node.gpus[i].uuid: i for i in positions}
+    seen: set[int] = set()
+    groups: list[list[int]] = []
+    for start in positions:
+        if start in seen or not node.gpus[start].nvlink_peers:
+            continue
+        island = {start}
+        frontier = [start]
+        while frontier:
+            for peer in node.gpus[frontier.pop()].nvlink_peers:
+                j = by_uuid.get(peer)
+                if j is not None and j not in island:
+                    island.add(j)
+                    frontier.append(j)
+        seen |= island
+        groups.append([i for i in positions if i in island])
+    numa: dict[int, list[int]] = {}
+    for i in positions:
+        domain = node.gpus[i].numa
+        if domain is not None:
+            numa.setdefault(domain, []).append(i)
+    groups.extend(numa.values())
+    return groups
+
+
+def _gpu_sets(node: NodeState, ranked: list[int], count: int) -> Iterator[tuple[int, ...]]:
+    """Sets of ``count`` GPUs from ``ranked`` (best first), topology-local sets first, no repeats."""
+    if count == 1:
+        for i in ranked:
+            yield (i,)
+        return
+    tried: set[tuple[int, ...]] = set()
+    for group in _islands(node, ranked):
+        if len(group) >= count:
+            chosen = tuple(group[:count])
+            if chosen not in tried:
+                tried.add(chosen)
+                yield chosen
+    for chosen in combinations(ranked, count):
+        if chosen not in tried:
+            yield chosen
+
+
+def find_placement(
+    node: NodeState,
+    shape: PodShape,
+    eligible: Sequence[int],
+    policy: PlacementPolicy,
+    context: ClusterContext,
+) -> Placement | None:
+    """The placement the policy prefers among those that fit, or None."""
+    gpus = list(node.gpus)
+    order = sorted(
+        range(len(shape.containers)),
+        key=lambda i: (
+            -shape.containers[i].vgpu,
+            -(shape.containers[i].memory_mib or 1 << 40),
+            -shape.containers[i].cores_needed,
+        ),
+    )
+    chosen: list[tuple[Grant, ...]] = [() for _ in shape.containers]
+    budget = SEARCH_LIMIT
+
+    def place(step: int) -> bool:
+        nonlocal budget
+        if step == len(order):
+            return True
+        container = shape.containers[order[step]]
+        candidates = [i for i in eligible if _fits(gpus[i], container)]
+        if len(candidates) < container.vgpu:
+            return False
+        candidates.sort(key=lambda i: policy.gpu_key(gpus[i], container, context))
+        for gpu_set in _gpu_sets(node, candidates, container.vgpu):
+            if budget <= 0:
+                return False
+            budget -= 1
+            grants = tuple(Grant(i, container.memory_on(gpus[i]), container.cores_needed) for i in gpu_set)
+            before = [gpus[g.gpu] for g in grants]
+            for g in grants:
+                gpu = gpus[g.gpu]
+                gpus[g.gpu] = replace(
+                    gpu,
+                    used_memory_mib=gpu.used_memory_mib + g.memory_mib,
+                    used_cores=gpu.used_cores + g.cores,
+                    used_slices=gpu.used_slices + 1,
+                )
+            chosen[order[step]] = grants
+            if place(step + 1):
+                return True
+            for g, gpu in zip(grants, before, strict=True):
+                gpus[g.gpu] = gpu
+        return False
+
+    if not place(0):
+        return None
+    return Placement(node=node.name, containers=tuple(chosen))
+
+
+def filter_node(
+    node: NodeState,
+    shape: PodShape,
+    profiles: SpeedProfiles,
+    policy: PlacementPolicy,
+    context: ClusterContext,
+) -> NodeOutcome:
+    """Whether and how the pod fits on ``node``: a :class:`NodeFit` with the policy's placement and
+    score, or a :class:`NodeRejection` naming the shortfall."""
+    if not node.schedulable:
+        return NodeRejection(node.name, node.unschedulable_reason or "node is not schedulable", True)
+    host = _host_shortfall(node, shape)
+    if host is not None:
+        return NodeRejection(node.name, host)
+    eligible = eligible_gpus(node, shape, profiles)
+    placement = find_placement(node, shape, eligible, policy, context) if eligible else None
+    if placement is None:
+        reason, unresolvable = explain_rejection(node, shape, eligible, profiles)
+        return NodeRejection(node.name, reason, unresolvable)
+    workload = shape.preferences.workload
+    gain = min(profiles.gain(node.gpus[g.gpu].model, workload) for g in placement.grants())
+    return NodeFit(node, placement, policy.score(node, placement, shape, context), gain)
+
+
+def _host_shortfall(node: NodeState, shape: PodShape) -> str | None:
+    if node.cpu_milli is not None and node.cpu_milli - node.used_cpu_milli < shape.cpu_milli:
+        return f"not enough CPU: {node.cpu_milli - node.used_cpu_milli}m free, {shape.cpu_milli}m asked"
+    if node.memory_mib is not None and node.memory_mib - node.used_memory_mib < shape.memory_mib:
+        free = node.memory_mib - node.used_memory_mib
+        return f"not enough host memory: {free} MiB free, {shape.memory_mib} MiB asked"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Why not: the first shortfall, in the order eligibility, capacity, current use.
+
+
+def explain_rejection(
+    node: NodeState, shape: PodShape, eligible: Sequence[int], profiles: SpeedProfiles
+) -> tuple[str, bool]:
+    """(reason, unresolvable) for a pod that found no placement on ``node``."""
+    ineligible = _ineligibility(node, shape, eligible, profiles)
+    if ineligible is not None:
+        return ineligible, True
+    several = len(shape.containers) > 1
+    for container in shape.containers:
+        shortfall = _container_shortfall(node, container, eligible)
+        if shortfall is not None:
+            reason, unresolvable = shortfall
+            return (f"{container.describe()}: {reason}" if several else reason), unresolvable
+    wanted = " + ".join(c.describe() for c in shape.containers)
+    return f"the containers fit one by one but not together ({wanted})", False
+
+
+def _models(node: NodeState, positions: Sequence[int]) -> str:
+    counts: dict[str, int] = {}
+    for i in positions:
+        counts[node.gpus[i].model] = counts.get(node.gpus[i].model, 0) + 1
+    return ", ".join(f"{model} x{n}" for model, n in sorted(counts.items()))
+
+
+def _ineligibility(
+    node: NodeState, shape: PodShape, eligible: Sequence[int], profiles: SpeedProfiles
+) -> str | None:
+    needed = max(c.vgpu for c in shape.containers)
+    if len(eligible) >= needed:
+        return None
+    if not node.gpus:
+        return "no GPUs in the node's inventory"
+    healthy = [i for i, g in enumerate(node.gpus) if g.healthy]
+    if not healthy:
+        return f"all {len(node.gpus)} GPUs are unhealthy"
+    prefs = shape.preferences
+    allowed = [i for i in healthy if model_allowed(node.gpus[i].model, prefs.models, prefs.models_exclude)]
+    if len(allowed) < needed:
+        wanted = []
+        if prefs.models:
+            wanted.append(f"models {', '.join(prefs.models)}")
+        if prefs.models_exclude:
+            wanted.append(f"excluding {', '.join(prefs.models_exclude)}")
+        have = f"{len(allowed)} such healthy GPUs" if allowed else "no such healthy GPU"
+        return f"{have} ({' '.join(wanted)}); node has {_models(node, healthy)}"
+    if prefs.min_speed is not None and len(eligible) < needed:
+        workload = f" for workload {prefs.workload!r}" if prefs.workload else ""
+        speeds = ", ".join(
+            sorted(
+                {
+                    f"{node.gpus[i].model} {profiles.speed(node.gpus[i].model, prefs.workload):g}"
+                    for i in allowed
+                }
+            )
+        )
+        have = f"only {len(eligible)} GPUs" if eligible else "no GPU"
+        return f"{have} with speed >= {prefs.min_speed:g}{workload}; node has {speeds}"
+    return f"only {len(eligible)} healthy GPUs; a container needs {needed}"
+
+
+def _count(n: int) -> str:
+    return "no GPU" if n == 0 else f"only {n} GPU{'s' if n > 1 else ''}"
+
+
+def _container_shortfall(
+    node: NodeState, container: ContainerShape, eligible: Sequence[int]
+) -> tuple[str, bool] | None:
+    k = container.vgpu
+    need = "" if k == 1 else f"; {k} needed"
+    gpus = [node.gpus[i] for i in eligible]
+    whole = container.memory_mib is None
+    if not whole:
+        big = [g for g in gpus if g.memory_mib >= container.memory_on(g)]
+        if len(big) < k:
+            largest = max(g.memory_mib for g in gpus)
+            return (
+                f"{_count(len(big))} with {container.memory_mib} MiB of memory{need}; "
+                f"largest has {largest} MiB",
+                True,
+            )
+    with_memory = [g for g in gpus if g.free_memory_mib >= container.memory_on(g)]
+    if len(with_memory) < k:
+        largest_free = max(g.free_memory_mib for g in gpus)
+        what = "all memory free" if whole else f"{container.memory_mib} MiB free"
+        return f"{_count(len(with_memory))} with {what}{need}; largest free {largest_free} MiB", False
+    with_cores = [g for g in with_memory if g.free_cores >= container.cores_needed]
+    if len(with_cores) < k:
+        most = max(g.free_cores for g in with_memory)
+        return (
+            f"{_count(len(with_cores))} with {container.cores}% compute free (of {MAX_CORES}) among those "
+            f"with the memory{need}; most free {most}%",
+            False,
+        )
+    with_slice = [g for g in with_cores if g.free_slices >= 1]
+    if len(with_slice) < k:
+        return (
+            f"{_count(len(with_slice))} with a free slice among those with the memory and compute{need} "
+            f"(all {sum(g.slices for g in with_cores)} slices in use)",
+            False,
+        )
+    return None

@@ -1,0 +1,362 @@
+"""Plain data the placement core decides over: GPUs and nodes with their usage, pod shapes, placements.
+
+Everything here is immutable. A change to a node (a pod placed or released, an inventory update)
+makes a *new* :class:`NodeState`; callers keep the newest one per node name. Because states are
+never mutated, ``old is new`` tells a cache whether a node changed (see :mod:`.engine`).
+
+Vocabulary:
+* a GPU has ``memory_mib`` of memory, ``MAX_CORES`` (100) percent of compute and ``slices`` virtual
+  devices (the device plugin's ``split``); a container placed on it uses memory, cores and one slice;
+* a :class:`ContainerShape` is what one container asks for, without its name; a :class:`PodShape` is
+  the tuple of them plus the pod's placement preferences (hashable, so caches key on it);
+* a :class:`Placement` says, per container, which GPUs (by position in ``NodeState.gpus``) with how
+  much memory and compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from tessera.contract import (
+    MAX_CORES,
+    Allocation,
+    ContainerAllocation,
+    GpuGrant,
+    GpuInfo,
+    PodPreferences,
+    PodRequest,
+)
+
+# kube-scheduler's extender scores run 0..MAX_SCORE.
+MAX_SCORE = 10
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """One physical GPU and what placed containers use of it."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    slices: int
+    numa: int | None = None
+    nvlink_peers: frozenset[str] = frozenset()
+    healthy: bool = True
+    used_memory_mib: int = 0
+    used_cores: int = 0
+    used_slices: int = 0
+
+    @property
+    def free_memory_mib(self) -> int:
+        return self.memory_mib - self.used_memory_mib
+
+    @property
+    def free_cores(self) -> int:
+        return MAX_CORES - self.used_cores
+
+    @property
+    def free_slices(self) -> int:
+        return self.slices - self.used_slices
+
+    @property
+    def in_use(self) -> bool:
+        return self.used_slices > 0
+
+    @property
+    def utilization(self) -> float:
+        """The larger of the memory and compute fractions in use, 0..1 (over-commit reads as 1)."""
+        return min(1.0, max(self.used_memory_mib / self.memory_mib, self.used_cores / MAX_CORES))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node as the placement core sees it.
+
+    ``schedulable`` False (stale device-plugin heartbeat, node cordoned, inventory unreadable) makes
+    every pod fail on this node with ``unschedulable_reason``. ``cpu_milli``/``memory_mib`` and
+    their ``used_`` counterparts are optional host capacities for the simulator; the extender leaves
+    them None (kube-scheduler's own plugins check CPU and memory).
+    """
+
+    name: str
+    gpus: tuple[GpuState, ...]
+    schedulable: bool = True
+    unschedulable_reason: str = ""
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+    used_cpu_milli: int = 0
+    used_memory_mib: int = 0
+
+    def gpu_position(self, uuid: str) -> int | None:
+        return next((i for i, g in enumerate(self.gpus) if g.uuid == uuid), None)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerShape:
+    """What one container asks for: ``vgpu`` distinct GPUs, each with this memory and compute.
+
+    ``memory_mib`` None = the whole memory of each GPU it gets; ``cores`` None = no compute reserved.
+    """
+
+    vgpu: int
+    memory_mib: int | None
+    cores: int | None
+
+    def memory_on(self, gpu: GpuState) -> int:
+        return gpu.memory_mib if self.memory_mib is None else self.memory_mib
+
+    @property
+    def cores_needed(self) -> int:
+        return self.cores or 0
+
+    def describe(self) -> str:
+        memory = "whole GPU memory" if self.memory_mib is None else f"{self.memory_mib} MiB"
+        cores = f", {self.cores}% compute" if self.cores else ""
+        return f"{self.vgpu} x ({memory}{cores})"
+
+
+@dataclass(frozen=True, slots=True)
+class PodShape:
+    """A pod's GPU request without names: the key placement caches use.
+
+    ``cpu_milli``/``memory_mib`` are the pod's host requests, checked only against nodes that set
+    their own host capacities (the simulator).
+    """
+
+    containers: tuple[ContainerShape, ...]
+    preferences: PodPreferences = field(default_factory=PodPreferences)
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(c.vgpu for c in self.containers)
+
+
+def shape_of(request: PodRequest) -> PodShape:
+    return PodShape(
+        containers=tuple(ContainerShape(c.vgpu, c.memory_mib, c.cores) for c in request.containers),
+        preferences=request.preferences,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One GPU given to one container: position in ``NodeState.gpus`` and the quotas on it."""
+
+    gpu: int
+    memory_mib: int
+    cores: int
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where each container of a pod goes on one node; ``containers[i]`` matches the shape's i-th."""
+
+    node: str
+    containers: tuple[tuple[Grant, ...], ...]
+
+    def grants(self) -> Iterable[Grant]:
+        for grants in self.containers:
+            yield from grants
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFit:
+    """The pod fits on ``node`` as ``placement``.
+
+    ``policy_score`` (0..1, higher is better) comes from the placement policy; ``gain`` is the pod's
+    comparative advantage on the GPUs chosen (see :mod:`.speed`), used to rank nodes across a request.
+    """
+
+    node: NodeState
+    placement: Placement
+    policy_score: float
+    gain: float
+    # Derived once here, not in properties: scoring reads them for thousands of fits per request.
+    name: str = field(init=False)
+    policy_share: float = field(init=False)  # policy_score clamped to 0..1
+    policy_points: int = field(init=False)  # round(MAX_SCORE * policy_share)
+
+    def __post_init__(self) -> None:
+        share = min(max(self.policy_score, 0.0), 1.0)
+        object.__setattr__(self, "name", self.node.name)
+        object.__setattr__(self, "policy_share", share)
+        object.__setattr__(self, "policy_points", round(MAX_SCORE * share))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRejection:
+    """The pod does not fit on ``node``. ``unresolvable`` means evicting pods would not help
+    (wrong models, too little capacity, node unusable): kube-scheduler then skips it for preemption."""
+
+    node: str
+    reason: str
+    unresolvable: bool = False
+
+
+NodeOutcome = NodeFit | NodeRejection
+
+
+# --------------------------------------------------------------------------------------------------
+# Building states from the contract, and applying placements to them.
+
+
+def gpu_from_info(info: GpuInfo) -> GpuState:
+    return GpuState(
+        uuid=info.uuid,
+        index=info.index,
+        model=info.model,
+        memory_mib=info.memory_mib,
+        slices=info.split,
+        numa=info.numa_node,
+        nvlink_peers=frozenset(info.nvlink_peers),
+        healthy=info.healthy,
+    )
+
+
+@dataclass(slots=True)
+class _Usage:
+    memory_mib: int = 0
+    cores: int = 0
+    slices: int = 0
+
+
+def build_node(
+    name: str,
+    inventory: Iterable[GpuInfo],
+    allocations: Iterable[Allocation] = (),
+    *,
+    schedulable: bool = True,
+    unschedulable_reason: str = "",
+) -> NodeState:
+    """A node's state from its inventory annotation and the allocations of the pods placed on it.
+
+    Grants naming a GPU the inventory lacks are ignored (that GPU is gone; nothing to protect).
+    """
+    gpus = [gpu_from_info(info) for info in inventory]
+    usage = {g.uuid: _Usage() for g in gpus}
+    for allocation in allocations:
+        for container in allocation.containers:
+            for grant in container.gpus:
+                used = usage.get(grant.uuid)
+                if used is not None:
+                    used.memory_mib += grant.memory_mib
+                    used.cores += grant.cores
+                    used.slices += 1
+    return NodeState(
+        name=name,
+        gpus=tuple(
+            replace(
+                g,
+                used_memory_mib=usage[g.uuid].memory_mib,
+                used_cores=usage[g.uuid].cores,
+                used_slices=usage[g.uuid].slices,
+            )
+            for g in gpus
+        ),
+        schedulable=schedulable,
+        unschedulable_reason=unschedulable_reason,
+    )
+
+
+def _with_usage(node: NodeState, placement: Placement, sign: int) -> NodeState:
+    if placement.node != node.name:
+        raise ValueError(f"placement for node {placement.node!r} applied to node {node.name!r}")
+    gpus = list(node.gpus)
+    for grant in placement.grants():
+        g = gpus[grant.gpu]
+        gpus[grant.gpu] = replace(
+            g,
+            used_memory_mib=g.used_memory_mib + sign * grant.memory_mib,
+            used_cores=g.used_cores + sign * grant.cores,
+            used_slices=g.used_slices + sign,
+        )
+    return replace(node, gpus=tuple(gpus))
+
+
+def apply(node: NodeState, placement: Placement, shape: PodShape | None = None) -> NodeState:
+    """The node after ``placement`` is made (and, if given, the shape's host CPU/memory taken)."""
+    placed = _with_usage(node, placement, +1)
+    if shape is None:
+        return placed
+    return replace(
+        placed,
+        used_cpu_milli=placed.used_cpu_milli + shape.cpu_milli,
+        used_memory_mib=placed.used_memory_mib + shape.memory_mib,
+    )
+
+
+def release(node: NodeState, placement: Placement, shape: PodShape | None = None) -> NodeState:
+    """The node after ``placement`` (made earlier by :func:`apply`) is given back."""
+    released = _with_usage(node, placement, -1)
+    if shape is None:
+        return released
+    return replace(
+        released,
+        used_cpu_milli=released.used_cpu_milli - shape.cpu_milli,
+        used_memory_mib=released.used_memory_mib - shape.memory_mib,
+    )
+
+
+def to_allocation(node: NodeState, placement: Placement, container_names: Iterable[str]) -> Allocation:
+    """The contract's allocation annotation for a placement (container names in shape order)."""
+    names = tuple(container_names)
+    if len(names) != len(placement.containers):
+        raise ValueError(f"{len(names)} container names for {len(placement.containers)} placed containers")
+    return Allocation(
+        node=node.name,
+        containers=tuple(
+            ContainerAllocation(
+                name=name,
+                gpus=tuple(
+                    GpuGrant(uuid=node.gpus[g.gpu].uuid, memory_mib=g.memory_mib, cores=g.cores)
+                    for g in grants
+                ),
+            )
+            for name, grants in zip(names, placement.containers, strict=True)
+        ),
+    )
+
+
+def placement_of(node: NodeState, allocation: Allocation) -> Placement:
+    """The placement an allocation annotation describes; raises ValueError naming an unknown GPU."""
+    positions: Mapping[str, int] = {g.uuid: i for i, g in enumerate(node.gpus)}
+    containers = []
+    for container in allocation.containers:
+        grants = []
+        for grant in container.gpus:
+            if grant.uuid not in positions:
+                raise ValueError(f"allocation names GPU {grant.uuid!r}, not on node {node.name!r}")
+            grants.append(Grant(positions[grant.uuid], grant.memory_mib, grant.cores))
+        containers.append(tuple(grants))
+    return Placement(node=node.name, containers=tuple(containers))
+
+
+@dataclass(slots=True)
+class ShapeMix:
+    """The recent mix of pod shapes (a sliding window), for policies that plan for future pods.
+
+    ``version`` increases on every change, so caches of context-dependent scores know when to drop.
+    """
+
+    window: int = 1000
+    counts: dict[PodShape, int] = field(default_factory=dict)
+    recent: list[PodShape] = field(default_factory=list)
+    version: int = 0
+
+    def record(self, shape: PodShape) -> None:
+        self.recent.append(shape)
+        self.counts[shape] = self.counts.get(shape, 0) + 1
+        if len(self.recent) > self.window:
+            oldest = self.recent.pop(0)
+            self.counts[oldest] -= 1
+            if not self.counts[oldest]:
+                del self.counts[oldest]
+        self.version += 1
+
+    def frequencies(self) -> dict[PodShape, float]:
+        total = len(self.recent)
+        return {shape: n / total for shape, n in self.counts.items()} if total else {}

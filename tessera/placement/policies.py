@@ -1,0 +1,155 @@
+"""Placement policies: which GPUs of a node to prefer, and how good a node's placement is.
+
+A policy answers two questions, both over plain data:
+
+* :meth:`PlacementPolicy.gpu_key` orders the GPUs that could take one container on one node
+  (smaller key = tried first). The fit search (:mod:`.fit`) takes GPUs in this order.
+* :meth:`PlacementPolicy.score` rates the placement found on a node, 0..1, higher = better. The
+  core turns it into kube-scheduler's 0..10 (see :func:`tessera.placement.score.score_nodes`).
+
+Both get a :class:`ClusterContext` with what a policy may need beyond the node itself (the recent
+mix of pod shapes). A policy whose answers depend on the context sets ``uses_context = True``;
+caches then also key on ``context.version``.
+
+Policies are registered by name (:func:`register_policy`) so that a pod's ``<domain>/policy``
+annotation or the extender's ``--policy`` flag can name them. ``binpack`` and ``spread`` are built
+in; ``fragmentation`` registers itself from :mod:`tessera.placement.fragmentation`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from tessera.placement.model import ContainerShape, GpuState, NodeState, Placement, PodShape, ShapeMix
+
+
+@dataclass(slots=True)
+class ClusterContext:
+    """Cluster-wide facts a policy may use. ``shape_mix`` is the recent mix of placed pod shapes."""
+
+    shape_mix: ShapeMix = field(default_factory=ShapeMix)
+
+    @property
+    def version(self) -> int:
+        return self.shape_mix.version
+
+
+class PlacementPolicy(ABC):
+    name: str
+    uses_context: bool = False
+
+    @abstractmethod
+    def gpu_key(self, gpu: GpuState, container: ContainerShape, context: ClusterContext) -> tuple[float, ...]:
+        """Sort key of ``gpu`` (with its current usage) as a home for one GPU of ``container``."""
+
+    @abstractmethod
+    def score(self, node: NodeState, placement: Placement, shape: PodShape, context: ClusterContext) -> float:
+        """How good ``placement`` on ``node`` (state before the placement) is, 0..1."""
+
+
+def utilization_after(node: NodeState, placement: Placement) -> tuple[float, float]:
+    """(mean utilization of the GPUs the placement uses, mean utilization of the node's healthy GPUs),
+    both after the placement; a GPU's utilization is the larger of its memory and compute fractions."""
+    added_memory: dict[int, int] = {}
+    added_cores: dict[int, int] = {}
+    for grant in placement.grants():
+        added_memory[grant.gpu] = added_memory.get(grant.gpu, 0) + grant.memory_mib
+        added_cores[grant.gpu] = added_cores.get(grant.gpu, 0) + grant.cores
+    total = 0.0
+    healthy = 0
+    chosen = 0.0
+    for position, gpu in enumerate(node.gpus):
+        if not gpu.healthy:
+            continue
+        healthy += 1
+        memory = (gpu.used_memory_mib + added_memory.get(position, 0)) / gpu.memory_mib
+        cores = (gpu.used_cores + added_cores.get(position, 0)) / 100
+        used = min(1.0, max(memory, cores))
+        total += used
+        if position in added_memory:
+            chosen += used
+    return (chosen / len(added_memory) if added_memory else 0.0, total / healthy if healthy else 0.0)
+
+
+# How much the chosen GPUs weigh against the whole node in binpack/spread scores.
+GPU_WEIGHT = 0.6
+
+
+class Binpack(PlacementPolicy):
+    """Fill GPUs and nodes already in use, to keep whole GPUs (and nodes) free for big pods.
+
+    GPUs: best fit first (least memory left after, then least compute left after).
+    Score: utilization after the placement, of the chosen GPUs (weight 0.6) and of the node (0.4).
+    """
+
+    name = "binpack"
+
+    def gpu_key(self, gpu: GpuState, container: ContainerShape, context: ClusterContext) -> tuple[float, ...]:
+        return (
+            gpu.free_memory_mib - container.memory_on(gpu),
+            gpu.free_cores - container.cores_needed,
+            gpu.index,
+        )
+
+    def score(self, node: NodeState, placement: Placement, shape: PodShape, context: ClusterContext) -> float:
+        chosen, whole = utilization_after(node, placement)
+        return GPU_WEIGHT * chosen + (1 - GPU_WEIGHT) * whole
+
+
+class Spread(PlacementPolicy):
+    """Least loaded first: GPUs with the most left after the placement, nodes with the least in use.
+
+    Score: 1 - the binpack score.
+    """
+
+    name = "spread"
+
+    def gpu_key(self, gpu: GpuState, container: ContainerShape, context: ClusterContext) -> tuple[float, ...]:
+        return (
+            -(gpu.free_memory_mib - container.memory_on(gpu)) / gpu.memory_mib,
+            -(gpu.free_cores - container.cores_needed),
+            gpu.index,
+        )
+
+    def score(self, node: NodeState, placement: Placement, shape: PodShape, context: ClusterContext) -> float:
+        chosen, whole = utilization_after(node, placement)
+        return 1 - (GPU_WEIGHT * chosen + (1 - GPU_WEIGHT) * whole)
+
+
+_REGISTRY: dict[str, PlacementPolicy] = {}
+
+
+def register_policy(policy: PlacementPolicy) -> None:
+    """Make ``policy`` available by ``policy.name`` (replacing any earlier one of that name)."""
+    _REGISTRY[policy.name] = policy
+
+
+def get_policy(name: str) -> PlacementPolicy:
+    """The policy called ``name``; ValueError listing the known ones otherwise."""
+    _load_optional_policies()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"policy: {name!r} is not one of {', '.join(sorted(_REGISTRY))}") from None
+
+
+def policy_names() -> list[str]:
+    _load_optional_policies()
+    return sorted(_REGISTRY)
+
+
+def _load_optional_policies() -> None:
+    # Policies in their own modules register on import; importing here keeps callers from
+    # having to know which module holds which policy.
+    import importlib  # noqa: PLC0415
+
+    try:
+        importlib.import_module("tessera.placement.fragmentation")
+    except ModuleNotFoundError as e:
+        if e.name != "tessera.placement.fragmentation":
+            raise
+
+
+register_policy(Binpack())
+register_policy(Spread())
