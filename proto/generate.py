@@ -20,7 +20,7 @@ PROTO_FILES = (
 
 
 def generate(out_dir: Path) -> None:
-    """Write ``*_pb2.py``, ``*_pb2.pyi`` and ``*_pb2_grpc.py`` for every API under ``out_dir``.
+    """Write ``*_pb2.py`` and ``*_pb2_grpc.py`` for every API under ``out_dir``.
 
     Paths are relative to the repository root so the stubs import each other as ``proto.<api>...``.
     """
@@ -33,7 +33,6 @@ def generate(out_dir: Path) -> None:
                 f"-I{REPO_ROOT}",
                 f"-I{include}",
                 f"--python_out={out_dir}",
-                f"--pyi_out={out_dir}",
                 f"--grpc_python_out={out_dir}",
                 str(relative),
             ]

@@ -1,0 +1,127 @@
+"""Kubernetes API adapter: the pods on this node, their allocation phase and events, the Node's
+annotations. Responses are read as plain JSON (no client models) and turned into plain data."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from deviceplugin.matching import GpuContainer, PodView
+from tessera.contract import ContractError, ContractKeys, Phase, format_time, now, parse_integer_quantity
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "tessera-device-plugin"
+
+
+def load_api(kubeconfig: Path | None) -> client.ApiClient:
+    if kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(kubeconfig))
+    config.load_incluster_config()
+    return client.ApiClient()
+
+
+def _gpu_containers(pod: Mapping[str, Any], keys: ContractKeys) -> tuple[GpuContainer, ...]:
+    containers = []
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if keys.vgpu not in limits:
+            continue
+        try:
+            slices = parse_integer_quantity(limits[keys.vgpu], field=keys.vgpu)
+        except ContractError:
+            continue  # the API server refuses such pods; nothing the kubelet would allocate
+        containers.append(GpuContainer(name=str(container.get("name")), slices=slices))
+    return tuple(containers)
+
+
+def pod_view(pod: Mapping[str, Any], keys: ContractKeys) -> PodView:
+    metadata = pod.get("metadata") or {}
+    created = metadata.get("creationTimestamp")
+    return PodView(
+        namespace=metadata.get("namespace", ""),
+        name=metadata.get("name", ""),
+        uid=metadata.get("uid", ""),
+        created=datetime.fromisoformat(created.replace("Z", "+00:00")) if created else now(),
+        annotations=metadata.get("annotations") or {},
+        gpu_containers=_gpu_containers(pod, keys),
+    )
+
+
+class Kube:
+    """The API calls the agent makes, each scoped to its own node."""
+
+    def __init__(self, api: client.ApiClient, node: str, keys: ContractKeys) -> None:
+        self._api = api
+        self._core = client.CoreV1Api(api)
+        self.node = node
+        self.keys = keys
+
+    def close(self) -> None:
+        self._api.close()
+
+    def _pods_on_node(self) -> list[dict[str, Any]]:
+        response = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node}", _preload_content=False
+        )
+        items: list[dict[str, Any]] = json.loads(response.data)["items"]
+        return items
+
+    def pending_pods(self) -> list[PodView]:
+        """Pods on this node that the kubelet may still admit: pending and not being deleted."""
+        return [
+            pod_view(p, self.keys)
+            for p in self._pods_on_node()
+            if (p.get("status") or {}).get("phase", "Pending") == "Pending"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def pod_uids(self) -> set[str]:
+        return {p["metadata"]["uid"] for p in self._pods_on_node()}
+
+    def set_phase(self, pod: PodView, phase: Phase) -> None:
+        self._core.patch_namespaced_pod(
+            pod.name,
+            pod.namespace,
+            {"metadata": {"annotations": {self.keys.allocation_phase: phase.value}}},
+        )
+
+    def warn(self, pod: PodView, reason: str, message: str) -> None:
+        """A Warning event on the pod, as ``kubectl describe pod`` shows it."""
+        moment = format_time(now())
+        self._core.create_namespaced_event(
+            pod.namespace,
+            {
+                "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "namespace": pod.namespace,
+                    "name": pod.name,
+                    "uid": pod.uid,
+                },
+                "type": "Warning",
+                "reason": reason,
+                "message": message[:1024],
+                "source": {"component": COMPONENT, "host": self.node},
+                "reportingComponent": COMPONENT,
+                "reportingInstance": self.node,
+                "firstTimestamp": moment,
+                "lastTimestamp": moment,
+                "count": 1,
+            },
+        )
+
+    def node_annotations(self) -> dict[str, str]:
+        response = self._core.read_node(self.node, _preload_content=False)
+        annotations: dict[str, str] = json.loads(response.data)["metadata"].get("annotations") or {}
+        return annotations
+
+    def annotate_node(self, annotations: Mapping[str, str]) -> None:
+        self._core.patch_node(self.node, {"metadata": {"annotations": dict(annotations)}})

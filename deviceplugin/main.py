@@ -1,0 +1,128 @@
+"""``tessera-device-plugin``: wires NVML, the kubelet's gRPC API, the Kubernetes API and /metrics
+around the agent, and runs until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from prometheus_client import start_http_server
+from prometheus_client.registry import CollectorRegistry
+
+from deviceplugin.agent import Agent
+from deviceplugin.config import Config, parse_config
+from deviceplugin.kube import Kube, load_api
+from deviceplugin.kubelet import run_registration
+from deviceplugin.metrics import AgentCollector
+from deviceplugin.nvml import GpuReading, Nvml, NvmlUnavailableError
+from deviceplugin.statedir import StateDir
+from hook._library import LIBRARY_ENV
+from tessera.contract import GpuInfo
+
+log = logging.getLogger("tessera-device-plugin")
+
+
+def _discover(config: Config) -> tuple[Nvml | None, tuple[GpuInfo, ...]]:
+    """The node's GPUs; none, with one log line saying why, when NVML is missing or finds none."""
+    try:
+        nvml = Nvml()
+    except NvmlUnavailableError as e:
+        log.warning("no GPUs advertised: %s", e)
+        return None, ()
+    try:
+        gpus = nvml.discover(config.split)
+    except NvmlUnavailableError as e:
+        log.warning("no GPUs advertised: %s", e)
+        nvml.close()
+        return None, ()
+    if not gpus:
+        log.warning("no GPUs advertised: NVML reports 0 GPUs on this node")
+    for gpu in gpus:
+        log.info(
+            "GPU %d %s: %s, %d MiB, %d SMs, compute %s, PCI %s, NUMA %s, NVLink peers %s, %d slices",
+            gpu.index,
+            gpu.uuid,
+            gpu.model,
+            gpu.memory_mib,
+            gpu.sm_count,
+            gpu.compute_capability,
+            gpu.pci_bus_id or "-",
+            gpu.numa_node if gpu.numa_node is not None else "-",
+            ",".join(gpu.nvlink_peers) or "-",
+            gpu.split,
+        )
+    return nvml, gpus
+
+
+def run(config: Config, stop: threading.Event) -> None:
+    # The hook's Python module finds libvgpu.so (to read accounting regions) through this variable.
+    os.environ.setdefault(LIBRARY_ENV, str(config.hook_library))
+    state = StateDir(config.state_dir)
+    state.prepare()
+    nvml, gpus = _discover(config)
+    kube = Kube(load_api(config.kubeconfig), config.node_name, config.keys)
+    agent = Agent(config, gpus, kube, state)
+
+    def reading(uuid: str) -> GpuReading | None:
+        return nvml.reading(uuid) if nvml is not None else None
+
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(config.node_name, agent.inventory, reading, state))
+    metrics_server, _ = start_http_server(config.metrics_port, config.metrics_address, registry=registry)
+    log.info("metrics on http://%s:%d/metrics", config.metrics_address, metrics_server.server_port)
+
+    threads = [
+        threading.Thread(target=run_registration, args=(agent, config, stop), name="kubelet"),
+        threading.Thread(target=agent.run_publisher, args=(stop,), name="publisher"),
+    ]
+    if nvml is not None and gpus:
+        threads.append(
+            threading.Thread(
+                target=nvml.watch_xids, args=(agent.gpu_uuids, agent.record_xid, stop), name="xid"
+            )
+        )
+        threads.append(
+            threading.Thread(target=agent.run_presence_checks, args=(nvml.present, stop), name="presence")
+        )
+    for thread in threads:
+        thread.start()
+    try:
+        stop.wait()
+    finally:
+        stop.set()
+        agent.wake_waiters()
+        for thread in threads:
+            thread.join()
+        metrics_server.shutdown()
+        kube.close()
+        if nvml is not None:
+            nvml.close()
+        log.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=os.environ.get("TESSERA_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    config = parse_config(argv)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    run(config, stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
