@@ -24,7 +24,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tessera.placement.fit import filter_node
-from tessera.placement.model import NodeFit, NodeOutcome, NodeRejection, NodeState, PodShape, apply
+from tessera.placement.model import (
+    NodeFit,
+    NodeOutcome,
+    NodeRejection,
+    NodeState,
+    PodShape,
+    Shortfall,
+    apply,
+)
 from tessera.placement.policies import ClusterContext, PlacementPolicy, get_policy
 from tessera.placement.speed import SpeedProfiles
 
@@ -101,7 +109,7 @@ class PlacementEngine:
         for name in self.nodes if names is None else names:
             node = nodes.get(name)
             if node is None:
-                rejections.append(NodeRejection(name, UNKNOWN_NODE, True))
+                rejections.append(NodeRejection(name, UNKNOWN_NODE, Shortfall.NODE))
                 continue
             cached = cache.get(name)
             if cached is not None and cached[0] is node:

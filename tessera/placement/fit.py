@@ -35,6 +35,7 @@ from tessera.placement.model import (
     NodeState,
     Placement,
     PodShape,
+    Shortfall,
 )
 from tessera.placement.policies import ClusterContext, PlacementPolicy
 from tessera.placement.speed import SpeedProfiles
@@ -180,17 +181,19 @@ def filter_node(
     """Whether and how the pod fits on ``node``: a :class:`NodeFit` with the policy's placement and
     score, or a :class:`NodeRejection` naming the shortfall."""
     if not node.schedulable:
-        return NodeRejection(node.name, node.unschedulable_reason or "node is not schedulable", True)
+        return NodeRejection(
+            node.name, node.unschedulable_reason or "node is not schedulable", Shortfall.NODE
+        )
     host = _host_shortfall(node, shape)
     if host is not None:
-        return NodeRejection(node.name, host)
+        return NodeRejection(node.name, host, Shortfall.HOST)
     eligible = eligible_gpus(node, shape, profiles)
     placement = find_placement(node, shape, eligible, policy, context) if eligible else None
     if placement is None:
-        reason, unresolvable = explain_rejection(node, shape, eligible, profiles)
-        return NodeRejection(node.name, reason, unresolvable)
+        return explain_rejection(node, shape, eligible, profiles)
     workload = shape.preferences.workload
-    gain = min(profiles.gain(node.gpus[g.gpu].model, workload) for g in placement.grants())
+    # A pod asking no GPU (the simulator places CPU-only trace pods on GPU nodes) has no speed gain.
+    gain = min((profiles.gain(node.gpus[g.gpu].model, workload) for g in placement.grants()), default=1.0)
     return NodeFit(node, placement, policy.score(node, placement, shape, context), gain)
 
 
@@ -209,19 +212,23 @@ def _host_shortfall(node: NodeState, shape: PodShape) -> str | None:
 
 def explain_rejection(
     node: NodeState, shape: PodShape, eligible: Sequence[int], profiles: SpeedProfiles
-) -> tuple[str, bool]:
-    """(reason, unresolvable) for a pod that found no placement on ``node``."""
+) -> NodeRejection:
+    """The rejection of a pod that found no placement on ``node``."""
     ineligible = _ineligibility(node, shape, eligible, profiles)
     if ineligible is not None:
-        return ineligible, True
+        return NodeRejection(node.name, *ineligible)
     several = len(shape.containers) > 1
     for container in shape.containers:
-        shortfall = _container_shortfall(node, container, eligible)
-        if shortfall is not None:
-            reason, unresolvable = shortfall
-            return (f"{container.describe()}: {reason}" if several else reason), unresolvable
+        found = _container_shortfall(node, container, eligible)
+        if found is not None:
+            reason, shortfall = found
+            return NodeRejection(
+                node.name, f"{container.describe()}: {reason}" if several else reason, shortfall
+            )
     wanted = " + ".join(c.describe() for c in shape.containers)
-    return f"the containers fit one by one but not together ({wanted})", False
+    return NodeRejection(
+        node.name, f"the containers fit one by one but not together ({wanted})", Shortfall.TOGETHER
+    )
 
 
 def _models(node: NodeState, positions: Sequence[int]) -> str:
@@ -233,15 +240,15 @@ def _models(node: NodeState, positions: Sequence[int]) -> str:
 
 def _ineligibility(
     node: NodeState, shape: PodShape, eligible: Sequence[int], profiles: SpeedProfiles
-) -> str | None:
+) -> tuple[str, Shortfall] | None:
     needed = max(c.vgpu for c in shape.containers)
     if len(eligible) >= needed:
         return None
     if not node.gpus:
-        return "no GPUs in the node's inventory"
+        return "no GPUs in the node's inventory", Shortfall.NODE
     healthy = [i for i, g in enumerate(node.gpus) if g.healthy]
     if not healthy:
-        return f"all {len(node.gpus)} GPUs are unhealthy"
+        return f"all {len(node.gpus)} GPUs are unhealthy", Shortfall.HEALTH
     prefs = shape.preferences
     allowed = [i for i in healthy if model_allowed(node.gpus[i].model, prefs.models, prefs.models_exclude)]
     if len(allowed) < needed:
@@ -251,7 +258,7 @@ def _ineligibility(
         if prefs.models_exclude:
             wanted.append(f"excluding {', '.join(prefs.models_exclude)}")
         have = f"{len(allowed)} such healthy GPUs" if allowed else "no such healthy GPU"
-        return f"{have} ({' '.join(wanted)}); node has {_models(node, healthy)}"
+        return f"{have} ({' '.join(wanted)}); node has {_models(node, healthy)}", Shortfall.MODEL
     if prefs.min_speed is not None and len(eligible) < needed:
         workload = f" for workload {prefs.workload!r}" if prefs.workload else ""
         speeds = ", ".join(
@@ -263,8 +270,8 @@ def _ineligibility(
             )
         )
         have = f"only {len(eligible)} GPUs" if eligible else "no GPU"
-        return f"{have} with speed >= {prefs.min_speed:g}{workload}; node has {speeds}"
-    return f"only {len(eligible)} healthy GPUs; a container needs {needed}"
+        return f"{have} with speed >= {prefs.min_speed:g}{workload}; node has {speeds}", Shortfall.SPEED
+    return f"only {len(eligible)} healthy GPUs; a container needs {needed}", Shortfall.HEALTH
 
 
 def _count(n: int) -> str:
@@ -273,7 +280,7 @@ def _count(n: int) -> str:
 
 def _container_shortfall(
     node: NodeState, container: ContainerShape, eligible: Sequence[int]
-) -> tuple[str, bool] | None:
+) -> tuple[str, Shortfall] | None:
     k = container.vgpu
     need = "" if k == 1 else f"; {k} needed"
     gpus = [node.gpus[i] for i in eligible]
@@ -285,26 +292,29 @@ def _container_shortfall(
             return (
                 f"{_count(len(big))} with {container.memory_mib} MiB of memory{need}; "
                 f"largest has {largest} MiB",
-                True,
+                Shortfall.CAPACITY,
             )
     with_memory = [g for g in gpus if g.free_memory_mib >= container.memory_on(g)]
     if len(with_memory) < k:
         largest_free = max(g.free_memory_mib for g in gpus)
         what = "all memory free" if whole else f"{container.memory_mib} MiB free"
-        return f"{_count(len(with_memory))} with {what}{need}; largest free {largest_free} MiB", False
+        return (
+            f"{_count(len(with_memory))} with {what}{need}; largest free {largest_free} MiB",
+            Shortfall.MEMORY,
+        )
     with_cores = [g for g in with_memory if g.free_cores >= container.cores_needed]
     if len(with_cores) < k:
         most = max(g.free_cores for g in with_memory)
         return (
             f"{_count(len(with_cores))} with {container.cores}% compute free (of {MAX_CORES}) among those "
             f"with the memory{need}; most free {most}%",
-            False,
+            Shortfall.COMPUTE,
         )
     with_slice = [g for g in with_cores if g.free_slices >= 1]
     if len(with_slice) < k:
         return (
             f"{_count(len(with_slice))} with a free slice among those with the memory and compute{need} "
             f"(all {sum(g.slices for g in with_cores)} slices in use)",
-            False,
+            Shortfall.SLICES,
         )
     return None

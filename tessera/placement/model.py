@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from tessera.contract import (
     MAX_CORES,
@@ -187,14 +188,39 @@ class NodeFit:
         object.__setattr__(self, "policy_points", round(MAX_SCORE * share))
 
 
+class Shortfall(StrEnum):
+    """What a rejected pod lacks on a node (a metrics label; the reason text has the numbers)."""
+
+    NODE = "node"  # node unusable: no inventory, stale heartbeat
+    HEALTH = "health"
+    MODEL = "model"
+    SPEED = "speed"
+    CAPACITY = "capacity"  # too little even on an empty node
+    HOST = "host"  # host CPU or memory (simulator)
+    MEMORY = "memory"
+    COMPUTE = "compute"
+    SLICES = "slices"
+    TOGETHER = "together"  # containers fit one by one only
+    INFLIGHT = "inflight"  # the in-flight rule (extender)
+
+
+# Shortfalls that evicting pods cannot cure: kube-scheduler skips such nodes for preemption.
+UNRESOLVABLE = frozenset(
+    {Shortfall.NODE, Shortfall.HEALTH, Shortfall.MODEL, Shortfall.SPEED, Shortfall.CAPACITY}
+)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRejection:
-    """The pod does not fit on ``node``. ``unresolvable`` means evicting pods would not help
-    (wrong models, too little capacity, node unusable): kube-scheduler then skips it for preemption."""
+    """The pod does not fit on ``node``, for ``reason`` (text naming the numbers)."""
 
     node: str
     reason: str
-    unresolvable: bool = False
+    shortfall: Shortfall
+
+    @property
+    def unresolvable(self) -> bool:
+        return self.shortfall in UNRESOLVABLE
 
 
 NodeOutcome = NodeFit | NodeRejection
