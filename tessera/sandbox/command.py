@@ -1,0 +1,114 @@
+"""`tessera sandbox`: a local cluster with a real kubelet and containerd running pods on fake GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tessera.localcluster import ControlPlaneError
+from tessera.sandbox import cluster
+from tessera.sandbox.layout import DEFAULT_ROOT
+from tessera.sandbox.processes import StartError
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside 1..65535")
+    return value
+
+
+def _progress(message: str) -> None:
+    print(f"sandbox: {message}", file=sys.stderr, flush=True)
+
+
+def _up(args: argparse.Namespace) -> int:
+    options = cluster.Options(
+        root=args.dir,
+        node=args.node or cluster.default_node_name(),
+        kubelet_port=args.kubelet_port,
+        kubelet_healthz_port=args.kubelet_healthz_port,
+        timeout=args.timeout,
+    )
+    try:
+        state = cluster.up(options, report=_progress)
+    except (StartError, ControlPlaneError) as e:
+        print(f"tessera sandbox up: {e}", file=sys.stderr)
+        return 1
+    print(f"sandbox ready in {state.ready_seconds:.1f}s: node {state.node}, apiserver {state.api_url}")
+    print(f"export KUBECONFIG={state.kubeconfig}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    left = cluster.down(args.dir, report=_progress)
+    if left:
+        print("tessera sandbox down: left on the host:", file=sys.stderr)
+        for item in left:
+            print(f"  - {item}", file=sys.stderr)
+        return 1
+    print("sandbox down: nothing left on the host")
+    return 0
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    if not status["up"]:
+        print("sandbox: not up")
+        return
+    print("processes:")
+    for name, state in status["processes"].items():
+        print(f"  {name:<24} {state}")
+    print("nodes:")
+    for node in status["nodes"]:
+        ready = "Ready" if node["ready"] else "NotReady"
+        resources = ", ".join(f"{k}={v}" for k, v in sorted(node["allocatable"].items()) if "/" in k)
+        print(f"  {node['name']:<24} {ready:<9} {resources}")
+    print("pods:")
+    for pod in status["pods"]:
+        print(f"  {pod['namespace'] + '/' + pod['name']:<40} {pod['phase']:<10} {pod['node'] or '-'}")
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = cluster.status(args.dir)
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        _print_status(status)
+    return 0 if status["up"] else 1
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "sandbox",
+        help="a local cluster: real containerd, kubelet and control plane, pods on fake GPUs (root)",
+        description="Run the whole Tessera path on this machine. Needs root; see docs/sandbox.md.",
+    )
+    commands = parser.add_subparsers(dest="sandbox_command", required=True, metavar="SUBCOMMAND")
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--dir", type=Path, default=DEFAULT_ROOT, help=f"the sandbox's directory (default {DEFAULT_ROOT})"
+        )
+
+    up = commands.add_parser("up", help="start the sandbox and wait until the node is ready")
+    common(up)
+    up.add_argument("--node", help="node name; must resolve to 127.0.0.1 (default: this host's name)")
+    up.add_argument("--kubelet-port", type=_port, default=10250)
+    up.add_argument("--kubelet-healthz-port", type=_port, default=10248)
+    up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each component")
+    up.set_defaults(func=_up)
+
+    down = commands.add_parser("down", help="stop everything and remove what the sandbox left on the host")
+    common(down)
+    down.set_defaults(func=_down)
+
+    status = commands.add_parser("status", help="processes, nodes, GPUs, slices and pods")
+    common(status)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=_status)

@@ -1,0 +1,201 @@
+"""containerd for the sandbox: Debian's containerd 1.6 with its own config, root, state and socket.
+
+The settings are the ones measured to work on these machines (docs/sandbox.md says why each one):
+cgroupfs (runc ``SystemdCgroup = false``), no AppArmor, ``restrict_oom_score_adj`` (root here lacks
+CAP_SYS_RESOURCE, so the -998 a pod sandbox asks for would fail), network namespaces mounted under
+the state directory, and the project's own pause image as the sandbox image.
+
+How the GPU driver gets into containers: on a real node the NVIDIA container toolkit is configured as
+containerd's default runtime (``nvidia``); for containers that get GPUs it edits the OCI spec to bind
+``libcuda.so.1``, ``libnvidia-ml.so.1`` and the ``/dev/nvidia*`` nodes from the host driver install.
+The sandbox configures the same default runtime name, backed by runc with a *base runtime spec*
+(containerd's own default spec plus read-only binds of the project's fake driver libraries at the
+paths the toolkit uses). The kubelet, the device plugin and the pods see the same layout either way.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tessera.sandbox.images import DRIVER_LIBRARY_DIR, PAUSE_IMAGE
+from tessera.sandbox.layout import BRIDGE, NETWORK_NAME, POD_SUBNET, Layout
+from tessera.sandbox.processes import Started, start, wait_for
+
+CNI_BIN_DIR = Path("/usr/lib/cni")
+K8S_NAMESPACE = "k8s.io"
+RUNTIME_NAME = "nvidia"
+# Snapshotters that cannot work here; disabled so the log shows only what matters.
+DISABLED_PLUGINS = tuple(
+    f"io.containerd.snapshotter.v1.{name}" for name in ("aufs", "btrfs", "devmapper", "zfs")
+)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def _toml(tables: Mapping[str, Mapping[str, object]], top: Mapping[str, object]) -> str:
+    lines = [f"{key} = {_toml_value(value)}" for key, value in top.items()]
+    for table, values in tables.items():
+        lines += ["", f"[{table}]", *(f"  {key} = {_toml_value(value)}" for key, value in values.items())]
+    return "\n".join(lines) + "\n"
+
+
+def render_config(layout: Layout) -> str:
+    """containerd's config.toml (version 2 schema) for the sandbox."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    runtime = f"{cri}.containerd.runtimes.{RUNTIME_NAME}"
+    return _toml(
+        {
+            "grpc": {"address": str(layout.containerd_socket)},
+            # Default /opt/containerd would be created on the host otherwise.
+            'plugins."io.containerd.internal.v1.opt"': {"path": str(layout.containerd_root / "opt")},
+            cri: {
+                "sandbox_image": PAUSE_IMAGE,
+                "disable_apparmor": True,
+                "restrict_oom_score_adj": True,
+                "netns_mounts_under_state_dir": True,
+                "stream_server_address": "127.0.0.1",
+                "stream_server_port": "0",
+            },
+            f"{cri}.containerd": {"snapshotter": "overlayfs", "default_runtime_name": RUNTIME_NAME},
+            runtime: {"runtime_type": "io.containerd.runc.v2", "base_runtime_spec": str(layout.driver_spec)},
+            f"{runtime}.options": {"SystemdCgroup": False},
+            f"{cri}.cni": {
+                "bin_dir": str(CNI_BIN_DIR),
+                "conf_dir": str(layout.cni_conf_dir),
+                "max_conf_num": 1,
+            },
+        },
+        {
+            "version": 2,
+            "root": str(layout.containerd_root),
+            "state": str(layout.containerd_state),
+            "disabled_plugins": DISABLED_PLUGINS,
+        },
+    )
+
+
+def driver_mounts(driver_files: Mapping[str, Path]) -> list[dict[str, Any]]:
+    """Read-only binds of the driver libraries (soname -> host file) into the library directory."""
+    return [
+        {
+            "destination": f"{DRIVER_LIBRARY_DIR}/{soname}",
+            "type": "bind",
+            "source": str(path),
+            "options": ["rbind", "ro", "nosuid", "nodev"],
+        }
+        for soname, path in sorted(driver_files.items())
+    ]
+
+
+def base_spec(
+    default_spec: Mapping[str, Any], driver_files: Mapping[str, Path], env: Mapping[str, str]
+) -> dict[str, Any]:
+    """containerd's default OCI spec with the driver mounted and the driver's environment set."""
+    spec: dict[str, Any] = copy.deepcopy(dict(default_spec))
+    spec["mounts"] = [*spec.get("mounts", []), *driver_mounts(driver_files)]
+    process = spec.setdefault("process", {})
+    process["env"] = [*process.get("env", []), *(f"{k}={v}" for k, v in sorted(env.items()))]
+    return spec
+
+
+def cni_config(layout: Layout) -> dict[str, Any]:
+    """A bridge network for pods. No masquerading: pods only talk to the host and to each other."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": NETWORK_NAME,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_SUBNET}]],
+                    "dataDir": str(layout.cni_ipam_dir),
+                },
+            }
+        ],
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Adapters: files, the containerd process, ctr.
+
+
+def ctr(layout: Layout, *args: str, timeout: float = 60.0) -> str:
+    result = subprocess.run(
+        ["ctr", "--address", str(layout.containerd_socket), "--namespace", K8S_NAMESPACE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"ctr {' '.join(args)}: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def default_oci_spec() -> dict[str, Any]:
+    """containerd's own default spec, the one CRI uses when no base spec is configured."""
+    out = subprocess.run(["ctr", "oci", "spec"], capture_output=True, text=True, check=True).stdout
+    spec: dict[str, Any] = json.loads(out)
+    return spec
+
+
+def write_files(layout: Layout, driver_files: Mapping[str, Path], driver_env: Mapping[str, str]) -> None:
+    for directory in (
+        layout.containerd_root,
+        layout.containerd_state,
+        layout.cni_conf_dir,
+        layout.cni_ipam_dir,
+    ):
+        directory.mkdir(parents=True, exist_ok=True)
+    layout.containerd_config.write_text(render_config(layout))
+    layout.driver_spec.write_text(
+        json.dumps(base_spec(default_oci_spec(), driver_files, driver_env), indent=2)
+    )
+    (layout.cni_conf_dir / "10-tessera.conflist").write_text(json.dumps(cni_config(layout), indent=2))
+
+
+def _socket_answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+        return True
+
+
+def start_containerd(layout: Layout, timeout: float = 60.0) -> Started:
+    binary = shutil.which("containerd") or "containerd"
+    process = start(
+        "containerd", [binary, "--config", str(layout.containerd_config)], layout.log("containerd")
+    )
+    wait_for("the containerd socket", lambda: _socket_answers(layout.containerd_socket), process, timeout)
+    return process
+
+
+def import_images(layout: Layout, tarballs: Mapping[str, Path]) -> None:
+    for tarball in tarballs.values():
+        ctr(layout, "images", "import", str(tarball))
+
+
+def images(layout: Layout) -> list[str]:
+    return [line for line in ctr(layout, "images", "ls", "-q").splitlines() if line.strip()]

@@ -1,0 +1,94 @@
+"""The sandbox's kubelet: a real node, registered with the sandbox's apiserver, running pods through
+the sandbox's containerd. The configuration follows what this kind of host needs (cgroup v1, root
+without CAP_SYS_RESOURCE, containerd 1.6); docs/sandbox.md explains each setting.
+"""
+
+from __future__ import annotations
+
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tessera.sandbox.layout import CGROUP_ROOT, Layout
+from tessera.sandbox.processes import Started, start
+
+LOOPBACK = "127.0.0.1"
+
+
+def render_config(layout: Layout, port: int, healthz_port: int) -> dict[str, Any]:
+    """The KubeletConfiguration (kubelet.config.k8s.io/v1beta1)."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # 1.35 and later refuse cgroup v1 by default; these hosts have it.
+        "failCgroupV1": False,
+        # containerd runs runc with cgroupfs; containerd 1.6 cannot tell the kubelet which driver.
+        "cgroupDriver": "cgroupfs",
+        # Every pod cgroup goes under this one subtree, which `down` removes.
+        "cgroupRoot": f"/{CGROUP_ROOT}",
+        "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
+        "failSwapOn": False,
+        # False: the kubelet adjusts six kernel sysctls to its liking; `down` puts them back.
+        "protectKernelDefaults": False,
+        # The default (-999) cannot be set by root without CAP_SYS_RESOURCE.
+        "oomScoreAdj": 0,
+        "makeIPTablesUtilChains": False,
+        "staticPodPath": str(layout.static_pods),
+        "podLogsDir": str(layout.pod_logs),
+        "resolvConf": "/etc/resolv.conf",
+        "address": LOOPBACK,
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": LOOPBACK,
+        "healthzPort": healthz_port,
+        "authentication": {
+            "anonymous": {"enabled": True},
+            "webhook": {"enabled": False},
+            "x509": {},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "serverTLSBootstrap": False,
+        "rotateCertificates": False,
+        # A small shared disk must not evict the sandbox's pods.
+        "evictionHard": {"nodefs.available": "1%", "imagefs.available": "1%", "memory.available": "100Mi"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        # Quicker node status, so readiness and capacity show up within seconds.
+        "nodeStatusUpdateFrequency": "4s",
+        "nodeStatusReportFrequency": "10s",
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "5s",
+    }
+
+
+def write_files(layout: Layout, port: int, healthz_port: int) -> None:
+    for directory in (layout.kubelet_root, layout.kubelet_certs, layout.static_pods, layout.pod_logs):
+        directory.mkdir(parents=True, exist_ok=True)
+    layout.kubelet_config.write_text(
+        yaml.safe_dump(render_config(layout, port, healthz_port), sort_keys=False)
+    )
+
+
+def start_kubelet(layout: Layout, binary: Path, kubeconfig: Path, node_name: str) -> Started:
+    argv = [
+        str(binary),
+        f"--config={layout.kubelet_config}",
+        f"--kubeconfig={kubeconfig}",
+        f"--hostname-override={node_name}",
+        f"--root-dir={layout.kubelet_root}",
+        f"--cert-dir={layout.kubelet_certs}",
+        "--v=2",
+    ]
+    return start("kubelet", argv, layout.log("kubelet"))
+
+
+def healthy(healthz_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{healthz_port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ssl.SSLError):
+        return False

@@ -1,0 +1,102 @@
+/* vgpu-probe: the driver-API test program of the sandbox's probe image.
+ *
+ * Loads libcuda.so.1 the way the CUDA runtime does (dlopen by soname, so the library the NVIDIA
+ * container toolkit - or the sandbox - placed in the container is the one used), reports the total
+ * memory the driver claims, then allocates CHUNK_MIB blocks until the driver refuses one and reports
+ * how many succeeded. Everything is freed before exit, so the probe can run again in the same
+ * container. Output is one "key=value" line per fact, for tests and for people.
+ *
+ * Usage: vgpu-probe [CHUNK_MIB]   (default 256)
+ * Exit status: 0 when the driver refused an allocation with out-of-memory, 1 otherwise.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+
+enum { CUDA_SUCCESS = 0, CUDA_ERROR_OUT_OF_MEMORY = 2, MAX_BLOCKS = 4096 };
+
+struct driver {
+    CUresult (*init)(unsigned int);
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*device_get_name)(char *, int, CUdevice);
+    CUresult (*ctx_create)(CUcontext *, unsigned int, CUdevice);
+    CUresult (*ctx_destroy)(CUcontext);
+    CUresult (*mem_get_info)(size_t *, size_t *);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*mem_free)(CUdeviceptr);
+};
+
+static void *symbol(void *lib, const char *name) {
+    void *fn = dlsym(lib, name);
+    if (fn == NULL) {
+        printf("error=missing symbol %s\n", name);
+        exit(1);
+    }
+    return fn;
+}
+
+static int check(CUresult rc, const char *what) {
+    if (rc != CUDA_SUCCESS) {
+        printf("error=%s returned %d\n", what, rc);
+        return 0;
+    }
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    long chunk_mib = argc > 1 ? strtol(argv[1], NULL, 10) : 256;
+    if (chunk_mib <= 0) {
+        printf("error=CHUNK_MIB must be a positive number of MiB, got %s\n", argv[1]);
+        return 1;
+    }
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib == NULL) {
+        printf("error=dlopen libcuda.so.1: %s\n", dlerror());
+        return 1;
+    }
+    struct driver cu = {
+        .init = symbol(lib, "cuInit"),
+        .device_get = symbol(lib, "cuDeviceGet"),
+        .device_get_name = symbol(lib, "cuDeviceGetName"),
+        .ctx_create = symbol(lib, "cuCtxCreate_v2"),
+        .ctx_destroy = symbol(lib, "cuCtxDestroy_v2"),
+        .mem_get_info = symbol(lib, "cuMemGetInfo_v2"),
+        .mem_alloc = symbol(lib, "cuMemAlloc_v2"),
+        .mem_free = symbol(lib, "cuMemFree_v2"),
+    };
+    CUdevice dev;
+    CUcontext ctx;
+    char name[256] = "";
+    size_t free_bytes = 0, total_bytes = 0;
+    if (!check(cu.init(0), "cuInit") || !check(cu.device_get(&dev, 0), "cuDeviceGet") ||
+        !check(cu.device_get_name(name, sizeof name, dev), "cuDeviceGetName") ||
+        !check(cu.ctx_create(&ctx, 0, dev), "cuCtxCreate") ||
+        !check(cu.mem_get_info(&free_bytes, &total_bytes), "cuMemGetInfo"))
+        return 1;
+    printf("device=%s\n", name);
+    printf("total_mib=%zu\n", total_bytes >> 20);
+    printf("free_mib=%zu\n", free_bytes >> 20);
+
+    static CUdeviceptr blocks[MAX_BLOCKS];
+    int ok = 0;
+    CUresult rc = CUDA_SUCCESS;
+    while (ok < MAX_BLOCKS) {
+        rc = cu.mem_alloc(&blocks[ok], (size_t)chunk_mib << 20);
+        if (rc != CUDA_SUCCESS)
+            break;
+        ok++;
+    }
+    printf("chunk_mib=%ld\n", chunk_mib);
+    printf("allocations_ok=%d\n", ok);
+    printf("refused_with=%d\n", rc);
+    for (int i = 0; i < ok; i++)
+        cu.mem_free(blocks[i]);
+    cu.ctx_destroy(ctx);
+    fflush(stdout);
+    return rc == CUDA_ERROR_OUT_OF_MEMORY ? 0 : 1;
+}
