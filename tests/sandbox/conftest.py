@@ -1,0 +1,122 @@
+"""Fixtures for the sandbox tests: a sandbox brought up in a temporary directory and always brought
+down again, and a snapshot of the host to compare with afterwards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from tessera.sandbox import cluster, host
+from tessera.sandbox.layout import BRIDGE, CGROUP_ROOT
+
+
+@dataclass(frozen=True)
+class HostView:
+    """What a clean host looks like, seen without the sandbox's own bookkeeping."""
+
+    dirs: dict[str, bool]
+    sysctls: dict[str, str]
+
+    @staticmethod
+    def now() -> HostView:
+        return HostView(
+            dirs={str(p): p.exists() for p in host.HOST_PATHS},
+            sysctls={k: (Path("/proc/sys") / k).read_text().strip() for k in host.TRACKED_SYSCTLS},
+        )
+
+
+def differences(before: HostView, root: Path) -> list[str]:
+    """Everything the sandbox could leave, checked directly from /proc, /sys and `ip`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(root) in cmdline:
+                found.append(f"process {entry.name}: {cmdline.replace(chr(0), ' ')[:100]}")
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4]
+        if point.startswith((str(root), "/run/containerd", "/var/lib/kubelet")):
+            found.append(f"mount {point}")
+    found += [f"cgroup {d}" for d in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_ROOT}")]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    found += [
+        f"link {line.split(':')[1].strip()}"
+        for line in links.splitlines()
+        if BRIDGE in line or "veth" in line
+    ]
+    after = HostView.now()
+    found += [f"directory {d}" for d, existed in before.dirs.items() if not existed and after.dirs[d]]
+    found += [
+        f"sysctl {k}={after.sysctls[k]} (was {v})" for k, v in before.sysctls.items() if after.sysctls[k] != v
+    ]
+    return found
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    state: cluster.SandboxState
+    api: client.ApiClient
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    def wait_pod(self, name: str, phase: str, namespace: str = "default", timeout: float = 90) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            pod = self.core.read_namespaced_pod(name, namespace)
+            if pod.status.phase == phase:
+                return pod
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"pod {namespace}/{name} is {pod.status.phase}, not {phase}: {pod.status}"
+                )
+            time.sleep(0.5)
+
+    def logs(self, name: str, namespace: str = "default", until: str = "", timeout: float = 30) -> str:
+        """The pod's log through the apiserver and the kubelet; waits until ``until`` appears."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text: str = self.core.read_namespaced_pod_log(name, namespace)
+            if until in text or time.monotonic() > deadline:
+                return text
+            time.sleep(0.5)
+
+
+@pytest.fixture
+def host_before() -> HostView:
+    return HostView.now()
+
+
+@pytest.fixture
+def sandbox_root() -> Iterator[Path]:
+    # Short and outside pytest's deep temporary tree: containerd's socket path must fit sockaddr_un.
+    root = Path(f"/tmp/tessera-sbx-{os.getpid()}")
+    try:
+        yield root
+    finally:
+        cluster.down(root, report=lambda _: None)
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+@pytest.fixture
+def sandbox(sandbox_root: Path, host_before: HostView) -> Iterator[Sandbox]:
+    state = cluster.up(cluster.Options(root=sandbox_root), report=lambda m: print(m, file=sys.stderr))
+    api = config.new_client_from_config(config_file=state.kubeconfig)
+    try:
+        yield Sandbox(sandbox_root, state, api)
+    finally:
+        api.close()

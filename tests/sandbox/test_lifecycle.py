@@ -1,0 +1,97 @@
+"""The sandbox's infrastructure on a real host: containerd and a real kubelet run a pod from the
+project's own image; `down` leaves nothing behind, also when the kubelet died first."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tessera.sandbox import cluster, images
+from tests.sandbox.conftest import HostView, Sandbox, differences
+
+pytestmark = pytest.mark.sandbox
+
+
+def _pod(name: str, node: str, script: str) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": images.PROBE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", script],
+                }
+            ],
+        },
+    }
+
+
+def test_real_kubelet_runs_a_pod_from_the_project_image_and_down_leaves_nothing(
+    sandbox: Sandbox, host_before: HostView
+) -> None:
+    node = sandbox.core.read_node(sandbox.state.node)
+    assert node.status.node_info.kubelet_version == "v1.34.10"
+    assert node.status.node_info.container_runtime_version.startswith("containerd://1.6")
+    sandbox.core.create_namespaced_pod(
+        "default", _pod("hello", sandbox.state.node, "echo hello-$((6*7)); sleep 3600")
+    )
+    pod = sandbox.wait_pod("hello", "Running")
+    assert pod.status.pod_ip.startswith("10.244.77.")
+    # Through the apiserver to the kubelet's own server, as `kubectl logs` does.
+    assert "hello-42" in sandbox.logs("hello", until="hello-42")
+
+    assert cluster.down(sandbox.root, report=lambda _: None) == []
+    assert differences(host_before, sandbox.root) == []
+
+
+def test_down_cleans_up_after_a_dead_kubelet(sandbox: Sandbox, host_before: HostView) -> None:
+    sandbox.core.create_namespaced_pod("default", _pod("orphan", sandbox.state.node, "sleep 3600"))
+    sandbox.wait_pod("orphan", "Running")
+    kubelet = sandbox.state.process("kubelet")
+    os.killpg(kubelet.pid, signal.SIGKILL)
+    # The container, its shim, its network namespace and its cgroups outlive the kubelet.
+    assert differences(host_before, sandbox.root) != []
+
+    assert cluster.down(sandbox.root, report=lambda _: None) == []
+    assert differences(host_before, sandbox.root) == []
+
+
+def _cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "tessera.cli", "sandbox", *args]
+    if user is not None:
+        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, cwd=Path.cwd())
+
+
+def test_up_refuses_a_taken_kubelet_port_and_starts_nothing(
+    sandbox_root: Path, host_before: HostView
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _cli("up", "--dir", str(sandbox_root), "--kubelet-port", str(port))
+    assert result.returncode == 1
+    assert f"port {port} on 127.0.0.1 is taken" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (sandbox_root / "sandbox.json").exists()
+    assert differences(host_before, sandbox_root) == []
+
+
+def test_up_refuses_to_run_without_root(sandbox_root: Path) -> None:
+    result = _cli("up", "--dir", str(sandbox_root), user="65534")
+    assert result.returncode == 1
+    assert "tessera sandbox must run as root (uid 0, not 65534)" in result.stderr
+    assert "Traceback" not in result.stderr

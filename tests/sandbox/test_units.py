@@ -1,0 +1,181 @@
+"""The sandbox's pure parts: image layout, containerd and kubelet configuration, preflight decisions."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tessera.sandbox import containerd, host, images, kubelet
+from tessera.sandbox.layout import CGROUP_ROOT, Layout
+
+LAYOUT = Layout(Path("/srv/sbx"))
+
+
+def _members(blob: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def _spec() -> images.ImageSpec:
+    return images.ImageSpec(
+        name="docker.io/local/x:1",
+        entries=(images.Entry("bin/tool", data=b"\x7fELF"), images.Entry("bin/sh", target="tool")),
+        entrypoint=("/bin/tool",),
+    )
+
+
+def test_layout_is_a_valid_oci_image_with_matching_digests() -> None:
+    files = _members(images.build_layout(_spec()))
+    assert json.loads(files["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
+    for name, blob in files.items():
+        if name.startswith("blobs/sha256/"):
+            assert hashlib.sha256(blob).hexdigest() == name.rsplit("/", 1)[1]
+    index = json.loads(files["index.json"])
+    (descriptor,) = index["manifests"]
+    assert descriptor["annotations"]["io.containerd.image.name"] == "docker.io/local/x:1"
+    assert descriptor["annotations"]["org.opencontainers.image.ref.name"] == "docker.io/local/x:1"
+    manifest = json.loads(files["blobs/sha256/" + descriptor["digest"].split(":")[1]])
+    config = json.loads(files["blobs/sha256/" + manifest["config"]["digest"].split(":")[1]])
+    layer_digest = manifest["layers"][0]["digest"]
+    assert config["rootfs"]["diff_ids"] == [layer_digest]
+    assert config["config"]["Entrypoint"] == ["/bin/tool"]
+    layer = files["blobs/sha256/" + layer_digest.split(":")[1]]
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        names = tar.getnames()
+        assert names == sorted(names) and names[0] == "bin"  # parents before children
+        assert tar.getmember("bin/sh").linkname == "tool"
+        assert tar.extractfile("bin/tool").read() == b"\x7fELF"  # type: ignore[union-attr]
+
+
+def test_layout_is_reproducible() -> None:
+    assert images.build_layout(_spec()) == images.build_layout(_spec())
+
+
+@pytest.mark.parametrize("name", ["x:1", "local/x:1", "docker.io/local/x"])
+def test_layout_refuses_a_name_that_is_not_fully_qualified(name: str) -> None:
+    spec = images.ImageSpec(name=name, entries=(), entrypoint=("/x",))
+    with pytest.raises(ValueError, match=f"image name: '{name}' must be fully qualified"):
+        images.build_layout(spec)
+
+
+def test_probe_image_holds_glibc_probe_and_the_driver_mount_target() -> None:
+    spec = images.probe_spec(b"bb", b"probe", {"lib/x86_64-linux-gnu/libc.so.6": b"libc"})
+    paths = {e.path: e for e in spec.entries}
+    assert paths[images.PROBE_PATH].data == b"probe"
+    assert paths["lib/x86_64-linux-gnu/libc.so.6"].data == b"libc"
+    assert paths[images.DRIVER_LIBRARY_DIR].data is None  # a directory
+    assert spec.entrypoint == (images.PROBE_PATH,)
+
+
+def test_containerd_config_carries_the_settings_this_host_needs() -> None:
+    config = tomllib.loads(containerd.render_config(LAYOUT))
+    assert config["version"] == 2
+    assert config["root"] == "/srv/sbx/containerd/root"
+    assert config["grpc"]["address"] == "/srv/sbx/containerd/containerd.sock"
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == images.PAUSE_IMAGE
+    assert cri["restrict_oom_score_adj"] is True
+    assert cri["disable_apparmor"] is True
+    assert cri["netns_mounts_under_state_dir"] is True
+    assert cri["containerd"]["default_runtime_name"] == "nvidia"
+    runtime = cri["containerd"]["runtimes"]["nvidia"]
+    assert runtime["base_runtime_spec"] == "/srv/sbx/containerd/nvidia-base-spec.json"
+    assert runtime["options"]["SystemdCgroup"] is False
+    assert cri["cni"]["conf_dir"] == "/srv/sbx/cni/net.d"
+    assert config["plugins"]["io.containerd.internal.v1.opt"]["path"].startswith("/srv/sbx/")
+
+
+def test_base_spec_adds_read_only_driver_mounts_and_environment() -> None:
+    default = {"mounts": [{"destination": "/proc"}], "process": {"env": ["PATH=/bin"]}}
+    spec = containerd.base_spec(default, {"libcuda.so.1": Path("/d/libcuda.so.1")}, {"FAKEGPU_CONFIG": "/c"})
+    assert spec["mounts"][0] == {"destination": "/proc"}
+    assert spec["mounts"][1] == {
+        "destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "type": "bind",
+        "source": "/d/libcuda.so.1",
+        "options": ["rbind", "ro", "nosuid", "nodev"],
+    }
+    assert spec["process"]["env"] == ["PATH=/bin", "FAKEGPU_CONFIG=/c"]
+    assert default["mounts"] == [{"destination": "/proc"}]  # the input is not changed
+
+
+def test_cni_config_keeps_ipam_state_in_the_sandbox() -> None:
+    (bridge,) = containerd.cni_config(LAYOUT)["plugins"]
+    assert bridge["ipMasq"] is False
+    assert bridge["ipam"]["dataDir"] == "/srv/sbx/cni/ipam"
+
+
+def test_kubelet_config_for_cgroup_v1_without_cap_sys_resource() -> None:
+    config = kubelet.render_config(LAYOUT, port=10250, healthz_port=10248)
+    assert config["failCgroupV1"] is False
+    assert config["cgroupDriver"] == "cgroupfs"
+    assert config["oomScoreAdj"] == 0
+    assert config["cgroupRoot"] == f"/{CGROUP_ROOT}"
+    assert config["containerRuntimeEndpoint"] == "unix:///srv/sbx/containerd/containerd.sock"
+    assert config["address"] == config["healthzBindAddress"] == "127.0.0.1"
+    assert config["readOnlyPort"] == 0
+    assert config["makeIPTablesUtilChains"] is False
+    assert config["authorization"] == {"mode": "AlwaysAllow"}
+
+
+def _facts(**changes: object) -> host.HostFacts:
+    good = host.HostFacts(
+        uid=0,
+        cgroup_controllers=frozenset(host.REQUIRED_CONTROLLERS),
+        missing_programs=(),
+        missing_kubernetes=(),
+        kubernetes_bin="/k8s/bin",
+        taken_ports=(),
+        running_runtimes=(),
+        socket_path="/srv/sbx/containerd/containerd.sock",
+        already_up=False,
+        node_name="vm",
+        node_name_is_loopback=True,
+    )
+    return host.HostFacts(**{**{f: getattr(good, f) for f in good.__slots__}, **changes})  # type: ignore[arg-type]
+
+
+def test_preflight_passes_on_a_good_host() -> None:
+    assert host.problems(_facts()) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"uid": 1000}, "tessera sandbox must run as root (uid 0, not 1000)"),
+        ({"cgroup_controllers": frozenset({"cpu"})}, "cgroups: no cpuset, memory, pids, devices, freezer"),
+        (
+            {"missing_programs": ("containerd",)},
+            "missing programs: containerd; run hack/install-sandbox-deps.sh",
+        ),
+        (
+            {"missing_kubernetes": ("kubelet",)},
+            "missing Kubernetes binaries in /k8s/bin: kubelet; run hack/k8s",
+        ),
+        ({"taken_ports": (10250,)}, "port 10250 on 127.0.0.1 is taken"),
+        ({"running_runtimes": ("containerd (pid 7)",)}, "containerd (pid 7) is already running"),
+        ({"socket_path": "/" + "d" * 120}, "sandbox directory too deep"),
+        ({"node_name_is_loopback": False}, "node name 'vm' does not resolve to 127.0.0.1"),
+        ({"already_up": True}, "a sandbox is already up in this directory"),
+    ],
+)
+def test_preflight_names_each_problem(changes: dict[str, object], message: str) -> None:
+    (problem,) = host.problems(_facts(**changes))
+    assert problem.startswith(message)
+
+
+def test_only_changed_sysctls_are_restored() -> None:
+    before = {"vm/overcommit_memory": "0", "kernel/panic": "1", "net/ipv4/ip_forward": "0"}
+    now = {"vm/overcommit_memory": "1", "kernel/panic": "1", "net/ipv4/ip_forward": "1"}
+    assert host.sysctls_to_restore(before, now) == {"vm/overcommit_memory": "0", "net/ipv4/ip_forward": "0"}
+
+
+def test_only_host_directories_the_sandbox_created_are_removed() -> None:
+    existed = {"/run/containerd": False, "/var/lib/kubelet": True}
+    assert host.host_paths_to_remove(existed) == [Path("/run/containerd")]
