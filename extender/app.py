@@ -1,0 +1,121 @@
+"""The HTTP face of the extender: kube-scheduler's verbs, health, readiness and metrics.
+
+POST /filter, /prioritize, /bind take and answer the extender v1 JSON (:mod:`extender.wire`).
+A malformed request gets HTTP 400 with a message naming the field and the value; an unexpected
+failure inside gets the error in the result's ``Error`` field (kube-scheduler reports it) and a
+logged traceback, never a traceback in the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from extender import wire
+from extender.service import Extender
+from extender.watch import Watcher
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+def create_app(extender: Extender, watcher: Watcher | None = None) -> FastAPI:
+    metrics = extender.metrics
+    metrics.nodes.set_function(lambda: len(extender.state.engine.nodes))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if watcher is not None:
+            watcher.start()
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                watcher.stop()
+
+    app = FastAPI(title="Tessera scheduler extender", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    def answer(verb: str, started: float, body: bytes, status: int = 200) -> Response:
+        metrics.latency.labels(verb).observe(time.perf_counter() - started)
+        metrics.requests.labels(verb, str(status)).inc()
+        if status != 200:
+            return PlainTextResponse(body.decode(), status_code=status)
+        return Response(body, media_type=JSON)
+
+    def guarded(verb: str, work: Callable[[], bytes], on_error: Callable[[str], bytes]) -> tuple[bytes, int]:
+        try:
+            return work(), 200
+        except wire.BadRequestError as e:
+            log.info("%s: bad request: %s", verb, e)
+            return f"bad {verb} request: {e}\n".encode(), 400
+        except Exception as e:
+            log.exception("%s failed", verb)
+            return on_error(f"tessera extender: {verb} failed: {type(e).__name__}: {e}"), 200
+
+    @app.post("/filter")
+    async def filter_(request: Request) -> Response:
+        started = time.perf_counter()
+        body = await request.body()
+
+        def work() -> bytes:
+            pod, names, nodes = wire.parse_extender_args(body)
+            result = extender.filter(pod, names)
+            return wire.filter_result(result.passed, result.failed, result.unresolvable, nodes)
+
+        content, status = guarded("filter", work, lambda e: wire.filter_result([], {}, {}, None, error=e))
+        return answer("filter", started, content, status)
+
+    @app.post("/prioritize")
+    async def prioritize(request: Request) -> Response:
+        started = time.perf_counter()
+        body = await request.body()
+
+        def work() -> bytes:
+            pod, names, _ = wire.parse_extender_args(body)
+            return wire.host_priority_list(extender.prioritize(pod, names))
+
+        # A failed prioritize is ignored by kube-scheduler; an empty list says "no opinion".
+        content, status = guarded("prioritize", work, lambda e: b"[]")
+        return answer("prioritize", started, content, status)
+
+    @app.post("/bind")
+    async def bind(request: Request) -> Response:
+        started = time.perf_counter()
+        body = await request.body()
+
+        def work() -> bytes:
+            args = wire.parse_binding_args(body)
+            error = extender.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+            return wire.binding_result(error)
+
+        # Bind waits on the API server: off the event loop.
+        content, status = await run_in_threadpool(guarded, "bind", work, wire.binding_result)
+        return answer("bind", started, content, status)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        state = extender.state
+        if state.synced:
+            return PlainTextResponse("ok\n")
+        missing = [
+            what for what, done in (("nodes", state.nodes_synced), ("pods", state.pods_synced)) if not done
+        ]
+        return PlainTextResponse(f"caches not synced: {', '.join(missing)}\n", status_code=503)
+
+    @app.get("/metrics")
+    async def metrics_() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,138 @@
+"""The few Kubernetes API calls the extender makes, as plain JSON (dicts), through the official client.
+
+Objects stay dicts in the API's own camelCase shape, the same shape kube-scheduler sends in extender
+requests, so one parser (``tessera.contract.parse_pod_request``) serves both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes import client, config
+from kubernetes.watch.watch import iter_resp_lines
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+# Requests other than watches give up after this long (connect, read) in seconds.
+REQUEST_TIMEOUT = (5.0, 30.0)
+LIST_PAGE = 500
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def load_client(kubeconfig: str | None) -> client.ApiClient:
+    """An API client from ``kubeconfig``, else the in-cluster service account, else ~/.kube/config."""
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+class KubeApi:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+        timeout: tuple[float, float] | None = REQUEST_TIMEOUT,
+        stream: bool = False,
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        serialized = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(
+            serialized[0],
+            serialized[1],
+            header_params=serialized[2],
+            body=serialized[3],
+            _request_timeout=timeout,
+        )
+        if not 200 <= response.status < 300:
+            data = response.read()
+            try:
+                message = json.loads(data).get("message", "")
+            except (ValueError, AttributeError):
+                message = data.decode(errors="replace")[:300]
+            raise ApiError(response.status, message)
+        if stream:
+            return response.response
+        return json.loads(response.read())
+
+    def list(self, path: str) -> tuple[list[JsonObject], str]:
+        """Every item at ``path`` (paged) and the list's resourceVersion."""
+        items: list[JsonObject] = []
+        token = ""
+        while True:
+            query = [("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
+            page = self._call("GET", path, query=query)
+            items.extend(page.get("items") or [])
+            token = page.get("metadata", {}).get("continue") or ""
+            if not token:
+                return items, str(page.get("metadata", {}).get("resourceVersion", ""))
+
+    def watch(self, path: str, resource_version: str, timeout_seconds: int) -> Iterator[JsonObject]:
+        """Watch events after ``resource_version`` until the server ends the watch."""
+        query = [
+            ("watch", "1"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        response = self._call("GET", path, query=query, timeout=(5.0, timeout_seconds + 30.0), stream=True)
+        try:
+            for line in iter_resp_lines(response):
+                yield json.loads(line)
+        finally:
+            response.release_conn()
+
+    def get_pod(self, namespace: str, name: str) -> JsonObject:
+        result: JsonObject = self._call("GET", _pod_path(namespace, name))
+        return result
+
+    def patch_pod(self, namespace: str, name: str, patch: JsonObject) -> JsonObject:
+        """JSON merge patch (RFC 7386); a ``metadata.resourceVersion`` in it is a precondition."""
+        result: JsonObject = self._call(
+            "PATCH", _pod_path(namespace, name), body=patch, content_type="application/merge-patch+json"
+        )
+        return result
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        self._call("POST", _pod_path(namespace, name) + "/binding", body=body)
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"

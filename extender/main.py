@@ -1,0 +1,116 @@
+"""``tessera-extender``: the scheduler extender's command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import uvicorn
+
+from extender.app import create_app
+from extender.kube import KubeApi, load_client
+from extender.metrics import Metrics
+from extender.service import Extender
+from extender.state import ClusterState
+from extender.watch import Watcher
+from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, keys_for, now
+from tessera.placement import PlacementEngine, SpeedProfiles, policy_names
+
+log = logging.getLogger("tessera.extender")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _seconds(text: str) -> timedelta:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    return timedelta(seconds=value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tessera-extender", description="kube-scheduler extender placing fractional-GPU pods."
+    )
+    parser.add_argument(
+        "--listen",
+        type=_listen,
+        default=("127.0.0.1", 8888),
+        metavar="HOST:PORT",
+        help="address to serve on (default 127.0.0.1:8888)",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    parser.add_argument(
+        "--policy",
+        default="binpack",
+        choices=policy_names(),
+        help="placement policy for pods without a policy annotation (default binpack)",
+    )
+    parser.add_argument(
+        "--speed-profiles",
+        type=Path,
+        metavar="FILE",
+        help="speed profiles YAML (deploy/speed-profiles.yaml); without it every GPU counts 1.0",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=_seconds,
+        default=timedelta(seconds=60),
+        metavar="SECONDS",
+        help="a node whose device-plugin heartbeat is older gets no new pods (default 60)",
+    )
+    parser.add_argument(
+        "--inflight-timeout",
+        type=_seconds,
+        default=timedelta(minutes=5),
+        metavar="SECONDS",
+        help="in-flight pods bound longer ago than this are ignored by the in-flight rule (default 300)",
+    )
+    parser.add_argument(
+        "--domain",
+        default=None,
+        help=f"resource and annotation domain (default ${DOMAIN_ENV} or {DEFAULT_DOMAIN})",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        keys = keys_for(args.domain) if args.domain else KEYS
+        profiles = SpeedProfiles()
+        if args.speed_profiles is not None:
+            profiles = SpeedProfiles.from_yaml(args.speed_profiles.read_text())
+    except (ContractError, OSError) as e:
+        print(f"tessera-extender: {e}", file=sys.stderr)
+        return 2
+    engine = PlacementEngine(profiles, default_policy=args.policy)
+    state = ClusterState(engine, keys, heartbeat_timeout=args.heartbeat_timeout)
+    kube = KubeApi(load_client(args.kubeconfig))
+    metrics = Metrics()
+    extender = Extender(state, kube, keys, metrics, inflight_timeout=args.inflight_timeout, clock=now)
+    app = create_app(extender, Watcher(kube, state, clock=now))
+    host, port = args.listen
+    log.info("serving on %s:%d, policy %s, domain %s", host, port, args.policy, keys.domain)
+    uvicorn.run(app, host=host, port=port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

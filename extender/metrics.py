@@ -1,0 +1,54 @@
+"""Prometheus metrics of the extender, in a registry of its own (one per app)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Filter/prioritize take milliseconds; bind makes API calls (tens of milliseconds).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "tessera_extender_request_seconds",
+            "Time to answer a kube-scheduler request, by verb",
+            ["verb"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "tessera_extender_requests",
+            "Requests answered, by verb and HTTP status",
+            ["verb", "code"],
+            registry=self.registry,
+        )
+        self.pods_filtered = Counter(
+            "tessera_extender_pods_filtered",
+            "Filter decisions: pods with at least one feasible node, or none",
+            ["result"],
+            registry=self.registry,
+        )
+        self.node_rejections = Counter(
+            "tessera_extender_node_rejections",
+            "Nodes rejected at filter, by shortfall (memory, compute, slices, model, speed, ...)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.binds = Counter(
+            "tessera_extender_binds", "Bind decisions, by result", ["result"], registry=self.registry
+        )
+        self.bind_failures = Counter(
+            "tessera_extender_bind_failures",
+            "Refused or failed binds, by reason (no_fit, inflight, conflict, api, ...)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.nodes = Gauge(
+            "tessera_extender_nodes", "Nodes with a Tessera GPU inventory", registry=self.registry
+        )
+
+    def count_rejections(self, by_reason: dict[str, int]) -> None:
+        for reason, n in by_reason.items():
+            self.node_rejections.labels(reason).inc(n)

@@ -1,0 +1,309 @@
+"""What the extender knows about the cluster, built only from Node and Pod objects (dicts).
+
+* Nodes: the device plugin's inventory annotation (``KEYS.node_gpus``) and heartbeat
+  (``KEYS.node_heartbeat``). A node whose heartbeat is missing or older than the timeout stays in
+  the placement engine as unschedulable, with the reason, so pods are told why.
+* Pods: allocation annotations (``KEYS.allocation``) of pods not finished, with their phase and
+  bind time. An allocation decided at bind is *assumed* at once, before the API server echoes it
+  back through the watch, so the next pod never sees the capacity as free; the assumption ends when
+  the watch shows the pod's allocation, when the pod goes, or when the bind rolls back.
+
+Every change rebuilds only the node concerned (``tessera.placement.build_node``) and hands it to the
+engine. Thread-safe: watches, the heartbeat sweep and the HTTP handlers share one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from tessera.contract import (
+    Allocation,
+    ContractError,
+    ContractKeys,
+    GpuInfo,
+    Phase,
+    parse_allocation,
+    parse_inventory,
+    parse_time,
+)
+from tessera.placement import PlacementEngine, build_node
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class PodAllocation:
+    """A pod's allocation as annotated (or assumed at bind)."""
+
+    uid: str
+    namespace: str
+    name: str
+    allocation: Allocation
+    phase: str | None
+    bind_time: datetime | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(slots=True)
+class _Node:
+    inventory: tuple[GpuInfo, ...] | None
+    inventory_error: str | None
+    heartbeat: datetime | None
+    heartbeat_error: str | None
+    stale_reason: str | None = None
+
+
+class ClusterState:
+    def __init__(
+        self,
+        engine: PlacementEngine,
+        keys: ContractKeys,
+        heartbeat_timeout: timedelta,
+    ) -> None:
+        self.engine = engine
+        self.keys = keys
+        self.heartbeat_timeout = heartbeat_timeout
+        self.lock = threading.RLock()
+        self._nodes: dict[str, _Node] = {}
+        self._observed: dict[str, PodAllocation] = {}
+        self._assumed: dict[str, PodAllocation] = {}
+        self._pods_on: dict[str, set[str]] = {}
+        self._inflight_nodes: set[str] = set()
+        self.nodes_synced = False
+        self.pods_synced = False
+
+    @property
+    def synced(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    # ----------------------------------------------------------------------------------------------
+    # Nodes
+
+    def upsert_node(self, node: JsonObject, now: datetime) -> None:
+        name = str(node["metadata"]["name"])
+        annotations = node["metadata"].get("annotations") or {}
+        inventory_text = annotations.get(self.keys.node_gpus)
+        inventory: tuple[GpuInfo, ...] | None = None
+        inventory_error = None
+        if inventory_text is not None:
+            try:
+                inventory = parse_inventory(inventory_text, node=name)
+            except ContractError as e:
+                inventory_error = str(e)
+                log.warning("node %s: %s", name, e)
+        heartbeat_text = annotations.get(self.keys.node_heartbeat)
+        heartbeat = None
+        heartbeat_error = None
+        if heartbeat_text is not None:
+            try:
+                heartbeat = parse_time(heartbeat_text, field=f"annotation {self.keys.node_heartbeat}")
+            except ContractError as e:
+                heartbeat_error = str(e)
+        with self.lock:
+            if inventory is None and inventory_error is None:
+                self._nodes.pop(name, None)
+                self.engine.remove_node(name)
+                return
+            record = _Node(inventory, inventory_error, heartbeat, heartbeat_error)
+            record.stale_reason = self._staleness(record, now)
+            self._nodes[name] = record
+            self._rebuild(name)
+
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            self._nodes.pop(name, None)
+            self.engine.remove_node(name)
+
+    def replace_nodes(self, nodes: Iterable[JsonObject], now: datetime) -> None:
+        """After a (re)list: exactly these nodes exist."""
+        with self.lock:
+            seen = set()
+            for node in nodes:
+                seen.add(str(node["metadata"]["name"]))
+                self.upsert_node(node, now)
+            for name in set(self._nodes) - seen:
+                self.delete_node(name)
+            self.nodes_synced = True
+
+    def _staleness(self, record: _Node, now: datetime) -> str | None:
+        if record.heartbeat_error is not None:
+            return record.heartbeat_error
+        if record.heartbeat is None:
+            return f"no heartbeat from the Tessera device plugin (annotation {self.keys.node_heartbeat})"
+        age = now - record.heartbeat
+        if age > self.heartbeat_timeout:
+            return (
+                f"Tessera device plugin heartbeat is {int(age.total_seconds())} s old "
+                f"(timeout {int(self.heartbeat_timeout.total_seconds())} s)"
+            )
+        return None
+
+    def sweep_heartbeats(self, now: datetime) -> list[str]:
+        """Re-judge every node's heartbeat at ``now``; returns the nodes whose standing changed."""
+        changed = []
+        with self.lock:
+            for name, record in self._nodes.items():
+                stale = self._staleness(record, now)
+                if (stale is None) != (record.stale_reason is None):
+                    record.stale_reason = stale
+                    changed.append(name)
+                    self._rebuild(name)
+        return changed
+
+    # ----------------------------------------------------------------------------------------------
+    # Pods
+
+    def _parse_pod(self, pod: JsonObject) -> PodAllocation | None:
+        metadata = pod.get("metadata") or {}
+        annotations = metadata.get("annotations") or {}
+        text = annotations.get(self.keys.allocation)
+        if text is None or (pod.get("status") or {}).get("phase") in TERMINAL_POD_PHASES:
+            return None
+        key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+        try:
+            allocation = parse_allocation(text, pod=key)
+        except ContractError as e:
+            log.warning("ignoring %s", e)
+            return None
+        bind_time = None
+        if self.keys.bind_time in annotations:
+            try:
+                bind_time = parse_time(annotations[self.keys.bind_time], field=f"pod {key}: bind time")
+            except ContractError as e:
+                log.warning("%s", e)
+        return PodAllocation(
+            uid=str(metadata.get("uid")),
+            namespace=str(metadata.get("namespace")),
+            name=str(metadata.get("name")),
+            allocation=allocation,
+            phase=annotations.get(self.keys.allocation_phase),
+            bind_time=bind_time,
+        )
+
+    def upsert_pod(self, pod: JsonObject) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid"))
+        parsed = self._parse_pod(pod)
+        with self.lock:
+            touched = self._nodes_of(uid)
+            if parsed is None:
+                self._observed.pop(uid, None)
+            else:
+                self._observed[uid] = parsed
+                assumed = self._assumed.get(uid)
+                if assumed is not None and assumed.allocation == parsed.allocation:
+                    del self._assumed[uid]
+                elif assumed is not None and parsed.phase != Phase.ALLOCATING:
+                    # Someone else moved the pod on (device plugin); what it says wins.
+                    del self._assumed[uid]
+            self._reindex(uid, touched)
+
+    def delete_pod(self, uid: str) -> None:
+        with self.lock:
+            touched = self._nodes_of(uid)
+            self._observed.pop(uid, None)
+            self._assumed.pop(uid, None)
+            self._reindex(uid, touched)
+
+    def replace_pods(self, pods: Iterable[JsonObject]) -> None:
+        """After a (re)list: exactly these pods exist (assumptions for pods still there are kept)."""
+        with self.lock:
+            seen = set()
+            for pod in pods:
+                seen.add(str((pod.get("metadata") or {}).get("uid")))
+                self.upsert_pod(pod)
+            for uid in (set(self._observed) | set(self._assumed)) - seen:
+                self.delete_pod(uid)
+            self.pods_synced = True
+
+    def assume(self, record: PodAllocation) -> None:
+        """Count ``record`` now (decided at bind, not yet seen through the watch)."""
+        with self.lock:
+            touched = self._nodes_of(record.uid)
+            self._assumed[record.uid] = record
+            self._reindex(record.uid, touched)
+
+    def forget(self, uid: str, allocation: Allocation) -> None:
+        """Undo :meth:`assume` of ``allocation`` after a failed bind (and the observed copy of it)."""
+        with self.lock:
+            touched = self._nodes_of(uid)
+            if uid in self._assumed and self._assumed[uid].allocation == allocation:
+                del self._assumed[uid]
+            if uid in self._observed and self._observed[uid].allocation == allocation:
+                del self._observed[uid]
+            self._reindex(uid, touched)
+
+    def allocation_of(self, uid: str) -> PodAllocation | None:
+        with self.lock:
+            return self._assumed.get(uid) or self._observed.get(uid)
+
+    def pods_on(self, node: str) -> list[PodAllocation]:
+        with self.lock:
+            found = (self.allocation_of(uid) for uid in self._pods_on.get(node, ()))
+            return [p for p in found if p is not None]
+
+    def inflight_on(
+        self, node: str, now: datetime, timeout: timedelta, exclude_uid: str
+    ) -> dict[str, Allocation]:
+        """Pods in flight on ``node`` (phase allocating, bound less than ``timeout`` ago), by name."""
+        return {
+            p.key: p.allocation
+            for p in self.pods_on(node)
+            if p.uid != exclude_uid
+            and p.phase == Phase.ALLOCATING
+            and p.bind_time is not None
+            and now - p.bind_time <= timeout
+        }
+
+    def nodes_with_inflight(self) -> set[str]:
+        """Nodes with a pod in phase allocating (however old): where filter checks the rule."""
+        with self.lock:
+            return set(self._inflight_nodes)
+
+    def _nodes_of(self, uid: str) -> set[str]:
+        return {p.allocation.node for p in (self._assumed.get(uid), self._observed.get(uid)) if p is not None}
+
+    def _reindex(self, uid: str, before: set[str]) -> None:
+        after = self._nodes_of(uid)
+        effective = self.allocation_of(uid)
+        counted = {effective.allocation.node} if effective else set()
+        for node in before - counted:
+            self._pods_on.get(node, set()).discard(uid)
+        for node in counted:
+            self._pods_on.setdefault(node, set()).add(uid)
+        for node in before | after:
+            self._rebuild(node)
+
+    def _rebuild(self, name: str) -> None:
+        record = self._nodes.get(name)
+        if record is None:
+            return
+        pods = self.pods_on(name)
+        allocations = [p.allocation for p in pods]
+        if any(p.phase == Phase.ALLOCATING for p in pods):
+            self._inflight_nodes.add(name)
+        else:
+            self._inflight_nodes.discard(name)
+        if record.inventory is None:
+            reason = record.inventory_error or "no inventory"
+            self.engine.set_node(build_node(name, (), schedulable=False, unschedulable_reason=reason))
+            return
+        self.engine.set_node(
+            build_node(
+                name,
+                record.inventory,
+                allocations,
+                schedulable=record.stale_reason is None,
+                unschedulable_reason=record.stale_reason or "",
+            )
+        )

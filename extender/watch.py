@@ -1,0 +1,118 @@
+"""Keeps :class:`extender.state.ClusterState` in step with the API server: list, then watch, and
+list again when the watch ends or the server says 410 Gone (history compacted)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+
+from extender.kube import ApiError, JsonObject, KubeApi
+from extender.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+# How long one watch request lasts before it is renewed (seconds), and the pause after an error.
+WATCH_SECONDS = 240
+RETRY_PAUSE = 1.0
+HTTP_GONE = 410
+
+
+class _RelistError(Exception):
+    """The watch cannot continue from its resourceVersion."""
+
+
+class Watcher:
+    def __init__(
+        self, kube: KubeApi, state: ClusterState, clock: Callable[[], datetime], sweep_every: float = 1.0
+    ) -> None:
+        self.kube = kube
+        self.state = state
+        self.clock = clock
+        self.sweep_every = sweep_every
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=("/api/v1/nodes", self._nodes), name="watch-nodes", daemon=True
+            ),
+            threading.Thread(
+                target=self._run, args=("/api/v1/pods", self._pods), name="watch-pods", daemon=True
+            ),
+            threading.Thread(target=self._sweep, name="heartbeats", daemon=True),
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _nodes(self, kind: str, obj: JsonObject | None, items: list[JsonObject] | None) -> None:
+        if items is not None:
+            self.state.replace_nodes(items, self.clock())
+        elif kind == "DELETED" and obj is not None:
+            self.state.delete_node(str(obj["metadata"]["name"]))
+        elif obj is not None:
+            self.state.upsert_node(obj, self.clock())
+
+    def _pods(self, kind: str, obj: JsonObject | None, items: list[JsonObject] | None) -> None:
+        if items is not None:
+            self.state.replace_pods(items)
+        elif kind == "DELETED" and obj is not None:
+            self.state.delete_pod(str(obj["metadata"]["uid"]))
+        elif obj is not None:
+            self.state.upsert_pod(obj)
+
+    def _run(
+        self, path: str, apply: Callable[[str, JsonObject | None, list[JsonObject] | None], None]
+    ) -> None:
+        while not self._stop.is_set():
+            try:
+                items, version = self.kube.list(path)
+                apply("LIST", None, items)
+                while not self._stop.is_set():
+                    version = self._watch(path, version, apply)
+            except _RelistError:
+                log.info("%s: watch expired, listing again", path)
+            except ApiError as e:
+                log.warning("%s: %s; listing again in %.0f s", path, e, RETRY_PAUSE)
+                self._stop.wait(RETRY_PAUSE)
+            except Exception:  # a dropped connection or a bad object must not end the watch for good
+                log.exception("%s: watch failed; listing again in %.0f s", path, RETRY_PAUSE)
+                self._stop.wait(RETRY_PAUSE)
+
+    def _watch(
+        self,
+        path: str,
+        version: str,
+        apply: Callable[[str, JsonObject | None, list[JsonObject] | None], None],
+    ) -> str:
+        try:
+            events = self.kube.watch(path, version, WATCH_SECONDS)
+            for event in events:
+                kind = event.get("type", "")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == HTTP_GONE:
+                        raise _RelistError
+                    raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind != "BOOKMARK":
+                    apply(kind, obj, None)
+                if self._stop.is_set():
+                    break
+        except ApiError as e:
+            if e.status == HTTP_GONE:
+                raise _RelistError from None
+            raise
+        return version
+
+    def _sweep(self) -> None:
+        while not self._stop.wait(self.sweep_every):
+            changed = self.state.sweep_heartbeats(self.clock())
+            if changed:
+                log.info(
+                    "heartbeat standing changed on %d node(s): %s", len(changed), ", ".join(changed[:10])
+                )

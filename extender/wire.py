@@ -1,0 +1,139 @@
+"""kube-scheduler's extender v1 JSON (``k8s.io/kube-scheduler/extender/v1``), checked on the way in.
+
+The keys are the Go field names, PascalCase, and every field is always present (``null`` when
+empty). Requests are validated here so that a malformed one gets HTTP 400 naming the field and the
+value; the objects inside (Pod, Node) stay plain dicts in the API's camelCase shape.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class BadRequestError(ValueError):
+    """A request kube-scheduler would never send; the message names what is wrong."""
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Meta(_Wire):
+    name: str = Field(min_length=1)
+    namespace: str = ""
+    uid: str = ""
+    annotations: dict[str, str] | None = None
+
+
+class _Object(_Wire):
+    metadata: _Meta
+
+
+class _Pod(_Object):
+    spec: dict[str, Any]
+
+
+class _NodeList(_Wire):
+    items: list[_Object] | None
+
+
+class ExtenderArgs(_Wire):
+    Pod: _Pod
+    Nodes: _NodeList | None = None
+    NodeNames: list[str] | None = None
+
+
+class ExtenderBindingArgs(_Wire):
+    PodName: str = Field(min_length=1)
+    PodNamespace: str = Field(min_length=1)
+    PodUID: str = ""
+    Node: str = Field(min_length=1)
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for err in error.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        if err["type"] == "missing":
+            parts.append(f"{where}: missing")
+            continue
+        shown = json.dumps(err.get("input"), default=str)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        parts.append(f"{where}: {err['msg']} (got {shown})")
+    return "; ".join(parts)
+
+
+def _json(body: bytes) -> Any:
+    if not body.strip():
+        raise BadRequestError("request body is empty; expected a JSON object")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequestError(f"request body is not JSON: {e}") from None
+
+
+def parse_extender_args(body: bytes) -> tuple[dict[str, Any], list[str], list[dict[str, Any]] | None]:
+    """(pod, node names, full node objects or None in node-names mode) of a filter/prioritize call."""
+    raw = _json(body)
+    if not isinstance(raw, dict):
+        raise BadRequestError(f"request body must be a JSON object (ExtenderArgs), got {type(raw).__name__}")
+    try:
+        args = ExtenderArgs.model_validate(raw)
+    except ValidationError as e:
+        raise BadRequestError(_describe(e)) from None
+    if args.NodeNames is not None:
+        return raw["Pod"], args.NodeNames, None
+    if args.Nodes is not None:
+        nodes: list[dict[str, Any]] = raw["Nodes"].get("items") or []
+        return raw["Pod"], [n["metadata"]["name"] for n in nodes], nodes
+    raise BadRequestError("NodeNames and Nodes are both null; one of them must list the candidate nodes")
+
+
+def parse_binding_args(body: bytes) -> ExtenderBindingArgs:
+    raw = _json(body)
+    if not isinstance(raw, dict):
+        raise BadRequestError(
+            f"request body must be a JSON object (ExtenderBindingArgs), got {type(raw).__name__}"
+        )
+    try:
+        return ExtenderBindingArgs.model_validate(raw)
+    except ValidationError as e:
+        raise BadRequestError(_describe(e)) from None
+
+
+def filter_result(
+    passed: list[str],
+    failed: dict[str, str],
+    unresolvable: dict[str, str],
+    nodes: list[dict[str, Any]] | None,
+    error: str = "",
+) -> bytes:
+    """ExtenderFilterResult: survivors as NodeNames (node-names mode) or as a NodeList."""
+    if nodes is None:
+        kept_nodes = None
+        names: list[str] | None = passed
+    else:
+        keep = set(passed)
+        kept_nodes = {"metadata": {}, "items": [n for n in nodes if n["metadata"]["name"] in keep]}
+        names = None
+    result = {
+        "Nodes": kept_nodes,
+        "NodeNames": names,
+        "FailedNodes": failed or None,
+        "FailedAndUnresolvableNodes": unresolvable or None,
+        "Error": error,
+    }
+    return json.dumps(result, separators=(",", ":")).encode()
+
+
+def host_priority_list(scores: list[tuple[str, int]]) -> bytes:
+    return json.dumps(
+        [{"Host": host, "Score": score} for host, score in scores], separators=(",", ":")
+    ).encode()
+
+
+def binding_result(error: str) -> bytes:
+    return json.dumps({"Error": error}).encode()
