@@ -251,7 +251,7 @@ def _ineligibility(
         return f"all {len(node.gpus)} GPUs are unhealthy", Shortfall.HEALTH
     prefs = shape.preferences
     allowed = [i for i in healthy if model_allowed(node.gpus[i].model, prefs.models, prefs.models_exclude)]
-    if len(allowed) < needed:
+    if len(allowed) < needed and (prefs.models or prefs.models_exclude):
         wanted = []
         if prefs.models:
             wanted.append(f"models {', '.join(prefs.models)}")
@@ -271,7 +271,12 @@ def _ineligibility(
         )
         have = f"only {len(eligible)} GPUs" if eligible else "no GPU"
         return f"{have} with speed >= {prefs.min_speed:g}{workload}; node has {speeds}", Shortfall.SPEED
-    return f"only {len(eligible)} healthy GPUs; a container needs {needed}", Shortfall.HEALTH
+    if len(healthy) < len(node.gpus):
+        return (
+            f"only {len(healthy)} healthy GPUs (of {len(node.gpus)}); a container needs {needed}",
+            Shortfall.HEALTH,
+        )
+    return f"only {len(healthy)} GPUs; a container needs {needed}", Shortfall.CAPACITY
 
 
 def _count(n: int) -> str:

@@ -1,0 +1,120 @@
+"""PlacementEngine caches, state building from annotations, apply/release, the in-flight rule."""
+
+from __future__ import annotations
+
+from tessera.contract import Allocation, ContainerAllocation, GpuGrant, Policy
+from tessera.placement import (
+    PlacementEngine,
+    Shortfall,
+    SpeedProfiles,
+    apply,
+    build_node,
+    choose,
+    inflight_conflict,
+    placement_of,
+    release,
+    to_allocation,
+)
+from tessera.placement.engine import UNKNOWN_NODE
+from tests.placement.helpers import gpus, node, shape
+
+
+def engine_with(*names: str) -> PlacementEngine:
+    engine = PlacementEngine(SpeedProfiles())
+    for name in names:
+        engine.set_node(node(name))
+    return engine
+
+
+def test_evaluate_reuses_outcomes_until_the_node_changes() -> None:
+    engine = engine_with("a", "b")
+    s = shape((1, 4096, 30))
+    first = engine.evaluate(s)
+    again = engine.evaluate(s)
+    assert [f is g for f, g in zip(first.fits, again.fits, strict=True)] == [True, True]
+    best = choose(again.fits)
+    assert best is not None
+    engine.commit(best, s)
+    third = engine.evaluate(s)
+    by_name = {f.name: f for f in third.fits}
+    assert by_name[best.name] is not {f.name: f for f in again.fits}[best.name]
+    assert by_name[best.name].node.gpus[0].used_memory_mib == 4096
+
+
+def test_unknown_names_are_rejected_as_without_inventory() -> None:
+    evaluation = engine_with("a").evaluate(shape((1, 1024, None)), ["a", "ghost"])
+    assert [f.name for f in evaluation.fits] == ["a"]
+    [rejection] = evaluation.rejections
+    assert (rejection.node, rejection.reason, rejection.shortfall) == ("ghost", UNKNOWN_NODE, Shortfall.NODE)
+
+
+def test_pod_policy_annotation_overrides_the_default() -> None:
+    engine = engine_with("a")
+    assert engine.policy_for(shape((1, 1024, None))).name == "binpack"
+    assert engine.policy_for(shape((1, 1024, None), policy=Policy.SPREAD)).name == "spread"
+
+
+def test_commit_records_the_shape_mix() -> None:
+    engine = engine_with("a")
+    s = shape((1, 1024, None))
+    engine.commit(engine.evaluate(s).fits[0], s)
+    assert engine.context.shape_mix.frequencies() == {s: 1.0}
+    assert engine.context.version == 1
+
+
+def test_allocation_round_trip_and_build_node_from_annotations() -> None:
+    n = node("n")
+    engine = PlacementEngine(SpeedProfiles())
+    engine.set_node(n)
+    s = shape((2, 4096, 25), (1, 1024, None))
+    fit = engine.evaluate(s).fits[0]
+    allocation = to_allocation(n, fit.placement, ["main", "side"])
+    assert allocation.node == "n"
+    assert [c.name for c in allocation.containers] == ["main", "side"]
+    assert placement_of(n, allocation) == fit.placement
+    rebuilt = build_node("n", gpus("n"), [allocation])
+    assert rebuilt == apply(n, fit.placement)
+    assert release(rebuilt, fit.placement) == n
+
+
+def test_build_node_ignores_grants_on_gpus_it_does_not_have() -> None:
+    stray = Allocation(
+        node="n",
+        containers=(ContainerAllocation(name="c", gpus=(GpuGrant(uuid="GPU-gone", memory_mib=1, cores=1),)),),
+    )
+    assert build_node("n", gpus("n"), [stray]) == node("n")
+
+
+def _alloc(node_name: str, *containers: tuple[tuple[str, int, int], ...]) -> Allocation:
+    return Allocation(
+        node=node_name,
+        containers=tuple(
+            ContainerAllocation(
+                name=f"c{i}", gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=c) for u, m, c in grants)
+            )
+            for i, grants in enumerate(containers)
+        ),
+    )
+
+
+def test_inflight_same_key_or_other_gpu_count_may_fly_together() -> None:
+    mine = _alloc("n", (("G0", 4096, 30),))
+    assert inflight_conflict(mine, {}) is None
+    assert inflight_conflict(mine, {"ns/twin": _alloc("n", (("G0", 4096, 30),))}) is None
+    assert inflight_conflict(mine, {"ns/pair": _alloc("n", (("G1", 4096, 30), ("G2", 4096, 30)))}) is None
+
+
+def test_inflight_different_key_of_the_same_gpu_count_conflicts() -> None:
+    mine = _alloc("n", (("G0", 4096, 30),))
+    other = {"ns/other": _alloc("n", (("G1", 4096, 30),))}
+    message = inflight_conflict(mine, other)
+    assert message is not None
+    assert message.startswith("pod ns/other is still being admitted on node n with a 1-GPU container on G1")
+    # Same GPU, different quota: also a different key.
+    assert inflight_conflict(mine, {"ns/q": _alloc("n", (("G0", 2048, 30),))}) is not None
+
+
+def test_one_pods_own_containers_may_differ() -> None:
+    mine = _alloc("n", (("G0", 4096, 30),), (("G1", 4096, 30),))
+    assert inflight_conflict(mine, {}) is None
+    assert inflight_conflict(mine, {"ns/o": _alloc("n", (("G0", 4096, 30),))}) is not None
