@@ -1,0 +1,84 @@
+/* The GPUs this process's CUDA sees, each tied to its physical identity (UUID), so that the
+ * accounting is per physical GPU whatever CUDA_VISIBLE_DEVICES reorders or hides. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "symbols.h"
+#include "vgpu.h"
+
+static struct vgpu_device devices[VGPU_MAX_DEVICES];
+static int device_count;
+static int devices_ready;
+static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void vgpu_format_uuid(const CUuuid *uuid, char out[VGPU_UUID_LEN]) {
+    const unsigned char *b = (const unsigned char *)uuid->bytes;
+    snprintf(out, VGPU_UUID_LEN,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+static CUresult enumerate(void) {
+    CUresult err = CUDA_SUCCESS;
+    pthread_mutex_lock(&devices_lock);
+    if (devices_ready) goto out;
+    if (!REAL(cuDeviceGetCount) || !REAL(cuDeviceGet) || !REAL(cuDeviceGetUuid_v2)) {
+        err = CUDA_ERROR_NOT_FOUND;
+        goto out;
+    }
+    int n = 0;
+    if ((err = REAL(cuDeviceGetCount)(&n)) != CUDA_SUCCESS) goto out;
+    if (n > VGPU_MAX_DEVICES) n = VGPU_MAX_DEVICES;
+    int elastic = vgpu_config()->elastic;
+    for (int i = 0; i < n; i++) {
+        struct vgpu_device *d = &devices[i];
+        CUuuid uuid;
+        if ((err = REAL(cuDeviceGet)(&d->cu, i)) != CUDA_SUCCESS ||
+            (err = REAL(cuDeviceGetUuid_v2)(&uuid, d->cu)) != CUDA_SUCCESS)
+            goto out;
+        vgpu_format_uuid(&uuid, d->uuid);
+        d->limit = vgpu_config_limit(d->uuid, i);
+        d->rdev = vgpu_region_device(d->uuid, d->limit.memory, d->limit.cores, elastic);
+    }
+    device_count = n;
+    __atomic_store_n(&devices_ready, 1, __ATOMIC_RELEASE);
+out:
+    pthread_mutex_unlock(&devices_lock);
+    return err;
+}
+
+const struct vgpu_device *vgpu_device_of(CUdevice cu, CUresult *err) {
+    if (!__atomic_load_n(&devices_ready, __ATOMIC_ACQUIRE) && (*err = enumerate()) != CUDA_SUCCESS) return NULL;
+    for (int i = 0; i < device_count; i++)
+        if (devices[i].cu == cu) return &devices[i];
+    *err = CUDA_ERROR_INVALID_DEVICE;
+    return NULL;
+}
+
+const struct vgpu_device *vgpu_device_current(CUresult *err) {
+    CUdevice cu;
+    if (!REAL(cuCtxGetDevice)) {
+        *err = CUDA_ERROR_NOT_FOUND;
+        return NULL;
+    }
+    if ((*err = REAL(cuCtxGetDevice)(&cu)) != CUDA_SUCCESS) return NULL;
+    return vgpu_device_of(cu, err);
+}
+
+int vgpu_ordinal_of_uuid(const char *uuid) {
+    if (!__atomic_load_n(&devices_ready, __ATOMIC_ACQUIRE)) {
+        /* An NVML-only process: CUDA's enumeration decides what the ordinals mean. */
+        if (!REAL(cuInit) || REAL(cuInit)(0) != CUDA_SUCCESS || enumerate() != CUDA_SUCCESS) return -1;
+    }
+    for (int i = 0; i < device_count; i++)
+        if (!strcmp(devices[i].uuid, uuid)) return i;
+    return -1;
+}
+
+void vgpu_devices_after_fork_child(void) {
+    /* Region indices belong to the region the child attaches anew. */
+    devices_ready = 0;
+    device_count = 0;
+    pthread_mutex_init(&devices_lock, NULL);
+}

@@ -1,0 +1,120 @@
+/* One background thread per process (started on first use of the region, restarted in a forked
+ * child), which wakes every MONITOR_PERIOD_NS to
+ *  - return the memory of dead processes: whichever process's thread finds the region's last scan
+ *    older than SCAN_PERIOD_NS claims the scan with a compare-and-swap, so a container scans about
+ *    four times a second however many processes it has;
+ *  - in elastic mode, judge whether another container uses the GPU: NVML's utilization of the GPU
+ *    minus the device time this container was charged over the same time. */
+#define _GNU_SOURCE
+#include <nvml.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "symbols.h"
+#include "vgpu.h"
+
+#define MONITOR_PERIOD_NS 100000000ull
+#define SCAN_PERIOD_NS 250000000ull
+#define OWN_WINDOW 5               /* periods over which the container's own use is averaged */
+#define OTHERS_BUSY_PERCENT 15     /* more than this from others: they need the GPU */
+#define IDLE_BEFORE_ELASTIC_NS 1000000000ull
+
+static pid_t monitor_pid;
+static pthread_mutex_t monitor_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct elastic_state {
+    int ours;
+    uint64_t others_seen_ns;
+    uint64_t busy[OWN_WINDOW];
+    uint64_t at[OWN_WINDOW];
+    int next;
+    nvmlDevice_t nvml;
+};
+static struct elastic_state elastic[VGPU_MAX_DEVICES];
+
+uint64_t vgpu_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+int vgpu_monitor_gpu_is_ours(int rdev) { return __atomic_load_n(&elastic[rdev].ours, __ATOMIC_RELAXED); }
+
+static void scan_if_due(struct vgpu_region *r, uint64_t now) {
+    uint64_t last = __atomic_load_n(&r->last_scan_ns, __ATOMIC_RELAXED);
+    if (now - last < SCAN_PERIOD_NS) return;
+    /* Only the process that moves last_scan_ns scans; the others see it fresh. */
+    if (__atomic_compare_exchange_n(&r->last_scan_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        vgpu_region_reclaim_dead();
+}
+
+static void judge_elastic(struct vgpu_region *r, int d, uint64_t now) {
+    struct elastic_state *e = &elastic[d];
+    if (!e->nvml && REAL(nvmlDeviceGetHandleByUUID)(r->dev[d].uuid, &e->nvml) != NVML_SUCCESS) return;
+    nvmlUtilization_t util;
+    if (REAL(nvmlDeviceGetUtilizationRates)(e->nvml, &util) != NVML_SUCCESS) return;
+    uint64_t busy = __atomic_load_n(&r->dev[d].busy_ns, __ATOMIC_RELAXED);
+    int oldest = e->next; /* the ring's oldest entry, about OWN_WINDOW periods ago */
+    double own = 0;
+    if (e->at[oldest] && now > e->at[oldest]) own = 100.0 * (double)(busy - e->busy[oldest]) / (double)(now - e->at[oldest]);
+    e->busy[e->next] = busy;
+    e->at[e->next] = now;
+    e->next = (e->next + 1) % OWN_WINDOW;
+    if ((double)util.gpu - own > OTHERS_BUSY_PERCENT) {
+        e->others_seen_ns = now;
+        __atomic_store_n(&e->ours, 0, __ATOMIC_RELAXED);
+    } else if (now - e->others_seen_ns > IDLE_BEFORE_ELASTIC_NS) {
+        __atomic_store_n(&e->ours, 1, __ATOMIC_RELAXED);
+    }
+}
+
+static void *monitor(void *unused) {
+    (void)unused;
+    const struct vgpu_config *c = vgpu_config();
+    int nvml = c->elastic && REAL(nvmlInit_v2) && REAL(nvmlInit_v2)() == NVML_SUCCESS;
+    uint64_t started = vgpu_now_ns();
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) elastic[d].others_seen_ns = started;
+    for (;;) {
+        struct timespec t = {.tv_sec = 0, .tv_nsec = (long)MONITOR_PERIOD_NS};
+        nanosleep(&t, NULL);
+        struct vgpu_region *r = vgpu_region_attach();
+        if (!r) continue;
+        uint64_t now = vgpu_now_ns();
+        scan_if_due(r, now);
+        uint32_t devices = __atomic_load_n(&r->devices, __ATOMIC_ACQUIRE);
+        for (uint32_t d = 0; nvml && d < devices; d++)
+            if (r->dev[d].cores > 0 && r->dev[d].cores < 100) judge_elastic(r, (int)d, now);
+    }
+    return NULL;
+}
+
+void vgpu_monitor_ensure(void) {
+    pid_t pid = getpid();
+    if (__atomic_load_n(&monitor_pid, __ATOMIC_ACQUIRE) == pid) return;
+    pthread_mutex_lock(&monitor_lock);
+    if (monitor_pid != pid) {
+        /* The host program's signals must never be delivered to this thread. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        pthread_t thread;
+        if (pthread_create(&thread, &attr, monitor, NULL) != 0)
+            vgpu_log("cannot start the monitor thread; dead processes' memory returns only when the quota is hit");
+        pthread_attr_destroy(&attr);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        __atomic_store_n(&monitor_pid, pid, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&monitor_lock);
+}
+
+void vgpu_monitor_after_fork_child(void) {
+    monitor_pid = 0;
+    pthread_mutex_init(&monitor_lock, NULL);
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) elastic[d] = (struct elastic_state){0};
+}

@@ -1,0 +1,74 @@
+/* The shared accounting region of one container: a file mapped by all its processes.
+ *
+ * Memory: region->dev[d].used is the container's usage of GPU d; each process's share is kept in
+ * its slot (proc[i].used[d]). Both change together under `lock`, a process-shared robust mutex: if
+ * a process dies holding it, the next locker gets EOWNERDEAD and recomputes the totals from the
+ * slots, which each change by one aligned 8-byte store (so any instant of death leaves them exact).
+ *
+ * Liveness: a process owns slot i while it holds an open-file-description write lock on byte
+ * VGPU_SLOT_LOCK_BASE + i of the file. The kernel drops the lock when the process dies (even by
+ * SIGKILL) or execs, so a slot whose byte is unlocked belongs to a dead process and is reclaimed. */
+#ifndef VGPU_REGION_H
+#define VGPU_REGION_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define VGPU_MAX_DEVICES 16
+#define VGPU_MAX_PROCS 1024
+#define VGPU_UUID_LEN 80
+#define VGPU_REGION_MAGIC 0x3147455253534554ull /* "TESSREG1" */
+#define VGPU_REGION_VERSION 1
+#define VGPU_SLOT_LOCK_BASE (1ll << 30)
+
+struct vgpu_region_device {
+    char uuid[VGPU_UUID_LEN];
+    uint64_t quota; /* informational, for metrics: the last quota a process enforced */
+    uint64_t used;  /* sum of the slots' used[d]; under lock */
+    uint32_t cores;
+    uint32_t elastic;
+    /* Token bucket of device time (ns), refilled at cores% of wall time; under lock. */
+    int64_t tokens_ns;
+    uint64_t refilled_at_ns;
+    /* Statistics; atomic adds. */
+    uint64_t busy_ns;
+    uint64_t throttled_ns;
+    uint64_t launches;
+};
+
+struct vgpu_region_proc {
+    int32_t pid; /* 0 = free */
+    uint32_t reserved;
+    uint64_t used[VGPU_MAX_DEVICES];
+};
+
+struct vgpu_region {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t devices;  /* entries of dev[] in use; grows only */
+    uint32_t procs_hw; /* slots ever used (high-water mark); grows only */
+    uint32_t reserved;
+    uint64_t last_scan_ns; /* when a process last looked for dead slots */
+    pthread_mutex_t lock;
+    struct vgpu_region_device dev[VGPU_MAX_DEVICES];
+    struct vgpu_region_proc proc[VGPU_MAX_PROCS];
+};
+
+/* This process's view; vgpu_region_attach() must succeed before the other calls. */
+struct vgpu_region *vgpu_region_attach(void);
+/* Index of the GPU in the region, added if new; -1 if the region is full or unusable. */
+int vgpu_region_device(const char *uuid, uint64_t quota, int cores, int elastic);
+/* Reserves bytes on device d if the container's usage stays within quota: 0, or -1. */
+int vgpu_region_reserve(int d, uint64_t bytes, uint64_t quota);
+void vgpu_region_release(int d, uint64_t bytes);
+uint64_t vgpu_region_used(int d);
+/* Returns the memory of processes that died; returns how many slots were reclaimed. */
+int vgpu_region_reclaim_dead(void);
+void vgpu_region_lock(struct vgpu_region *r);
+void vgpu_region_unlock(struct vgpu_region *r);
+void vgpu_region_after_fork_child(void);
+/* 1 if the slot's owner holds its lock (is alive), judged through fd. */
+int vgpu_slot_alive(int fd, int slot);
+
+#endif

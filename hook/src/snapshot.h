@@ -1,0 +1,25 @@
+/* The read-only view of a region exported to Python (hook/region.py mirrors this struct). */
+#ifndef VGPU_SNAPSHOT_H
+#define VGPU_SNAPSHOT_H
+
+#include <stdint.h>
+
+struct vgpu_device_usage {
+    char uuid[80];
+    uint64_t memory_used; /* by live processes only */
+    uint64_t memory_quota;
+    uint64_t busy_ns;
+    uint64_t throttled_ns;
+    uint64_t launches;
+    uint32_t cores;
+    uint32_t elastic;
+    uint32_t processes; /* live processes holding memory on the GPU */
+    uint32_t reserved;
+};
+
+/* Fills out[0..capacity) with the region's GPUs; returns how many, or -errno (-EPROTO: not a
+ * region of this version). *live receives the number of live processes attached. */
+int vgpu_region_read(const char *path, struct vgpu_device_usage *out, int capacity, int *live);
+uint32_t vgpu_device_usage_size(void);
+
+#endif

@@ -1,0 +1,91 @@
+/* Internal declarations shared by the files of libvgpu.so. One concern per file:
+ *   symbols.c   the one table of intercepted symbols, dlsym and cuGetProcAddress interception
+ *   config.c    limits file and standalone environment
+ *   region.c    the shared accounting region of one container (mapped file)
+ *   devices.c   CUDA ordinals and NVML devices mapped to physical GPUs (UUIDs)
+ *   tracking.c  this process's live allocations (what each free gives back)
+ *   memory.c    memory wrappers (quota)
+ *   nvml.c      NVML memory wrappers
+ *   compute.c   launch wrappers (SM time-slice quota)
+ *   monitor.c   background thread: dead processes, elastic neighbours
+ *   snapshot.c  the read-only region reader exported to Python
+ *   log.c       messages on stderr */
+#ifndef VGPU_H
+#define VGPU_H
+
+#include <cuda.h>
+#include <limits.h>
+#include <stdint.h>
+
+#include "region.h"
+
+#define VGPU_API __attribute__((visibility("default")))
+#define VGPU_UNLIMITED UINT64_MAX
+
+/* log.c */
+void vgpu_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* symbols.c: real driver entry points, resolved from the library the client loaded. */
+enum vgpu_library { VGPU_LIB_CUDA, VGPU_LIB_NVML };
+void *vgpu_real(int symbol);
+void *vgpu_real_dlsym(void *handle, const char *name);
+
+/* config.c */
+struct vgpu_limit {
+    uint64_t memory; /* bytes; VGPU_UNLIMITED when not configured */
+    int cores;       /* 1..100; 0 = no compute quota */
+};
+struct vgpu_config {
+    int refuse_memory; /* the configuration is broken: fail closed */
+    int from_file;
+    int elastic;
+    char region[PATH_MAX]; /* "" = private to this process */
+    int file_devices;
+    struct {
+        char uuid[VGPU_UUID_LEN];
+        struct vgpu_limit limit;
+    } by_uuid[VGPU_MAX_DEVICES];
+    struct vgpu_limit all;                          /* TESSERA_MEMORY_LIMIT, TESSERA_CORES */
+    struct vgpu_limit by_ordinal[VGPU_MAX_DEVICES]; /* the _<i> variants; memory 0 / cores -1 = unset */
+    int has_ordinal_limits;
+};
+const struct vgpu_config *vgpu_config(void);
+/* The limits of a GPU, by UUID (limits file) or by this process's CUDA ordinal (environment). */
+struct vgpu_limit vgpu_config_limit(const char *uuid, int ordinal);
+const char *vgpu_limits_path(void);
+
+/* devices.c: the GPUs this process's CUDA sees. */
+struct vgpu_device {
+    CUdevice cu;
+    int rdev; /* index in the region, -1 if the region is unusable */
+    char uuid[VGPU_UUID_LEN];
+    struct vgpu_limit limit;
+};
+/* The device of the current context; NULL with *err set when there is none. */
+const struct vgpu_device *vgpu_device_current(CUresult *err);
+const struct vgpu_device *vgpu_device_of(CUdevice cu, CUresult *err);
+/* Ordinal in this process of the GPU with this UUID, enumerating CUDA if needed; -1 if none. */
+int vgpu_ordinal_of_uuid(const char *uuid);
+void vgpu_format_uuid(const CUuuid *uuid, char out[VGPU_UUID_LEN]);
+
+/* tracking.c */
+enum vgpu_kind { VGPU_KIND_POINTER, VGPU_KIND_HANDLE, VGPU_KIND_ARRAY, VGPU_KIND_MIPMAP };
+int vgpu_track_add(enum vgpu_kind kind, uint64_t key, int rdev, uint64_t bytes, CUcontext ctx);
+/* 1 and the entry's device and size if the key was tracked (and is now forgotten), else 0. */
+int vgpu_track_take(enum vgpu_kind kind, uint64_t key, int *rdev, uint64_t *bytes);
+/* Forgets every allocation of ctx, returning its quota. */
+void vgpu_track_drop_context(CUcontext ctx);
+void vgpu_track_after_fork_child(void);
+
+/* compute.c */
+void vgpu_compute_after_fork_child(void);
+
+/* monitor.c: started once per process on first use of the region. */
+void vgpu_monitor_ensure(void);
+void vgpu_monitor_after_fork_child(void);
+/* Elastic mode: 1 while NVML shows no other container's work on the GPU recently. */
+int vgpu_monitor_gpu_is_ours(int rdev);
+
+uint64_t vgpu_now_ns(void);
+
+#endif
