@@ -1,0 +1,191 @@
+"""The agent's Allocate with the Kubernetes API replaced by an in-memory stand-in (unit level):
+concurrent calls never serve one container twice, files are written, phases follow."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deviceplugin.agent import Agent
+from deviceplugin.config import parse_config
+from deviceplugin.matching import AllocationError, GpuContainer, PodView
+from deviceplugin.statedir import StateDir
+from tessera.contract import (
+    CONTAINER_HOOK_LIBRARY,
+    CONTAINER_LD_SO_PRELOAD,
+    CONTAINER_LIMITS_FILE,
+    CONTAINER_STATE_DIR,
+    KEYS,
+    Allocation,
+    ContainerAllocation,
+    GpuGrant,
+    GpuInfo,
+    Phase,
+    dump_allocation,
+    format_time,
+)
+
+NODE = "n1"
+GPUS = tuple(
+    GpuInfo(
+        uuid=f"GPU-{i}",
+        index=i,
+        model="Fake",
+        memory_mib=16384,
+        sm_count=80,
+        compute_capability="8.0",
+        split=10,
+    )
+    for i in range(4)
+)
+
+
+class MemoryKube:
+    """Pods and a node held in memory; records what the agent patched."""
+
+    def __init__(self, pods: list[PodView]) -> None:
+        self.pods = pods
+        self.phases: dict[str, Phase] = {}
+        self.events: list[tuple[str, str]] = []
+        self.node: dict[str, str] = {}
+
+    def pending_pods(self) -> list[PodView]:
+        return [p for p in self.pods if p.uid not in self.phases]
+
+    def pod_uids(self) -> set[str]:
+        return {p.uid for p in self.pods}
+
+    def set_phase(self, pod: PodView, phase: Phase) -> None:
+        self.phases[pod.uid] = phase
+
+    def warn(self, pod: PodView, reason: str, message: str) -> None:
+        self.events.append((pod.name, message))
+
+    def node_annotations(self) -> dict[str, str]:
+        return dict(self.node)
+
+    def annotate_node(self, annotations: Mapping[str, str]) -> None:
+        self.node.update(annotations)
+
+
+def in_flight_pod(name: str, grants: dict[str, list[tuple[str, int, int]]], bind: int = 0) -> PodView:
+    allocation = Allocation(
+        node=NODE,
+        containers=tuple(
+            ContainerAllocation(name=c, gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=k) for u, m, k in g))
+            for c, g in grants.items()
+        ),
+    )
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    return PodView(
+        namespace="ns",
+        name=name,
+        uid=f"uid-{name}",
+        created=t0,
+        annotations={
+            KEYS.allocation: dump_allocation(allocation),
+            KEYS.allocation_phase: Phase.ALLOCATING.value,
+            KEYS.bind_time: format_time(t0 + timedelta(seconds=bind)),
+        },
+        gpu_containers=tuple(GpuContainer(c, len(g)) for c, g in grants.items()),
+    )
+
+
+def make_agent(tmp_path: Path, pods: list[PodView]) -> tuple[Agent, MemoryKube]:
+    config = parse_config(
+        [f"--node-name={NODE}", f"--state-dir={tmp_path}", "--hook-library=/opt/libvgpu.so"], environ={}
+    )
+    state = StateDir(config.state_dir)
+    state.prepare()
+    kube = MemoryKube(pods)
+    kube_any: Any = kube
+    return Agent(config, GPUS, kube_any, state), kube
+
+
+def test_allocate_answers_and_writes_the_containers_files(tmp_path: Path) -> None:
+    agent, kube = make_agent(tmp_path, [in_flight_pod("p", {"main": [("GPU-2", 4096, 30)]})])
+    (answer,) = agent.allocate([["GPU-2::5"]])
+    assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-2"}
+    where = tmp_path / "containers" / "uid-p" / "main"
+    assert {(m.container_path, m.host_path, m.read_only) for m in answer.mounts} == {
+        (CONTAINER_LIMITS_FILE, str(where / "limits"), True),
+        (CONTAINER_STATE_DIR, str(where / "state"), False),
+        (CONTAINER_HOOK_LIBRARY, "/opt/libvgpu.so", True),
+        (CONTAINER_LD_SO_PRELOAD, str(tmp_path / "ld.so.preload"), True),
+    }
+    assert f"device GPU-2 memory {4096 * 2**20} cores 30" in (where / "limits").read_text()
+    assert (where / "limits").stat().st_mode & 0o777 == 0o444
+    assert (tmp_path / "ld.so.preload").read_text() == f"{CONTAINER_HOOK_LIBRARY}\n"
+    assert kube.phases == {"uid-p": Phase.ALLOCATED}
+    # Served: the same call again finds no container (a restart of the agent reads the same records).
+    with pytest.raises(AllocationError):
+        agent.allocate([["GPU-2::5"]])
+
+
+def test_concurrent_allocates_of_equal_keys_serve_each_container_once(tmp_path: Path) -> None:
+    pods = [in_flight_pod(f"r{i}", {"main": [("GPU-1", 2048, 20)]}, bind=i) for i in range(12)]
+    pods += [
+        in_flight_pod(f"d{i}", {"a": [("GPU-0", 1024, 10), ("GPU-3", 1024, 10)]}, bind=i) for i in range(8)
+    ]
+    agent, kube = make_agent(tmp_path, pods)
+    served: list[tuple[str, str]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def call(ids: list[str]) -> None:
+        try:
+            (answer,) = agent.allocate([ids])
+        except BaseException as e:
+            errors.append(e)
+            return
+        with lock:
+            served.append((answer.record.pod, answer.record.container))
+
+    threads = [threading.Thread(target=call, args=([f"GPU-1::{i % 10}"],)) for i in range(12)]
+    threads += [threading.Thread(target=call, args=([f"GPU-3::{i}", f"GPU-0::{i}"],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(served) == sorted(
+        [(f"r{i}", "main") for i in range(12)] + [(f"d{i}", "a") for i in range(8)]
+    )
+    assert set(kube.phases.values()) == {Phase.ALLOCATED} and len(kube.phases) == 20
+
+
+def test_multi_container_pod_is_allocated_after_its_last_container(tmp_path: Path) -> None:
+    agent, kube = make_agent(
+        tmp_path, [in_flight_pod("p", {"x": [("GPU-0", 1024, 10)], "y": [("GPU-1", 2048, 50)]})]
+    )
+    agent.allocate([["GPU-0::0"]])
+    assert kube.phases == {}
+    (answer,) = agent.allocate([["GPU-1::3"]])
+    assert answer.record.container == "y" and answer.record.gpus[0].memory_mib == 2048
+    assert kube.phases == {"uid-p": Phase.ALLOCATED}
+
+
+def test_refusal_fails_the_pod_with_an_event(tmp_path: Path) -> None:
+    broken = in_flight_pod("bad", {"main": [("GPU-9", 1024, 10)]})
+    agent, kube = make_agent(tmp_path, [broken])
+    with pytest.raises(AllocationError, match=r"GPU GPU-9 is not on this node"):
+        agent.allocate([["GPU-0::0"]])
+    assert kube.phases == {"uid-bad": Phase.FAILED}
+    assert kube.events and "GPU GPU-9 is not on this node 'n1'" in kube.events[0][1]
+
+
+def test_inventory_is_patched_only_when_it_changes(tmp_path: Path) -> None:
+    agent, kube = make_agent(tmp_path, [])
+    assert agent.publish(heartbeat=False)
+    first = dict(kube.node)
+    assert KEYS.node_gpus in first and KEYS.node_heartbeat in first
+    assert not agent.publish(heartbeat=False)
+    agent.record_xid("GPU-1", 79)
+    assert agent.publish(heartbeat=False)
+    assert '"health":"Unhealthy"' in kube.node[KEYS.node_gpus]
+    assert agent.publish(heartbeat=True)
