@@ -105,6 +105,8 @@ class Agent:
             node=self.config.node_name,
             node_gpus=self._uuids,
             served=self.state.served(),
+            now=now(),
+            inflight_timeout=self.config.inflight_timeout,
         )
         return preferred_devices(available, must_include, size, state)
 
@@ -140,7 +142,13 @@ class Agent:
         with self._allocate_lock:
             served = self.state.served()
             state = snapshot(
-                pods, keys=self.config.keys, node=self.config.node_name, node_gpus=self._uuids, served=served
+                pods,
+                keys=self.config.keys,
+                node=self.config.node_name,
+                node_gpus=self._uuids,
+                served=served,
+                now=now(),
+                inflight_timeout=self.config.inflight_timeout,
             )
             chosen: list[InFlight] = []
             for device_ids in requests:

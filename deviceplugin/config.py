@@ -6,6 +6,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, ContractError, ContractKeys, keys_for
@@ -30,6 +31,7 @@ class Config:
     kubeconfig: Path | None
     heartbeat_seconds: float
     health_poll_seconds: float
+    inflight_timeout: timedelta
 
     @property
     def kubelet_socket(self) -> Path:
@@ -141,6 +143,13 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env("TESSERA_HEALTH_POLL_SECONDS", "5"),
         help="how often every GPU is checked for presence (default 5)",
     )
+    p.add_argument(
+        "--inflight-timeout-seconds",
+        type=_seconds,
+        default=env("TESSERA_INFLIGHT_TIMEOUT_SECONDS", "300"),
+        help="pods bound longer ago than this come after fresh ones when matching (the extender's "
+        "in-flight timeout; default 300)",
+    )
     return p
 
 
@@ -167,4 +176,5 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         kubeconfig=args.kubeconfig,
         heartbeat_seconds=args.heartbeat_seconds,
         health_poll_seconds=args.health_poll_seconds,
+        inflight_timeout=timedelta(seconds=args.inflight_timeout_seconds),
     )

@@ -4,14 +4,15 @@ The kubelet's requests carry no pod identity, only slice IDs. The rule (docs/dev
 "Concurrency"): the extender lets several pods be in flight on a node only while, for every GPU count
 k, all in-flight containers asking for k GPUs have the same key (GPU set and quotas). So the GPU set
 and size of an Allocate name one key, and every in-flight container with that key gets the same
-answer; among them the oldest bind time is served first, then spec order within a pod.
+answer; among them the oldest bind time is served first, then spec order within a pod. Pods bound
+longer ago than the extender's in-flight timeout no longer hold others back, so they come last.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from tessera.contract import (
     ContainerAllocation,
@@ -62,6 +63,9 @@ class InFlight:
     grants: tuple[GpuGrant, ...]
     bind_time: datetime
     position: int  # index among the pod's GPU containers
+    # Bound longer ago than the in-flight timeout: the extender no longer holds other pods back for
+    # it, so a fresh container of the same size may have another key. Fresh ones are preferred.
+    stale: bool = False
 
     @property
     def uuids(self) -> frozenset[str]:
@@ -72,8 +76,8 @@ class InFlight:
         return (self.pod.uid, self.container)
 
     @property
-    def order(self) -> tuple[datetime, str, int]:
-        return (self.bind_time, self.pod.uid, self.position)
+    def order(self) -> tuple[bool, datetime, str, int]:
+        return (self.stale, self.bind_time, self.pod.uid, self.position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +133,13 @@ def snapshot(
     node: str,
     node_gpus: Collection[str],
     served: Collection[ServedKey],
+    now: datetime,
+    inflight_timeout: timedelta,
 ) -> NodeSnapshot:
     """Sort pending GPU pods into in-flight containers and broken pods.
 
-    Pods whose phase is already ``allocated`` or ``failed`` are done and left out.
+    Pods whose phase is already ``allocated`` or ``failed`` are done and left out. In-flight
+    containers come fresh before stale, then oldest bind time first, then in spec order.
     """
     in_flight: list[InFlight] = []
     broken: list[BrokenPod] = []
@@ -151,9 +158,10 @@ def snapshot(
             broken.append(BrokenPod(pod, checked))
             continue
         bind_time = _bind_time(pod, keys)
+        stale = now - bind_time > inflight_timeout
         for position, (container, entry) in enumerate(checked):
             if (pod.uid, container.name) not in served:
-                in_flight.append(InFlight(pod, container.name, entry.gpus, bind_time, position))
+                in_flight.append(InFlight(pod, container.name, entry.gpus, bind_time, position, stale))
     in_flight.sort(key=lambda c: c.order)
     return NodeSnapshot(tuple(in_flight), tuple(broken))
 
@@ -259,7 +267,7 @@ def pod_complete(pod: PodView, served: Collection[ServedKey]) -> bool:
 def preferred_devices(
     available: Sequence[str], must_include: Sequence[str], size: int, state: NodeSnapshot
 ) -> list[str]:
-    """Slices the kubelet should pick: those of the GPUs of the oldest in-flight container of this size.
+    """Slices the kubelet should pick: those of the GPUs of the first in-flight container of this size.
 
     With no such container (or its GPUs not available), one slice from each of ``size`` distinct
     GPUs, so that at least the shape is right; ``must_include`` always comes first.

@@ -71,7 +71,15 @@ def pod(
 
 
 def state(*pods: PodView, served: set[tuple[str, str]] | None = None) -> NodeSnapshot:
-    return snapshot(pods, keys=KEYS, node=NODE, node_gpus=GPUS, served=served or set())
+    return snapshot(
+        pods,
+        keys=KEYS,
+        node=NODE,
+        node_gpus=GPUS,
+        served=served or set(),
+        now=T0 + timedelta(seconds=60),
+        inflight_timeout=timedelta(seconds=300),
+    )
 
 
 def test_allocate_finds_the_container_by_gpu_set_and_size() -> None:
@@ -187,3 +195,15 @@ def test_preferred_allocation_steers_to_the_in_flight_gpus() -> None:
 def test_preferred_allocation_without_a_candidate_spreads_over_distinct_gpus() -> None:
     available = ["GPU-a::0", "GPU-a::1", "GPU-b::0", "other-device", "GPU-c::4"]
     assert preferred_devices(available, [], 3, state()) == ["GPU-a::0", "GPU-b::0", "GPU-c::4"]
+
+
+def test_stale_in_flight_pods_come_after_fresh_ones() -> None:
+    """A pod bound longer ago than the timeout no longer holds others back: a fresh pod of the same
+    size may have another key, and steering must go to the fresh one."""
+    stale = pod("stale", {"main": [("GPU-a", 1, 1)]}, bind_offset=-600)
+    fresh = pod("fresh", {"main": [("GPU-b", 2, 2)]}, bind_offset=30)
+    s = state(stale, fresh)
+    assert [(c.pod.name, c.stale) for c in s.in_flight] == [("fresh", False), ("stale", True)]
+    assert preferred_devices(["GPU-a::0", "GPU-b::0"], [], 1, s) == ["GPU-b::0"]
+    # Matching is still by GPU set: the stale pod is served if the kubelet admits it after all.
+    assert match_container(["GPU-a::3"], s, node=NODE, node_gpus=GPUS).pod.name == "stale"
