@@ -183,18 +183,12 @@ class Extender:
         except ContractError as e:
             return self._fail("invalid", f"pod {key}: {e}"), False
         now = self.clock()
-        if (
-            current is not None
-            and current.node == node
-            and annotations.get(self.keys.allocation_phase) == Phase.ALLOCATING
-        ):
-            allocation = current  # an earlier attempt wrote it; it still holds (it is counted)
-            self.state.assume(self._record(pod, allocation, now))
-        else:
-            decided = self._decide(pod, request, node, now)
-            if isinstance(decided, str):
-                return decided, False
-            allocation = decided
+        # An allocation left on the pod by an earlier attempt holds nothing (the pod is not bound):
+        # decide afresh against the current state.
+        decided = self._decide(pod, request, node, now)
+        if isinstance(decided, str):
+            return decided, False
+        allocation = decided
         record_patch: JsonObject = {
             "metadata": {
                 "resourceVersion": metadata.get("resourceVersion"),
@@ -215,6 +209,8 @@ class Extender:
         try:
             self.kube.bind_pod(namespace, name, str(metadata.get("uid")), node)
         except ApiError as e:
+            if self._bound_to(namespace, name) == node:
+                return "", False  # the binding went through (an earlier attempt, or a lost answer)
             self._roll_back(namespace, name, str(metadata.get("uid")), allocation)
             return self._fail("api", f"pod {key}: binding to {node} failed: {e}"), False
         with self.state.lock:
@@ -259,6 +255,14 @@ class Extender:
             return parse_allocation(text, pod=key)
         except ContractError:
             return None
+
+    def _bound_to(self, namespace: str, name: str) -> str | None:
+        assert self.kube is not None
+        try:
+            node: str | None = (self.kube.get_pod(namespace, name).get("spec") or {}).get("nodeName")
+        except ApiError:
+            return None
+        return node
 
     def _roll_back(self, namespace: str, name: str, uid: str, allocation: Allocation) -> None:
         self.state.forget(uid, allocation)

@@ -3,10 +3,11 @@
 * Nodes: the device plugin's inventory annotation (``KEYS.node_gpus``) and heartbeat
   (``KEYS.node_heartbeat``). A node whose heartbeat is missing or older than the timeout stays in
   the placement engine as unschedulable, with the reason, so pods are told why.
-* Pods: allocation annotations (``KEYS.allocation``) of pods not finished, with their phase and
-  bind time. An allocation decided at bind is *assumed* at once, before the API server echoes it
-  back through the watch, so the next pod never sees the capacity as free; the assumption ends when
-  the watch shows the pod's allocation, when the pod goes, or when the bind rolls back.
+* Pods: allocation annotations (``KEYS.allocation``) of pods bound and not finished, with their
+  phase and bind time. An allocation decided at bind is *assumed* at once, before the API server
+  echoes it back through the watch, so the next pod never sees the capacity as free; the assumption
+  ends when the watch shows the pod bound, when the pod goes, or when the bind rolls back. An
+  allocation on a pod that is not bound (its bind died half-way) holds nothing.
 
 Every change rebuilds only the node concerned (``tessera.placement.build_node``) and hands it to the
 engine. Thread-safe: watches, the heartbeat sweep and the HTTP handlers share one lock.
@@ -170,6 +171,10 @@ class ClusterState:
         text = annotations.get(self.keys.allocation)
         if text is None or (pod.get("status") or {}).get("phase") in TERMINAL_POD_PHASES:
             return None
+        if not (pod.get("spec") or {}).get("nodeName"):
+            # Not bound (a bind that died between writing the allocation and binding): it holds
+            # nothing; its next bind decides afresh.
+            return None
         key = f"{metadata.get('namespace')}/{metadata.get('name')}"
         try:
             allocation = parse_allocation(text, pod=key)
@@ -200,11 +205,9 @@ class ClusterState:
                 self._observed.pop(uid, None)
             else:
                 self._observed[uid] = parsed
-                assumed = self._assumed.get(uid)
-                if assumed is not None and assumed.allocation == parsed.allocation:
-                    del self._assumed[uid]
-                elif assumed is not None and parsed.phase != Phase.ALLOCATING:
-                    # Someone else moved the pod on (device plugin); what it says wins.
+                # Bound with the assumed allocation, or moved on by someone else (device plugin):
+                # the API server's word now holds.
+                if uid in self._assumed:
                     del self._assumed[uid]
             self._reindex(uid, touched)
 
