@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import shutil
 import socket
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import yaml
 from kubernetes import client, config
 from pydantic import BaseModel, ConfigDict
 
+from tessera.contract import KEYS, ContractError, parse_allocation, parse_inventory
 from tessera.localcluster import ControlPlane, ManagedProcess, default_bin_dir
-from tessera.sandbox import containerd, host, images, kubelet
+from tessera.sandbox import containerd, fakenode, gpu, host, images, kubelet
 from tessera.sandbox.layout import Layout
-from tessera.sandbox.processes import Started, StartError, alive, stop, wait_for
+from tessera.sandbox.processes import Started, StartError, alive, start, stop, wait_for
 
 KUBERNETES_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubelet")
 
@@ -33,13 +37,14 @@ def default_node_name() -> str:
 
 
 class SandboxState(BaseModel):
-    """``sandbox.json``: what `up` started, for `down`, `status` and the tests."""
+    """``sandbox.json``: what `up` started, for `down`, `status`, `restart` and the tests."""
 
     model_config = ConfigDict(extra="forbid")
 
     node: str
     kubeconfig: str
     api_url: str
+    extender_url: str
     kubelet_port: int
     kubelet_healthz_port: int
     processes: list[Started]
@@ -100,6 +105,16 @@ def node_ready(api: client.ApiClient, node: str) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
 
 
+def node_has_gpus(api: client.ApiClient, node: str) -> bool:
+    """The device plugin registered (slices allocatable) and published the node's inventory."""
+    try:
+        found = client.CoreV1Api(api).read_node(node)
+    except client.ApiException:
+        return False
+    slices = (found.status.allocatable or {}).get(KEYS.vgpu, "0")
+    return int(slices) > 0 and KEYS.node_gpus in (found.metadata.annotations or {})
+
+
 def preflight(options: Options, layout: Layout) -> list[str]:
     facts = host.gather_facts(
         layout,
@@ -108,14 +123,17 @@ def preflight(options: Options, layout: Layout) -> list[str]:
         (options.kubelet_port, options.kubelet_healthz_port),
         options.node,
     )
-    return host.problems(facts)
+    found = host.problems(facts)
+    found += [f"not built: {m}" for m in gpu.missing_builds()]
+    if not gpu.SCHEDULER_CONFIG.exists():
+        found.append(f"{gpu.SCHEDULER_CONFIG} is missing (the tessera-scheduler profile)")
+    return found
 
 
 @dataclass
 class _Starting:
     """Processes started so far by one `up`, stopped newest first if a later step fails."""
 
-    layout: Layout
     started: list[Started] = field(default_factory=list)
 
     def add(self, process: Started) -> Started:
@@ -127,44 +145,25 @@ class _Starting:
             stop(process)
 
 
-def start_runtime(
-    layout: Layout, starting: _Starting, driver: dict[str, Path], driver_env: dict[str, str]
+def _wait_node(
+    api: client.ApiClient,
+    what: str,
+    ready: Callable[[client.ApiClient, str], bool],
+    *,
+    node: str,
+    process: Started,
+    timeout: float,
 ) -> None:
-    tarballs = images.write_images(layout.images)
-    containerd.write_files(layout, driver, driver_env)
-    starting.add(containerd.start_containerd(layout))
-    containerd.import_images(layout, tarballs)
+    wait_for(f"node {node}: {what}", lambda: ready(api, node), process, timeout)
 
 
-def start_control_plane(options: Options, layout: Layout, starting: _Starting) -> ControlPlane:
-    plane = ControlPlane(work_dir=layout.cluster, bin_dir=options.kubernetes_bin)
-    plane.start(timeout=options.timeout)
-    for process in plane.processes:
-        starting.add(_recorded(process))
-    return plane
-
-
-def start_node(options: Options, layout: Layout, starting: _Starting, plane: ControlPlane) -> Started:
-    kubelet.write_files(layout, options.kubelet_port, options.kubelet_healthz_port)
-    host.create_cgroup_root()
-    process = starting.add(
-        kubelet.start_kubelet(layout, options.kubernetes_bin / "kubelet", plane.kubeconfig, options.node)
-    )
-    api = config.new_client_from_config(config_file=str(plane.kubeconfig))
-    try:
-        wait_for(
-            f"node {options.node} to be Ready",
-            lambda: node_ready(api, options.node),
-            process,
-            options.timeout,
-        )
-    finally:
-        api.close()
-    return process
+def _start_kubelet(options: Options, layout: Layout, kubeconfig: Path) -> Started:
+    return kubelet.start_kubelet(layout, options.kubernetes_bin / "kubelet", kubeconfig, options.node)
 
 
 def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
-    """Start the sandbox; raises :class:`StartError` (after stopping what it started) on failure."""
+    """Start the sandbox; raises :class:`StartError` (after stopping what it started and cleaning the
+    host) on failure."""
     layout = Layout(options.root)
     found = preflight(options, layout)
     if found:
@@ -172,14 +171,50 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
     began = time.monotonic()
     layout.root.mkdir(parents=True, exist_ok=True)
     host.take_snapshot(layout)
-    starting = _Starting(layout)
+    starting = _Starting()
     try:
-        report("images and containerd")
-        start_runtime(layout, starting, {}, {})
+        report("images, fake GPUs and containerd")
+        tarballs = images.write_images(layout.images)
+        files = gpu.prepare(layout)
+        containerd.write_files(layout, files.container_mounts(), files.container_env())
+        starting.add(containerd.start_containerd(layout))
+        containerd.import_images(layout, tarballs)
+
         report("control plane (etcd, kube-apiserver)")
-        plane = start_control_plane(options, layout, starting)
+        plane = ControlPlane(work_dir=layout.cluster, bin_dir=options.kubernetes_bin)
+        plane.start(timeout=options.timeout)
+        for process in plane.processes:
+            starting.add(_recorded(process))
+        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
+
+        report("extender and kube-scheduler (tessera-scheduler profile)")
+        extender_port = gpu.free_port()
+        extender_url = f"http://{gpu.LOOPBACK}:{extender_port}"
+        extender = starting.add(gpu.start_extender(layout, plane.kubeconfig, extender_port))
+        wait_for("the extender", lambda: gpu.extender_ready(extender_port), extender, options.timeout)
+        template = yaml.safe_load(gpu.SCHEDULER_CONFIG.read_text())
+        scheduler = plane.start_scheduler(
+            gpu.scheduler_config(template, extender_url), timeout=options.timeout
+        )
+        starting.add(_recorded(scheduler))
+
         report(f"kubelet (node {options.node})")
-        start_node(options, layout, starting, plane)
+        kubelet.write_files(layout, options.kubelet_port, options.kubelet_healthz_port)
+        host.create_cgroup_root()
+        node_agent = starting.add(_start_kubelet(options, layout, plane.kubeconfig))
+        _wait_node(api, "Ready", node_ready, node=options.node, process=node_agent, timeout=options.timeout)
+
+        report("device plugin")
+        plugin = starting.add(gpu.start_device_plugin(layout, files, plane.kubeconfig, options.node))
+        _wait_node(
+            api,
+            "GPU slices and inventory",
+            node_has_gpus,
+            node=options.node,
+            process=plugin,
+            timeout=options.timeout,
+        )
+        api.close()
     except BaseException:
         starting.undo()
         host.restore_host(layout)
@@ -188,6 +223,7 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
         node=options.node,
         kubeconfig=str(plane.kubeconfig),
         api_url=plane.api_url,
+        extender_url=extender_url,
         kubelet_port=options.kubelet_port,
         kubelet_healthz_port=options.kubelet_healthz_port,
         processes=starting.started,
@@ -195,6 +231,84 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
     )
     save_state(layout, state)
     return state
+
+
+RESTARTABLE = ("kubelet", "tessera-device-plugin")
+
+
+def restart(root: Path, name: str, timeout: float = 120.0) -> Started:
+    """Stop one node component and start it again as `up` did; waits until the node shows it back."""
+    if name not in RESTARTABLE:
+        raise ValueError(f"component: {name!r} is not one of {', '.join(RESTARTABLE)}")
+    layout = Layout(root)
+    state = load_state(layout)
+    if state is None:
+        raise StartError(f"no sandbox is up in {root}")
+    stop(state.process(name))
+    kubeconfig = Path(state.kubeconfig)
+    api = api_client(state)
+    try:
+        if name == "kubelet":
+            bin_dir = Path(state.process("kubelet").argv[0]).parent
+            options = Options(root=root, node=state.node, kubernetes_bin=bin_dir)
+            process = _start_kubelet(options, layout, kubeconfig)
+            # The kubelet re-reads its device checkpoint; the plugin re-registers when it sees the
+            # kubelet's socket come back, and only then are slices allocatable again.
+            _wait_node(
+                api,
+                "GPU slices after the kubelet restart",
+                node_has_gpus,
+                node=state.node,
+                process=process,
+                timeout=timeout,
+            )
+        else:
+            process = gpu.start_device_plugin(layout, gpu.files_for(layout), kubeconfig, state.node)
+            _wait_node(
+                api,
+                "GPU slices after the plugin restart",
+                node_has_gpus,
+                node=state.node,
+                process=process,
+                timeout=timeout,
+            )
+    finally:
+        api.close()
+    state.replace(process)
+    save_state(layout, state)
+    return process
+
+
+def add_node(root: Path, name: str, models: Sequence[str], timeout: float = 60.0) -> Started:
+    """A node with these GPU models (fakenode.PRESETS) and no kubelet, kept alive by its own process."""
+    fakenode.inventory(name, models)  # refuses unknown models before anything starts
+    layout = Layout(root)
+    state = load_state(layout)
+    if state is None:
+        raise StartError(f"no sandbox is up in {root}")
+    process_name = f"fake-node-{name}"
+    if name == state.node or any(p.name == process_name for p in state.processes):
+        raise StartError(f"node {name!r} already exists in the sandbox")
+    argv = [
+        sys.executable,
+        "-m",
+        "tessera.sandbox.fakenode",
+        f"--kubeconfig={state.kubeconfig}",
+        f"--node={name}",
+    ]
+    argv += [f"--gpu={m}" for m in models]
+    process = start(process_name, argv, layout.log(process_name), cwd=gpu.REPO)
+    api = api_client(state)
+    try:
+        _wait_node(api, "GPU inventory", node_has_gpus, node=name, process=process, timeout=timeout)
+    except BaseException:
+        stop(process)
+        raise
+    finally:
+        api.close()
+    state.processes.append(process)
+    save_state(layout, state)
+    return process
 
 
 # Graceful first: deleting the pods lets the kubelet stop their containers and tear down their
@@ -241,36 +355,63 @@ def down(root: Path, report: Callable[[str], None] = print) -> list[str]:
     return left
 
 
-def status(root: Path) -> dict[str, object]:
-    """Processes, nodes, GPUs, slices and pods, as plain data for printing."""
+def _node_summary(node: Any) -> dict[str, Any]:
+    annotations = node.metadata.annotations or {}
+    allocatable = node.status.allocatable or {}
+    summary: dict[str, Any] = {
+        "name": node.metadata.name,
+        "ready": any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []),
+        "slices": int(allocatable.get(KEYS.vgpu, "0")),
+        "gpus": [],
+    }
+    text = annotations.get(KEYS.node_gpus)
+    if text:
+        try:
+            gpus = parse_inventory(text, node=node.metadata.name)
+            summary["gpus"] = [{"uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib} for g in gpus]
+        except ContractError as e:
+            summary["error"] = str(e)
+    return summary
+
+
+def _pod_summary(pod: Any) -> dict[str, Any]:
+    annotations = pod.metadata.annotations or {}
+    summary: dict[str, Any] = {
+        "namespace": pod.metadata.namespace,
+        "name": pod.metadata.name,
+        "node": pod.spec.node_name,
+        "phase": pod.status.phase,
+        "allocation_phase": annotations.get(KEYS.allocation_phase),
+        "gpus": [],
+    }
+    text = annotations.get(KEYS.allocation)
+    if text:
+        try:
+            allocation = parse_allocation(text, pod=pod.metadata.name)
+            summary["gpus"] = [
+                {"container": c.name, "uuid": g.uuid, "memory_mib": g.memory_mib, "cores": g.cores}
+                for c in allocation.containers
+                for g in c.gpus
+            ]
+        except ContractError as e:
+            summary["error"] = str(e)
+    return summary
+
+
+def status(root: Path) -> dict[str, Any]:
+    """Processes, nodes with their GPUs and slices, pods with their GPU shares, as plain data."""
     layout = Layout(root)
     state = load_state(layout)
     if state is None:
         return {"up": False}
-    result: dict[str, object] = {
-        "up": True,
-        "processes": {p.name: ("running" if alive(p) else "exited") for p in state.processes},
-    }
     api = api_client(state)
     try:
         core = client.CoreV1Api(api)
-        result["nodes"] = [
-            {
-                "name": n.metadata.name,
-                "ready": any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []),
-                "allocatable": dict(n.status.allocatable or {}),
-            }
-            for n in core.list_node().items
-        ]
-        result["pods"] = [
-            {
-                "namespace": p.metadata.namespace,
-                "name": p.metadata.name,
-                "node": p.spec.node_name,
-                "phase": p.status.phase,
-            }
-            for p in core.list_pod_for_all_namespaces().items
-        ]
+        return {
+            "up": True,
+            "processes": {p.name: ("running" if alive(p) else "exited") for p in state.processes},
+            "nodes": [_node_summary(n) for n in core.list_node().items],
+            "pods": [_pod_summary(p) for p in core.list_pod_for_all_namespaces().items],
+        }
     finally:
         api.close()
-    return result

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.localcluster import ControlPlaneError
-from tessera.sandbox import cluster
+from tessera.sandbox import cluster, fakenode
 from tessera.sandbox.layout import DEFAULT_ROOT
 from tessera.sandbox.processes import StartError
 
@@ -57,21 +57,50 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restart(args: argparse.Namespace) -> int:
+    try:
+        process = cluster.restart(args.dir, args.component)
+    except (StartError, KeyError) as e:
+        print(f"tessera sandbox restart: {e}", file=sys.stderr)
+        return 1
+    print(f"{process.name} restarted (pid {process.pid}); the node's GPU slices are back")
+    return 0
+
+
+def _add_node(args: argparse.Namespace) -> int:
+    try:
+        cluster.add_node(args.dir, args.name, args.gpu)
+    except (StartError, ValueError) as e:
+        print(f"tessera sandbox add-node: {e}", file=sys.stderr)
+        return 1
+    print(f"node {args.name} added with {', '.join(args.gpu)} (no kubelet: pods bound there stay Pending)")
+    return 0
+
+
 def _print_status(status: dict[str, Any]) -> None:
     if not status["up"]:
         print("sandbox: not up")
         return
     print("processes:")
     for name, state in status["processes"].items():
-        print(f"  {name:<24} {state}")
+        print(f"  {name:<28} {state}")
+    models = {}
     print("nodes:")
     for node in status["nodes"]:
         ready = "Ready" if node["ready"] else "NotReady"
-        resources = ", ".join(f"{k}={v}" for k, v in sorted(node["allocatable"].items()) if "/" in k)
-        print(f"  {node['name']:<24} {ready:<9} {resources}")
+        print(f"  {node['name']:<28} {ready:<9} {node['slices']} slices  {node.get('error', '')}")
+        for gpu in node["gpus"]:
+            models[gpu["uuid"]] = gpu["model"]
+            print(f"    {gpu['uuid']}  {gpu['model']}  {gpu['memory_mib']} MiB")
     print("pods:")
     for pod in status["pods"]:
-        print(f"  {pod['namespace'] + '/' + pod['name']:<40} {pod['phase']:<10} {pod['node'] or '-'}")
+        where = pod["node"] or "-"
+        print(
+            f"  {pod['namespace'] + '/' + pod['name']:<40} {pod['phase']:<10} {where}  {pod.get('error', '')}"
+        )
+        for share in pod["gpus"]:
+            model = models.get(share["uuid"], share["uuid"])
+            print(f"    {share['container']}: {model}  {share['memory_mib']} MiB  {share['cores']}% of time")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -107,6 +136,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     down = commands.add_parser("down", help="stop everything and remove what the sandbox left on the host")
     common(down)
     down.set_defaults(func=_down)
+
+    restart = commands.add_parser(
+        "restart", help="restart the kubelet or the device plugin under running pods"
+    )
+    common(restart)
+    restart.add_argument("component", choices=cluster.RESTARTABLE)
+    restart.set_defaults(func=_restart)
+
+    add_node = commands.add_parser(
+        "add-node", help="add a node with a GPU inventory but no kubelet, to see placement across nodes"
+    )
+    common(add_node)
+    add_node.add_argument("name", help="node name")
+    add_node.add_argument(
+        "--gpu",
+        action="append",
+        required=True,
+        choices=sorted(fakenode.PRESETS),
+        help="a GPU model; repeat for several GPUs",
+    )
+    add_node.set_defaults(func=_add_node)
 
     status = commands.add_parser("status", help="processes, nodes, GPUs, slices and pods")
     common(status)

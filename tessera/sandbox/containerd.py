@@ -20,11 +20,12 @@ import json
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera.sandbox.images import DRIVER_LIBRARY_DIR, PAUSE_IMAGE
+from tessera.sandbox.images import PAUSE_IMAGE
 from tessera.sandbox.layout import BRIDGE, NETWORK_NAME, POD_SUBNET, Layout
 from tessera.sandbox.processes import Started, start, wait_for
 
@@ -89,25 +90,30 @@ def render_config(layout: Layout) -> str:
     )
 
 
-def driver_mounts(driver_files: Mapping[str, Path]) -> list[dict[str, Any]]:
-    """Read-only binds of the driver libraries (soname -> host file) into the library directory."""
-    return [
-        {
-            "destination": f"{DRIVER_LIBRARY_DIR}/{soname}",
-            "type": "bind",
-            "source": str(path),
-            "options": ["rbind", "ro", "nosuid", "nodev"],
-        }
-        for soname, path in sorted(driver_files.items())
-    ]
+@dataclass(frozen=True, slots=True)
+class BindMount:
+    destination: str
+    source: Path
+    read_only: bool = True
 
 
 def base_spec(
-    default_spec: Mapping[str, Any], driver_files: Mapping[str, Path], env: Mapping[str, str]
+    default_spec: Mapping[str, Any], mounts: Sequence[BindMount], env: Mapping[str, str]
 ) -> dict[str, Any]:
-    """containerd's default OCI spec with the driver mounted and the driver's environment set."""
+    """containerd's default OCI spec plus bind mounts and environment for every container."""
     spec: dict[str, Any] = copy.deepcopy(dict(default_spec))
-    spec["mounts"] = [*spec.get("mounts", []), *driver_mounts(driver_files)]
+    spec["mounts"] = [
+        *spec.get("mounts", []),
+        *(
+            {
+                "destination": m.destination,
+                "type": "bind",
+                "source": str(m.source),
+                "options": ["rbind", "ro" if m.read_only else "rw", "nosuid", "nodev"],
+            }
+            for m in mounts
+        ),
+    ]
     process = spec.setdefault("process", {})
     process["env"] = [*process.get("env", []), *(f"{k}={v}" for k, v in sorted(env.items()))]
     return spec
@@ -159,7 +165,7 @@ def default_oci_spec() -> dict[str, Any]:
     return spec
 
 
-def write_files(layout: Layout, driver_files: Mapping[str, Path], driver_env: Mapping[str, str]) -> None:
+def write_files(layout: Layout, mounts: Sequence[BindMount], env: Mapping[str, str]) -> None:
     for directory in (
         layout.containerd_root,
         layout.containerd_state,
@@ -168,9 +174,7 @@ def write_files(layout: Layout, driver_files: Mapping[str, Path], driver_env: Ma
     ):
         directory.mkdir(parents=True, exist_ok=True)
     layout.containerd_config.write_text(render_config(layout))
-    layout.driver_spec.write_text(
-        json.dumps(base_spec(default_oci_spec(), driver_files, driver_env), indent=2)
-    )
+    layout.driver_spec.write_text(json.dumps(base_spec(default_oci_spec(), mounts, env), indent=2))
     (layout.cni_conf_dir / "10-tessera.conflist").write_text(json.dumps(cni_config(layout), indent=2))
 
 

@@ -10,8 +10,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tessera.sandbox import containerd, host, images, kubelet
+from tessera.contract import KEYS
+from tessera.sandbox import containerd, fakenode, gpu, host, images, kubelet
 from tessera.sandbox.layout import CGROUP_ROOT, Layout
 
 LAYOUT = Layout(Path("/srv/sbx"))
@@ -91,16 +93,23 @@ def test_containerd_config_carries_the_settings_this_host_needs() -> None:
     assert config["plugins"]["io.containerd.internal.v1.opt"]["path"].startswith("/srv/sbx/")
 
 
-def test_base_spec_adds_read_only_driver_mounts_and_environment() -> None:
+def test_base_spec_adds_bind_mounts_and_environment() -> None:
     default = {"mounts": [{"destination": "/proc"}], "process": {"env": ["PATH=/bin"]}}
-    spec = containerd.base_spec(default, {"libcuda.so.1": Path("/d/libcuda.so.1")}, {"FAKEGPU_CONFIG": "/c"})
-    assert spec["mounts"][0] == {"destination": "/proc"}
-    assert spec["mounts"][1] == {
-        "destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-        "type": "bind",
-        "source": "/d/libcuda.so.1",
-        "options": ["rbind", "ro", "nosuid", "nodev"],
-    }
+    mounts = [
+        containerd.BindMount("/lib/libcuda.so.1", Path("/d/libcuda.so.1")),
+        containerd.BindMount("/s", Path("/h"), read_only=False),
+    ]
+    spec = containerd.base_spec(default, mounts, {"FAKEGPU_CONFIG": "/c"})
+    assert spec["mounts"] == [
+        {"destination": "/proc"},
+        {
+            "destination": "/lib/libcuda.so.1",
+            "type": "bind",
+            "source": "/d/libcuda.so.1",
+            "options": ["rbind", "ro", "nosuid", "nodev"],
+        },
+        {"destination": "/s", "type": "bind", "source": "/h", "options": ["rbind", "rw", "nosuid", "nodev"]},
+    ]
     assert spec["process"]["env"] == ["PATH=/bin", "FAKEGPU_CONFIG=/c"]
     assert default["mounts"] == [{"destination": "/proc"}]  # the input is not changed
 
@@ -179,3 +188,54 @@ def test_only_changed_sysctls_are_restored() -> None:
 def test_only_host_directories_the_sandbox_created_are_removed() -> None:
     existed = {"/run/containerd": False, "/var/lib/kubelet": True}
     assert host.host_paths_to_remove(existed) == [Path("/run/containerd")]
+
+
+def test_gpu_files_place_the_driver_where_the_container_toolkit_does() -> None:
+    files = gpu.files_for(LAYOUT)
+    mounts = {m.destination: m for m in files.container_mounts()}
+    assert mounts["/usr/lib/x86_64-linux-gnu/libcuda.so.1"].source == Path("/srv/sbx/gpu/driver/libcuda.so.1")
+    assert mounts["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"].read_only
+    assert not mounts[gpu.CONTAINER_GPU_STATE].read_only  # shared by every process on the fake GPU
+    assert files.container_env() == {
+        "FAKEGPU_CONFIG": gpu.CONTAINER_GPU_CONFIG,
+        "FAKEGPU_STATE": gpu.CONTAINER_GPU_STATE,
+    }
+
+
+def test_fake_gpu_description_lists_both_gpus() -> None:
+    lines = gpu.render_gpu_config(gpu.SANDBOX_GPUS).splitlines()[1:]
+    assert lines == [
+        'gpu name="NVIDIA A100-SXM4-40GB" uuid=GPU-6a1e0b7c-0000-4000-8000-00000000a100 memory=40960MiB '
+        "sms=108 cc=8.0 pci=0000:3b:00.0 numa=0",
+        'gpu name="Tesla T4" uuid=GPU-7b2f1c8d-0000-4000-8000-000000000074 memory=15360MiB '
+        "sms=40 cc=7.5 pci=0000:af:00.0 numa=0",
+    ]
+
+
+def test_scheduler_config_points_every_extender_at_the_sandbox() -> None:
+    template = {
+        "clientConnection": {"kubeconfig": "/etc/k"},
+        "leaderElection": {"leaderElect": True},
+        "profiles": [{"schedulerName": "tessera-scheduler"}],
+        "extenders": [{"urlPrefix": "http://svc:8888", "bindVerb": "bind"}],
+    }
+    config = yaml.safe_load(gpu.scheduler_config(template, "http://127.0.0.1:4242"))
+    assert config["extenders"] == [{"urlPrefix": "http://127.0.0.1:4242", "bindVerb": "bind"}]
+    assert config["clientConnection"]["kubeconfig"] == "{kubeconfig}"
+    assert config["leaderElection"] == {"leaderElect": False}
+    assert template["extenders"][0]["urlPrefix"] == "http://svc:8888"
+
+
+def test_scheduler_config_without_extenders_is_refused() -> None:
+    with pytest.raises(ValueError, match="no extenders configured"):
+        gpu.scheduler_config({"profiles": []}, "http://127.0.0.1:1")
+
+
+def test_fake_node_inventory_is_stable_and_refuses_unknown_models() -> None:
+    first = fakenode.inventory("edge-1", ["a100", "t4"])
+    assert first == fakenode.inventory("edge-1", ["a100", "t4"])
+    assert [g.model for g in first] == ["NVIDIA A100-SXM4-40GB", "Tesla T4"]
+    assert first[0].uuid != fakenode.inventory("edge-2", ["a100"])[0].uuid
+    assert fakenode.capacity(first)[KEYS.vgpu] == "20"
+    with pytest.raises(ValueError, match="--gpu: 'b200' is not one of"):
+        fakenode.inventory("edge-1", ["b200"])
