@@ -84,7 +84,7 @@ static int parse_device_line(char **tok, int ntok, const char *where) {
         refuse("%s: more devices than the hook supports", where);
         return -1;
     }
-    uint64_t memory = parse_bytes(tok[3]);
+    uint64_t memory = strspn(tok[3], "0123456789") == strlen(tok[3]) ? parse_bytes(tok[3]) : 0; /* bytes only */
     int cores = parse_int(tok[5], 0, 100);
     if (!memory) {
         refuse("%s: memory %s is not a positive number of bytes", where, tok[3]);

@@ -1,0 +1,183 @@
+"""Fixtures for the hook's tests: the hook and the fake GPU built, the test clients compiled, and
+hooked processes started (and always stopped) with a given quota.
+
+Every hooked process runs with ``LD_PRELOAD=hook/build/libvgpu.so`` over the fake ``libcuda.so.1``
+and ``libnvidia-ml.so.1`` (``LD_LIBRARY_PATH``), configured by a fake GPU description file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HOOK_LIBRARY = ROOT / "hook" / "build" / "libvgpu.so"
+FAKE_BUILD = ROOT / "tests" / "fakegpu" / "build"
+CLIENT_SOURCE = Path(__file__).resolve().parent / "clients" / "hook_client.c"
+BINDINGS_CLIENT = Path(__file__).resolve().parent / "clients" / "bindings_client.py"
+NVML_CLIENT = Path(__file__).resolve().parent / "clients" / "nvml_client.py"
+GIB = 2**30
+MIB = 2**20
+RUN_TIMEOUT = 120
+
+
+def _make(directory: Path, *targets: Path) -> None:
+    done = subprocess.run(
+        ["make", "-s", "-C", str(directory), f"PYTHON={sys.executable}", *map(str, targets)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(f"make -C {directory} failed:\n{done.stdout}{done.stderr}")
+
+
+def _cuda_include() -> str:
+    import nvidia  # the headers of nvidia-cuda-runtime, a test dependency
+
+    for base in nvidia.__path__:
+        found = sorted(Path(base).glob("**/include/cuda.h"))
+        if found:
+            return str(found[0].parent)
+    raise RuntimeError("cuda.h not found in the nvidia PyPI packages")
+
+
+@dataclass(frozen=True)
+class Clients:
+    linked: Path
+    dynamic: Path
+
+    def for_mode(self, mode: str) -> Path:
+        return self.linked if mode == "link" else self.dynamic
+
+
+@pytest.fixture(scope="session")
+def clients(tmp_path_factory: pytest.TempPathFactory) -> Clients:
+    _make(ROOT / "hook")
+    _make(ROOT / "tests" / "fakegpu", FAKE_BUILD / "libcuda.so.1", FAKE_BUILD / "libnvidia-ml.so.1")
+    out = tmp_path_factory.mktemp("hook-clients")
+    common = ["cc", "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{_cuda_include()}"]
+    linked, dynamic = out / "hook_client_linked", out / "hook_client"
+    subprocess.run(
+        [*common, "-DLINKED", "-o", str(linked), str(CLIENT_SOURCE), f"-L{FAKE_BUILD}", "-lcuda", "-ldl", "-pthread"],
+        check=True,
+        timeout=120,
+    )
+    subprocess.run([*common, "-o", str(dynamic), str(CLIENT_SOURCE), "-ldl", "-pthread"], check=True, timeout=120)
+    return Clients(linked=linked, dynamic=dynamic)
+
+
+@dataclass
+class FakeGpus:
+    """A fake GPU description file and what a hooked process needs to run on it."""
+
+    config: Path
+    uuids: list[str]
+    region: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def env(self, *, hooked: bool = True, **variables: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "CUDA_", "NVIDIA_"))}
+        env.update(
+            FAKEGPU_CONFIG=str(self.config),
+            LD_LIBRARY_PATH=str(FAKE_BUILD),
+            TESSERA_REGION=str(self.region),
+            PYTHONPATH=str(ROOT),
+        )
+        if hooked:
+            env["LD_PRELOAD"] = str(HOOK_LIBRARY)
+        env.update(self.extra_env)
+        env.update(variables)
+        return env
+
+
+def write_fake_gpus(directory: Path, count: int, *, memory_gib: int = 8, sms: int = 108) -> FakeGpus:
+    uuids = [f"GPU-{uuid.UUID(int=(0x5E55E7A << 96) + i + 1)}" for i in range(count)]
+    lines = ["driver version=580.95.05 cuda=13000 util_window_ms=200"]
+    for i, gpu_uuid in enumerate(uuids):
+        lines.append(
+            f'gpu name="NVIDIA A100-SXM4-80GB" uuid={gpu_uuid} memory={memory_gib}GiB sms={sms} cc=8.0 '
+            f"pci=0000:{0x17 + i:02x}:00.0"
+        )
+    config = directory / "gpus.conf"
+    config.write_text("\n".join(lines) + "\n")
+    return FakeGpus(config=config, uuids=uuids, region=directory / "region")
+
+
+@pytest.fixture
+def gpu(tmp_path: Path, clients: Clients) -> FakeGpus:
+    """One fake 8 GiB GPU."""
+    return write_fake_gpus(tmp_path, 1)
+
+
+@pytest.fixture
+def two_gpus(tmp_path: Path, clients: Clients) -> FakeGpus:
+    return write_fake_gpus(tmp_path, 2)
+
+
+class Processes:
+    """Hooked processes started by a test; all of them are killed when the test ends."""
+
+    def __init__(self) -> None:
+        self._started: list[subprocess.Popen[str]] = []
+
+    def start(self, argv: Sequence[str | Path], env: dict[str, str]) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [str(a) for a in argv],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self._started.append(process)
+        return process
+
+    def run(self, argv: Sequence[str | Path], env: dict[str, str], timeout: float = RUN_TIMEOUT) -> Result:
+        process = self.start(argv, env)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        finally:
+            self.stop(process)
+        return Result(process.returncode, out.splitlines(), err)
+
+    @staticmethod
+    def stop(process: subprocess.Popen[str]) -> None:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for process in self._started:
+            self.stop(process)
+            for stream in (process.stdout, process.stderr):
+                if stream:
+                    stream.close()
+
+
+@dataclass
+class Result:
+    returncode: int
+    lines: list[str]
+    stderr: str
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    running = Processes()
+    try:
+        yield running
+    finally:
+        running.stop_all()
