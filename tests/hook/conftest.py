@@ -134,6 +134,7 @@ class Processes:
         process = subprocess.Popen(
             [str(a) for a in argv],
             env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -162,7 +163,7 @@ class Processes:
     def stop_all(self) -> None:
         for process in self._started:
             self.stop(process)
-            for stream in (process.stdout, process.stderr):
+            for stream in (process.stdin, process.stdout, process.stderr):
                 if stream:
                     stream.close()
 
