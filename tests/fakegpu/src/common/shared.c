@@ -1,0 +1,377 @@
+/* Per-GPU state in a mapped file shared across processes, guarded by a robust process-shared mutex
+ * (a process killed while holding it leaves it recoverable, never deadlocked). */
+#include "shared.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FG_PAGE_MAGIC 0x3150474b454b4146ULL /* "FAKEGPU1" */
+#define FG_MAX_PROCS 256
+#define FG_RING 16384
+
+struct fg_proc_slot {
+    int32_t pid;
+    int32_t contexts;
+    uint64_t start_time; /* /proc/<pid>/stat field 22: tells a reused pid from the original */
+    uint64_t mem_used;
+};
+
+struct fg_busy {
+    uint64_t start_ns;
+    uint64_t end_ns;
+    int32_t pid;
+    int32_t unused;
+};
+
+struct fg_page {
+    uint64_t magic;
+    uint64_t size;
+    pthread_mutex_t lock;
+    uint64_t mem_used;
+    uint64_t busy_until_ns;
+    uint32_t ring_next; /* index of the next record to write */
+    uint32_t ring_count;
+    struct fg_proc_slot procs[FG_MAX_PROCS];
+    struct fg_busy ring[FG_RING];
+};
+
+struct fg_shared {
+    struct fg_page *page;
+    uint64_t total;
+    int slot;       /* this process's slot, -1 until it charges memory or holds a context */
+    pid_t slot_pid; /* the pid that owns `slot` (a forked child must find its own) */
+};
+
+static struct fg_shared g_shared[FG_MAX_GPUS];
+static pthread_mutex_t g_shared_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+uint64_t fg_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+void fg_sleep_until(uint64_t deadline_ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ULL),
+                          .tv_nsec = (long)(deadline_ns % 1000000000ULL)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+static void page_lock(struct fg_page *p)
+{
+    if (pthread_mutex_lock(&p->lock) == EOWNERDEAD) {
+        /* The holder died mid-update; every update leaves the fields usable, so carry on. */
+        pthread_mutex_consistent(&p->lock);
+    }
+}
+
+static void page_unlock(struct fg_page *p)
+{
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Start time of a live (not zombie) process, 0 if it is gone. */
+static uint64_t process_start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ')
+        return 0;
+    char state = p[2];
+    if (state == 'Z' || state == 'X')
+        return 0;
+    /* Fields after the command: 3 is the state, 22 the start time. */
+    p += 2;
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (!p)
+            return 0;
+        p++;
+    }
+    unsigned long long start = 0;
+    if (sscanf(p, "%llu", &start) != 1)
+        return 0;
+    return start + 1; /* never 0 for a live process */
+}
+
+static void reap_dead(struct fg_page *p)
+{
+    for (int i = 0; i < FG_MAX_PROCS; i++) {
+        struct fg_proc_slot *slot = &p->procs[i];
+        if (slot->pid == 0 || process_start_time(slot->pid) == slot->start_time)
+            continue;
+        p->mem_used -= slot->mem_used;
+        memset(slot, 0, sizeof *slot);
+    }
+}
+
+/* Finds or makes this process's slot; caller holds the page lock. NULL if the table is full. */
+static struct fg_proc_slot *own_slot(struct fg_shared *s)
+{
+    pid_t pid = getpid();
+    if (s->slot >= 0 && s->slot_pid == pid)
+        return &s->page->procs[s->slot];
+    uint64_t start = process_start_time(pid);
+    int free_slot = -1;
+    for (int pass = 0; pass < 2 && free_slot < 0; pass++) {
+        if (pass == 1)
+            reap_dead(s->page);
+        for (int i = 0; i < FG_MAX_PROCS; i++) {
+            struct fg_proc_slot *slot = &s->page->procs[i];
+            if (slot->pid == pid && slot->start_time == start) {
+                free_slot = i;
+                break;
+            }
+            if (slot->pid == 0 && free_slot < 0)
+                free_slot = i;
+        }
+    }
+    if (free_slot < 0) {
+        fprintf(stderr, "fakegpu: more than %d processes on one gpu\n", FG_MAX_PROCS);
+        return NULL;
+    }
+    struct fg_proc_slot *slot = &s->page->procs[free_slot];
+    if (slot->pid != pid) {
+        memset(slot, 0, sizeof *slot);
+        slot->pid = pid;
+        slot->start_time = start;
+    }
+    s->slot = free_slot;
+    s->slot_pid = pid;
+    return slot;
+}
+
+static struct fg_page *map_page(const struct fg_config *cfg, const struct fg_gpu_spec *gpu)
+{
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s.gpu", cfg->state_dir, gpu->uuid);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        fprintf(stderr, "fakegpu: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    /* The first opener sizes and initialises the file under an exclusive flock; others wait. */
+    flock(fd, LOCK_EX);
+    struct stat st;
+    struct fg_page *p = MAP_FAILED;
+    int ok = fstat(fd, &st) == 0;
+    int fresh = ok && st.st_size == 0;
+    if (fresh)
+        ok = ftruncate(fd, (off_t)sizeof(struct fg_page)) == 0;
+    else if (ok && st.st_size != (off_t)sizeof(struct fg_page)) {
+        fprintf(stderr, "fakegpu: %s has another layout; remove the state dir\n", path);
+        ok = 0;
+    }
+    if (ok)
+        p = mmap(NULL, sizeof(struct fg_page), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED && fresh) {
+        pthread_mutexattr_t attr;
+        pthread_mutexattr_init(&attr);
+        pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+        pthread_mutex_init(&p->lock, &attr);
+        pthread_mutexattr_destroy(&attr);
+        p->size = sizeof *p;
+        p->magic = FG_PAGE_MAGIC;
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    if (p == MAP_FAILED) {
+        if (ok)
+            fprintf(stderr, "fakegpu: cannot map %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    if (p->magic != FG_PAGE_MAGIC || p->size != sizeof *p) {
+        fprintf(stderr, "fakegpu: %s is not a fake gpu state file; remove the state dir\n", path);
+        munmap(p, sizeof *p);
+        return NULL;
+    }
+    return p;
+}
+
+struct fg_shared *fg_shared_get(const struct fg_config *cfg, int gpu)
+{
+    struct fg_shared *s = &g_shared[gpu];
+    pthread_mutex_lock(&g_shared_mutex);
+    if (!s->page) {
+        s->page = map_page(cfg, &cfg->gpus[gpu]);
+        s->total = cfg->gpus[gpu].memory_bytes;
+        s->slot = -1;
+    }
+    pthread_mutex_unlock(&g_shared_mutex);
+    return s->page ? s : NULL;
+}
+
+int fg_mem_charge(struct fg_shared *s, uint64_t bytes)
+{
+    int rc = -1;
+    page_lock(s->page);
+    struct fg_proc_slot *slot = own_slot(s);
+    if (slot && s->page->mem_used + bytes > s->total)
+        reap_dead(s->page);
+    if (slot && bytes <= s->total && s->page->mem_used + bytes <= s->total) {
+        s->page->mem_used += bytes;
+        slot->mem_used += bytes;
+        rc = 0;
+    }
+    page_unlock(s->page);
+    return rc;
+}
+
+void fg_mem_uncharge(struct fg_shared *s, uint64_t bytes)
+{
+    page_lock(s->page);
+    struct fg_proc_slot *slot = own_slot(s);
+    if (slot) {
+        uint64_t give = bytes < slot->mem_used ? bytes : slot->mem_used;
+        slot->mem_used -= give;
+        s->page->mem_used -= give;
+    }
+    page_unlock(s->page);
+}
+
+uint64_t fg_mem_used(struct fg_shared *s)
+{
+    page_lock(s->page);
+    reap_dead(s->page);
+    uint64_t used = s->page->mem_used;
+    page_unlock(s->page);
+    return used;
+}
+
+void fg_proc_context(struct fg_shared *s, int delta)
+{
+    page_lock(s->page);
+    struct fg_proc_slot *slot = own_slot(s);
+    if (slot && slot->contexts + delta >= 0)
+        slot->contexts += delta;
+    page_unlock(s->page);
+}
+
+int fg_procs(struct fg_shared *s, struct fg_proc_info *out, int max)
+{
+    int n = 0;
+    page_lock(s->page);
+    reap_dead(s->page);
+    for (int i = 0; i < FG_MAX_PROCS; i++) {
+        const struct fg_proc_slot *slot = &s->page->procs[i];
+        if (slot->pid == 0 || (slot->contexts == 0 && slot->mem_used == 0))
+            continue;
+        if (n < max)
+            out[n] = (struct fg_proc_info){.pid = slot->pid, .mem_used = slot->mem_used};
+        n++;
+    }
+    page_unlock(s->page);
+    return n;
+}
+
+uint64_t fg_timeline_submit(struct fg_shared *s, uint64_t not_before_ns, uint64_t duration_ns)
+{
+    struct fg_page *p = s->page;
+    int32_t pid = (int32_t)getpid();
+    uint64_t now = fg_now_ns();
+    page_lock(p);
+    uint64_t start = not_before_ns > now ? not_before_ns : now;
+    if (p->busy_until_ns > start)
+        start = p->busy_until_ns;
+    uint64_t end = start + duration_ns;
+    p->busy_until_ns = end;
+    uint32_t last = (p->ring_next + FG_RING - 1) % FG_RING;
+    if (p->ring_count > 0 && p->ring[last].pid == pid && p->ring[last].end_ns == start) {
+        p->ring[last].end_ns = end; /* back-to-back work of one process: one record */
+    } else {
+        p->ring[p->ring_next] = (struct fg_busy){.start_ns = start, .end_ns = end, .pid = pid};
+        p->ring_next = (p->ring_next + 1) % FG_RING;
+        if (p->ring_count < FG_RING)
+            p->ring_count++;
+    }
+    page_unlock(p);
+    return end;
+}
+
+uint64_t fg_timeline_busy(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, pid_t pid,
+                          uint64_t *covered_from)
+{
+    struct fg_page *p = s->page;
+    uint64_t busy = 0, covered = from_ns;
+    page_lock(p);
+    for (uint32_t k = 0; k < p->ring_count; k++) {
+        const struct fg_busy *b = &p->ring[(p->ring_next + FG_RING - 1 - k) % FG_RING];
+        if (b->end_ns <= from_ns)
+            break;
+        if (k == FG_RING - 1 && b->start_ns > from_ns)
+            covered = b->start_ns; /* the ring dropped older records inside the window */
+        if (pid > 0 && b->pid != pid)
+            continue;
+        uint64_t a = b->start_ns > from_ns ? b->start_ns : from_ns;
+        uint64_t e = b->end_ns < to_ns ? b->end_ns : to_ns;
+        if (e > a)
+            busy += e - a;
+    }
+    page_unlock(p);
+    if (covered_from)
+        *covered_from = covered;
+    return busy;
+}
+
+int fg_timeline_pids(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, pid_t *out, int max)
+{
+    struct fg_page *p = s->page;
+    int n = 0;
+    page_lock(p);
+    for (uint32_t k = 0; k < p->ring_count; k++) {
+        const struct fg_busy *b = &p->ring[(p->ring_next + FG_RING - 1 - k) % FG_RING];
+        if (b->end_ns <= from_ns)
+            break;
+        if (b->start_ns >= to_ns)
+            continue;
+        int seen = 0;
+        for (int i = 0; i < n && i < max; i++)
+            seen |= out[i] == b->pid;
+        if (!seen) {
+            if (n < max)
+                out[n] = b->pid;
+            n++;
+        }
+    }
+    page_unlock(p);
+    return n;
+}
+
+/* A real driver frees a process's memory when it exits; do it at once rather than when reaped. */
+__attribute__((destructor)) static void release_process(void)
+{
+    pid_t pid = getpid();
+    for (int g = 0; g < FG_MAX_GPUS; g++) {
+        struct fg_shared *s = &g_shared[g];
+        if (!s->page || s->slot < 0 || s->slot_pid != pid)
+            continue;
+        page_lock(s->page);
+        struct fg_proc_slot *slot = &s->page->procs[s->slot];
+        if (slot->pid == pid) {
+            s->page->mem_used -= slot->mem_used;
+            memset(slot, 0, sizeof *slot);
+        }
+        page_unlock(s->page);
+    }
+}

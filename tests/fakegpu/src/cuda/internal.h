@@ -1,0 +1,131 @@
+/* Shared declarations of the fake libcuda. Built with __CUDA_API_VERSION_INTERNAL so that every
+ * entry point is defined under its exact ABI name (cuMemAlloc_v2, cuCtxCreate_v4, ...). */
+#ifndef FAKEGPU_CUDA_INTERNAL_H
+#define FAKEGPU_CUDA_INTERNAL_H
+
+#include <cuda.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/config.h"
+#include "../common/shared.h"
+
+/* Exported entry points; everything else stays inside the library (see cuda.map). */
+#define FG_API __attribute__((visibility("default")))
+
+/* Magic numbers tell live handles from garbage; a destroyed object's magic is cleared. */
+#define FG_MAGIC_CTX 0x43545831u
+#define FG_MAGIC_STREAM 0x53545231u
+#define FG_MAGIC_EVENT 0x45564e31u
+#define FG_MAGIC_MODULE 0x4d4f4431u
+#define FG_MAGIC_FUNC 0x46554e31u
+#define FG_MAGIC_POOL 0x504f4f31u
+#define FG_MAGIC_GRAPH 0x47525031u
+#define FG_MAGIC_GRAPH_NODE 0x474e4431u
+#define FG_MAGIC_GRAPH_EXEC 0x47455831u
+#define FG_MAGIC_ARRAY 0x41525231u
+#define FG_MAGIC_VMM 0x564d4d31u
+
+
+struct CUstream_st {
+    uint32_t magic;
+    struct CUctx_st *ctx;
+    unsigned flags;
+    int priority;
+    uint64_t tail_ns;           /* when the last work queued on this stream completes */
+    uint64_t *queue;            /* completion times of the last FG_QUEUE_DEPTH launches */
+    uint64_t queued;            /* launches so far */
+    struct CUgraph_st *capture; /* non-NULL while stream capture records into a graph */
+};
+
+struct CUctx_st {
+    uint32_t magic;
+    CUdevice dev;
+    int primary;
+    unsigned flags;
+    uint64_t tail_ns; /* when the last work queued on any of its streams completes */
+    struct CUstream_st null_stream;
+};
+
+struct CUmemPoolHandle_st {
+    uint32_t magic;
+    CUdevice dev;
+    CUmemPoolProps props;
+};
+
+struct fg_device {
+    int gpu; /* index in the config */
+    struct fg_shared *shared;
+    struct CUctx_st primary;
+    int primary_refs;
+    unsigned primary_flags;
+    struct CUmemPoolHandle_st default_pool;
+    CUmemoryPool current_pool;
+};
+
+/* init.c */
+extern const struct fg_config *fg_cfg;
+extern int fg_device_count;
+extern struct fg_device fg_devices[FG_MAX_GPUS];
+/* Guards contexts, streams, events and graphs bookkeeping of this process. */
+extern pthread_mutex_t fg_lock;
+CUresult fg_check_init(void);
+CUresult fg_get_device(CUdevice dev, struct fg_device **out);
+const struct fg_gpu_spec *fg_spec(CUdevice dev);
+
+/* context.c */
+CUresult fg_current_ctx(struct CUctx_st **out);
+CUresult fg_check_ctx(CUcontext ctx);
+void fg_ctx_init(struct CUctx_st *ctx, CUdevice dev, unsigned flags, int primary);
+
+/* A kernel: a named placeholder of a module; its simulated duration comes from its name. */
+struct CUfunc_st {
+    uint32_t magic;
+    struct CUmod_st *mod;
+    uint64_t fixed_ns; /* "sleep_us_<N>": the whole launch takes N us */
+    uint64_t wave_ns;  /* otherwise each wave of blocks over the SMs takes this long */
+    struct CUfunc_st *next;
+    char name[128];
+};
+
+/* stream.c */
+CUresult fg_resolve_stream(CUstream s, struct CUstream_st **out);
+/* Queues `duration_ns` of kernel work on the stream and the device timeline. fg_lock held. */
+void fg_stream_run(struct CUstream_st *s, uint64_t duration_ns);
+/* Completion time of the launch FG_QUEUE_DEPTH launches back: a new launch waits for it. fg_lock held. */
+uint64_t fg_stream_queue_wait(struct CUstream_st *s);
+/* Sleeps until the stream's (or context's) queued work completed. */
+void fg_stream_wait(struct CUstream_st *s);
+void fg_ctx_wait(struct CUctx_st *ctx);
+
+/* memory.c: the address map of device allocations, host allocations and VMM mappings */
+enum fg_alloc_kind { FG_ALLOC_DEVICE, FG_ALLOC_MANAGED, FG_ALLOC_POOL, FG_ALLOC_HOST, FG_ALLOC_MAPPING };
+/* Charges `size` to the device (not for HOST), maps host memory for it and records it. */
+CUresult fg_alloc(CUdevice dev, CUcontext ctx, CUmemoryPool pool, size_t size, enum fg_alloc_kind kind,
+                  int low32, CUdeviceptr *out);
+/* Frees an allocation of one of the kinds in `kinds` (a bit mask of 1 << kind). */
+CUresult fg_free(CUdeviceptr ptr, unsigned kinds);
+void fg_free_ctx_allocations(CUcontext ctx);
+/* Bytes allocated from a pool that are still live. */
+size_t fg_pool_used(CUmemoryPool pool);
+/* VMM: records a mapping made by cuMemMap so copies into it are checked like allocations. */
+CUresult fg_map_add(CUdeviceptr base, size_t size, CUdevice dev);
+void fg_map_remove(CUdeviceptr base, size_t size);
+/* 1 if [ptr, ptr+len) lies inside one allocation or mapping that is backed by host memory. */
+int fg_addr_valid(CUdeviceptr ptr, size_t len);
+/* 1 if ptr lies inside any allocation or mapping (device or host). */
+int fg_addr_known(CUdeviceptr ptr);
+CUresult fg_charge(CUdevice dev, size_t bytes);
+void fg_uncharge(CUdevice dev, size_t bytes);
+
+/* launch.c */
+uint64_t fg_kernel_ns(CUfunction f, const unsigned grid[3], CUdevice dev);
+CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, CUstream stream);
+
+/* graph.c: stream capture records launches instead of running them */
+CUresult fg_graph_capture_kernel(struct CUgraph_st *g, CUfunction f, const unsigned grid[3],
+                                 const unsigned block[3]);
+
+#endif

@@ -1,0 +1,101 @@
+/* Kernel launches: a launch occupies the device timeline for its simulated duration, after the
+ * stream's earlier work and after everything any process already queued on the GPU. */
+#include "internal.h"
+
+#define FG_LAUNCH_OVERHEAD_NS 10000ULL
+
+uint64_t fg_kernel_ns(CUfunction f, const unsigned grid[3], CUdevice dev)
+{
+    if (f->fixed_ns)
+        return f->fixed_ns;
+    uint64_t blocks = (uint64_t)grid[0] * grid[1] * grid[2];
+    uint64_t sms = (uint64_t)fg_spec(dev)->sm_count;
+    uint64_t waves = (blocks + sms - 1) / sms;
+    return FG_LAUNCH_OVERHEAD_NS + waves * f->wave_ns;
+}
+
+CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, CUstream stream)
+{
+    struct CUstream_st *s;
+    CUresult rc = fg_resolve_stream(stream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!f || f->magic != FG_MAGIC_FUNC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || gy > 65535 || gz > 65535 ||
+        (uint64_t)bx * by * bz > 1024 || bz > 64)
+        return CUDA_ERROR_INVALID_VALUE;
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    pthread_mutex_lock(&fg_lock);
+    if (s->capture) {
+        rc = fg_graph_capture_kernel(s->capture, f, grid, block);
+        pthread_mutex_unlock(&fg_lock);
+        return rc;
+    }
+    uint64_t wait = fg_stream_queue_wait(s);
+    pthread_mutex_unlock(&fg_lock);
+    if (wait > fg_now_ns())
+        fg_sleep_until(wait); /* the stream's queue is full: block like a real push buffer */
+    pthread_mutex_lock(&fg_lock);
+    if (s->magic == FG_MAGIC_STREAM)
+        fg_stream_run(s, fg_kernel_ns(f, grid, s->ctx->dev));
+    else
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_unlock(&fg_lock);
+    return rc;
+}
+
+FG_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                               unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                               unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+    (void)sharedMemBytes;
+    (void)kernelParams;
+    (void)extra;
+    return fg_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream);
+}
+
+FG_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                    unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                    unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                    void **kernelParams, void **extra)
+{
+    return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                          hStream, kernelParams, extra);
+}
+
+FG_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+    (void)kernelParams;
+    (void)extra;
+    if (!config)
+        return CUDA_ERROR_INVALID_VALUE;
+    return fg_launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+                     config->blockDimY, config->blockDimZ, config->hStream);
+}
+
+FG_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                                      void **extra)
+{
+    return cuLaunchKernelEx(config, f, kernelParams, extra);
+}
+
+FG_API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                          unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                          unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                          void **kernelParams)
+{
+    (void)sharedMemBytes;
+    (void)kernelParams;
+    return fg_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream);
+}
+
+FG_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                               unsigned int gridDimZ, unsigned int blockDimX,
+                                               unsigned int blockDimY, unsigned int blockDimZ,
+                                               unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)
+{
+    return cuLaunchCooperativeKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                                     sharedMemBytes, hStream, kernelParams);
+}
