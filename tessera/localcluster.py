@@ -123,7 +123,8 @@ class ManagedProcess:
 
 
 def _insecure_tls() -> ssl.SSLContext:
-    # The apiserver self-signs its serving certificate on loopback; tests trust it by token alone.
+    # Readiness probes only: each component self-signs a serving certificate on loopback. Clients
+    # proper verify the apiserver against its certificate (see kubeconfig_for).
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -182,7 +183,7 @@ class ControlPlane:
         path.write_text(
             "apiVersion: v1\nkind: Config\n"
             f"clusters:\n- name: local\n  cluster:\n    server: {self.api_url}\n"
-            "    insecure-skip-tls-verify: true\n"
+            f"    certificate-authority: {self.work_dir / 'pki' / 'apiserver.crt'}\n"
             f"users:\n- name: {name}\n  user:\n    token: {token}\n"
             f"contexts:\n- name: local\n  context:\n    cluster: local\n    user: {name}\n"
             "current-context: local\n"
