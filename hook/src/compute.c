@@ -5,8 +5,11 @@
  * A launch's device time is what CUDA events around it measured: every launch of a new launch
  * signature (function or graph, grid, block, shared memory) is measured, then one every few.
  * The estimate is the least of the recent measurements, since a kernel queued behind another
- * container's work measures longer than it ran. At most MAX_PENDING measurements are in flight, so
- * the host never runs far ahead of the device and a throttled container stops promptly. */
+ * container's work measures longer than it ran.
+ *
+ * The host may run at most RUNAHEAD_NS of estimated work ahead of the last measurement known
+ * complete: a GPU runs queued work in order, so a deep queue would make every other container's
+ * kernels wait (and measure) long, and would keep running after this container is throttled. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
@@ -17,10 +20,11 @@
 #include "wrappers.h"
 
 #define SAMPLE_EVERY_LAUNCHES 16
-#define SAMPLE_EVERY_NS 10000000ull /* or after this much estimated work */
+#define SAMPLE_EVERY_NS 1000000ull /* or after this much estimated work */
 #define SAMPLES_KEPT 8
 #define MAX_SIGNATURES 4096
-#define MAX_PENDING 3
+#define MAX_PENDING 8
+#define RUNAHEAD_NS 2000000ull
 #define BURST_NS 100000000ull /* the bucket holds at most 100 ms of wall time at its rate */
 #define MAX_SLEEP_NS 20000000ull /* re-read the rate at least this often while waiting */
 #define MIN_SLEEP_NS 20000ull
@@ -49,12 +53,15 @@ struct sample {
     struct signature *sig;
     int rdev;
     int charge; /* launched before its signature had an estimate: charge the measurement */
+    uint64_t work_mark; /* launched_work once this launch was queued */
 };
 
 static struct signature signatures[MAX_SIGNATURES];
 static struct signature overflow_signature; /* shared by launches once the table is full */
 static struct sample pending[MAX_PENDING];
 static int npending;
+/* Estimated work this process launched, and how much of it is known complete. */
+static uint64_t launched_work, completed_work;
 static pthread_mutex_t compute_lock = PTHREAD_MUTEX_INITIALIZER;
 static int throttling; /* 0 = not known yet, 1 = no GPU has a compute quota, 2 = some has */
 
@@ -143,6 +150,7 @@ static void settle(struct vgpu_region *r, struct sample *s, int complete) {
     pthread_mutex_lock(&compute_lock);
     struct signature *sig = s->sig;
     sig->pending--;
+    if (complete && s->work_mark > completed_work) completed_work = s->work_mark;
     if (ok) {
         sig->samples[sig->next_sample] = ns;
         sig->next_sample = (sig->next_sample + 1) % SAMPLES_KEPT;
@@ -201,7 +209,7 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
         estimate = sig->estimate_ns;
         must_measure = unknown || sig->launches_since_sample + 1 >= SAMPLE_EVERY_LAUNCHES ||
                        sig->work_since_sample_ns + estimate >= SAMPLE_EVERY_NS;
-        int full = must_measure && npending == MAX_PENDING;
+        int full = npending && (npending == MAX_PENDING || launched_work - completed_work > RUNAHEAD_NS);
         pthread_mutex_unlock(&compute_lock);
         if (!busy && !full) break;
         collect(r, full && !busy, busy ? sig : NULL);
@@ -219,12 +227,14 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
     int measured = start && rc == CUDA_SUCCESS && REAL(cuEventRecord)(end, stream) == CUDA_SUCCESS;
     pthread_mutex_lock(&compute_lock);
     if (measured && npending < MAX_PENDING) {
-        pending[npending++] = (struct sample){start, end, sig, d->rdev, unknown};
+        launched_work += estimate;
+        pending[npending++] = (struct sample){start, end, sig, d->rdev, unknown, launched_work};
         sig->pending++;
         sig->launches_since_sample = 0;
         sig->work_since_sample_ns = 0;
         start = NULL;
     } else {
+        launched_work += estimate;
         sig->launches_since_sample++;
         sig->work_since_sample_ns += estimate;
     }
@@ -361,5 +371,6 @@ void vgpu_compute_after_fork_child(void) {
     memset(signatures, 0, sizeof signatures);
     memset(&overflow_signature, 0, sizeof overflow_signature);
     npending = 0;
+    launched_work = completed_work = 0;
     pthread_mutex_init(&compute_lock, NULL);
 }

@@ -29,6 +29,8 @@ struct elastic_state {
     uint64_t others_seen_ns;
     uint64_t busy[OWN_WINDOW];
     uint64_t at[OWN_WINDOW];
+    unsigned util[OWN_WINDOW];
+    unsigned util_sum;
     int next;
     nvmlDevice_t nvml;
 };
@@ -55,14 +57,19 @@ static void judge_elastic(struct vgpu_region *r, int d, uint64_t now) {
     if (!e->nvml && REAL(nvmlDeviceGetHandleByUUID)(r->dev[d].uuid, &e->nvml) != NVML_SUCCESS) return;
     nvmlUtilization_t util;
     if (REAL(nvmlDeviceGetUtilizationRates)(e->nvml, &util) != NVML_SUCCESS) return;
+    /* Both averaged over the same periods: NVML's utilization lags the charges, never leads them,
+     * so a lag reads as "others are idle" only while our own use is rising. */
+    e->util_sum += util.gpu - e->util[e->next];
+    e->util[e->next] = util.gpu;
     uint64_t busy = __atomic_load_n(&r->dev[d].busy_ns, __ATOMIC_RELAXED);
-    int oldest = e->next; /* the ring's oldest entry, about OWN_WINDOW periods ago */
-    double own = 0;
-    if (e->at[oldest] && now > e->at[oldest]) own = 100.0 * (double)(busy - e->busy[oldest]) / (double)(now - e->at[oldest]);
+    int oldest = (e->next + 1) % OWN_WINDOW;
     e->busy[e->next] = busy;
     e->at[e->next] = now;
-    e->next = (e->next + 1) % OWN_WINDOW;
-    if ((double)util.gpu - own > OTHERS_BUSY_PERCENT) {
+    e->next = oldest;
+    if (!e->at[oldest]) return; /* not a full window yet */
+    double own = 100.0 * (double)(busy - e->busy[oldest]) / (double)(now - e->at[oldest]);
+    double others = (double)e->util_sum / OWN_WINDOW - own;
+    if (others > OTHERS_BUSY_PERCENT) {
         e->others_seen_ns = now;
         __atomic_store_n(&e->ours, 0, __ATOMIC_RELAXED);
     } else if (now - e->others_seen_ns > IDLE_BEFORE_ELASTIC_NS) {

@@ -11,7 +11,9 @@
  *   hold (prints "holding", then sleeps until killed)     wait-stdin (prints "waiting", reads a line)
  *   await <kind> <size> <seconds>  retry the allocation until it succeeds -> "ok <index> <seconds taken>"
  *   await-free <bytes> <seconds>   poll cuMemGetInfo until free >= bytes -> "free <seconds taken>"
- *   launch <kernel> <count> [seconds]  (kernel name e.g. sleep_us_1000; launches until count or time)
+ *   launch <kernel> <count> <seconds>  (kernel name e.g. sleep_us_1000; launches until count or time)
+ *                                      -> "launched <count> <seconds>", and "tick <seconds> <count>"
+ *                                      every 100 ms while launching
  *   graph <kernel> <count>             (one-kernel graph, launched count times)
  *   stress <threads> <iterations> <max bytes> <seed>  (random allocations and frees; -> "stress <ooms>")
  */
@@ -303,8 +305,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(cmd, "launch") || !strcmp(cmd, "graph")) {
             CUfunction f = function(argv[i + 1]);
             long count = atol(argv[i + 2]);
-            double seconds = i + 3 < argc && atof(argv[i + 3]) > 0 ? atof(argv[i + 3]) : 1e9;
             int is_graph = !strcmp(cmd, "graph");
+            double seconds = !is_graph && i + 3 < argc ? atof(argv[i + 3]) : 1e9;
             i += is_graph ? 2 : 3;
             CUgraphExec exec = NULL;
             if (is_graph) {
@@ -316,9 +318,13 @@ int main(int argc, char **argv) {
                 check(api.cuGraphAddKernelNode_v2(&node, g, NULL, 0, &params), "cuGraphAddKernelNode");
                 check(api.cuGraphInstantiateWithFlags(&exec, g, 0), "cuGraphInstantiate");
             }
-            double start = now_s();
+            double start = now_s(), next_tick = 0.1;
             long n = 0;
             for (; n < count && now_s() - start < seconds; n++) {
+                if (now_s() - start >= next_tick) {
+                    printf("tick %.6f %ld\n", now_s() - start, n);
+                    next_tick += 0.1;
+                }
                 if (is_graph) check(api.cuGraphLaunch(exec, NULL), "cuGraphLaunch");
                 else check(api.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), "cuLaunchKernel");
             }
