@@ -19,7 +19,9 @@
  *   graph NAME GRID COUNT         a graph of COUNT kernels, instantiated and launched once
  *   capture NAME GRID COUNT       the same graph recorded by stream capture
  *   sync                          cuCtxSynchronize; prints the wall time it took
- *   events NAME GRID COUNT        launches between two events; prints cuEventElapsedTime
+ *   events NAME GRID COUNT        launches between two events; prints cuEventElapsedTime and the
+ *                                 CLOCK_MONOTONIC wall times (us) around it
+ *   wait                          prints "wait ready" and reads one line from stdin (a start barrier)
  *   stress THREADS ITERS MAXSIZE  threads allocating/freeing random sizes; prints counts
  *   sleep MS
  *   hold                          prints "hold ready" and waits until stdin closes
@@ -411,14 +413,17 @@ static void step_events(const char *name, unsigned grid, int count)
     CUevent start, stop;
     check("event", api.cuEventCreate(&start, 0));
     check("event", api.cuEventCreate(&stop, 0));
+    double wall_start = now_us();
     check("record", api.cuEventRecord(start, NULL));
     for (int i = 0; i < count; i++)
         check("launch", launch_one(VIA_LAUNCH, f, grid, NULL));
     check("record", api.cuEventRecord(stop, NULL));
     check("event-sync", api.cuEventSynchronize(stop));
+    double wall_end = now_us();
     float ms = 0;
     CUresult rc = api.cuEventElapsedTime(&ms, start, stop);
-    printf("events name=%s count=%d result=%s elapsed_ms=%.3f\n", name, count, err_name(rc), ms);
+    printf("events name=%s count=%d result=%s elapsed_ms=%.3f wall_start_us=%.0f wall_end_us=%.0f\n", name, count,
+           err_name(rc), ms, wall_start, wall_end);
 }
 
 struct stress_args {
@@ -565,6 +570,11 @@ int main(int argc, char **argv)
             i += 3;
         } else if (strcmp(step, "sleep") == 0) {
             usleep((useconds_t)atoi(need(argc, argv, i++)) * 1000);
+        } else if (strcmp(step, "wait") == 0) {
+            printf("wait ready\n");
+            char line[64];
+            if (!fgets(line, sizeof line, stdin))
+                die("wait", "stdin-closed");
         } else if (strcmp(step, "hold") == 0) {
             printf("hold ready\n");
             char buf[64];
