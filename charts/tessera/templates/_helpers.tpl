@@ -1,0 +1,3 @@
+{{- define "tessera.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end -}}
