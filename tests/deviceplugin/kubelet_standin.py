@@ -49,6 +49,8 @@ class KubeletStandIn:
         self._changed = threading.Condition()
         self._server: grpc.Server | None = None
         self._streams: list[threading.Thread] = []
+        # Devices given to containers, as the kubelet's device manager tracks them.
+        self.in_use: set[str] = set()
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -171,3 +173,18 @@ class KubeletStandIn:
         )
         response = self.current.stub.GetPreferredAllocation(request, timeout=30)
         return list(response.container_responses[0].deviceIDs)
+
+    def admit_container(self, size: int) -> tuple[list[str], Any]:
+        """What the kubelet does for one container asking for ``size`` devices: ask for a preferred
+        allocation among the free healthy devices, keep what is free, fill up in arbitrary order, call
+        Allocate, and count the devices as in use if it succeeded."""
+        free = sorted(
+            d for d, health in self.devices().items() if health == "Healthy" and d not in self.in_use
+        )
+        if len(free) < size:
+            raise AssertionError(f"requested number of devices unavailable: {size} wanted, {len(free)} free")
+        chosen = [d for d in self.preferred(free, [], size) if d in free][:size]
+        chosen += [d for d in free if d not in chosen][: size - len(chosen)]
+        response = self.allocate(chosen)
+        self.in_use.update(chosen)
+        return chosen, response
