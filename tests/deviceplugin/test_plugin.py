@@ -85,7 +85,7 @@ def create_pod(
     node: str,
     containers: dict[str, Grants],
     *,
-    annotations: dict[str, str] | None = None,
+    annotations: dict[str, str | None] | None = None,
     slices: dict[str, int] | None = None,
 ) -> Any:
     """A pod bound to ``node`` as the extender leaves it: allocation, phase ``allocating``, bind time."""
@@ -96,7 +96,7 @@ def create_pod(
             for c, g in containers.items()
         ),
     )
-    written = {
+    written: dict[str, str | None] = {
         KEYS.allocation: dump_allocation(allocation),
         KEYS.allocation_phase: Phase.ALLOCATING.value,
         KEYS.bind_time: format_time(now()),
@@ -235,14 +235,14 @@ def test_xid_and_lost_gpus_turn_their_slices_unhealthy_until_they_recover(node: 
 def test_kubelet_restart_leads_to_a_new_registration_within_5s(node: Node) -> None:
     kubelet = node.kubelet
     node.start()
-    for round_ in range(3):
+    for _ in range(3):
         before = len(kubelet.registrations)
         old = kubelet.current
         restarted_at = kubelet.restart()  # deletes every socket, serves a new kubelet.sock
-        kubelet.wait_for(lambda k, n=before: len(k.registrations) > n, timeout=5.0)
-        assert kubelet.current.at - restarted_at < 5.0, f"round {round_}"
+        kubelet.wait_for(lambda k: len(k.registrations) > before, timeout=5.0)  # noqa: B023
+        assert kubelet.current.at - restarted_at < 5.0
         kubelet.wait_for(lambda k: len(k.devices()) == 40)
-        kubelet.wait_for(lambda k, r=old: r.stream_ended)  # the old server was stopped
+        kubelet.wait_for(lambda k: old.stream_ended)  # noqa: B023 (the old server was stopped)
     # The plugin's own socket deleted while the kubelet stays: a fresh server and registration.
     before = len(kubelet.registrations)
     (kubelet.plugin_dir / kubelet.current.request.endpoint).unlink()
@@ -400,7 +400,7 @@ def test_bad_input_is_refused_clearly_the_pod_fails_and_the_plugin_keeps_serving
     namespace = node.namespace
     plugin = node.start()
     g = fake_gpus.uuids
-    cases = [
+    cases: list[tuple[str, dict[str, str | None], dict[str, int], str]] = [
         ("missing", {KEYS.allocation: None}, {}, f"annotation {KEYS.allocation} is missing"),
         ("malformed", {KEYS.allocation: "{not json"}, {}, "Invalid JSON"),
         ("elsewhere", {}, {}, "GPU GPU-00000000-0000-4000-8000-00000000dead is not on this node"),
@@ -420,8 +420,9 @@ def test_bad_input_is_refused_clearly_the_pod_fails_and_the_plugin_keeps_serving
         with pytest.raises(grpc.RpcError) as refused:
             kubelet.admit_container(size)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert reason in refused.value.details(), refused.value.details()
-        assert f"pod {namespace}/{name}" in refused.value.details()
+        details = refused.value.details() or ""
+        assert reason in details, details
+        assert f"pod {namespace}/{name}" in details
         assert phase_of(core, namespace, name) == Phase.FAILED
         events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
         assert [e.reason for e in events] == ["TesseraAllocateFailed"] and reason in events[0].message
