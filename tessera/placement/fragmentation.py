@@ -1,0 +1,210 @@
+"""The ``fragmentation`` policy: Fragmentation Gradient Descent (FGD; Weng et al., "Beware of
+Fragmentation", USENIX ATC '23).
+
+FGD places a pod where it raises the cluster's *expected fragmentation* least. Fragmentation is
+measured against a target workload: the mix of pod shapes the cluster expects (here the context's
+shape mix, cut to the most frequent shapes covering ``COVERAGE`` of pods, as the paper's simulator
+does). For a node and a target shape, the fragment is the free GPU capacity that shape could not use:
+
+* the whole free capacity, when the shape cannot run on the node at all (no GPU of an allowed model
+  takes it, too few such GPUs, too little host CPU) or asks no GPU;
+* otherwise the free capacity of the GPUs that cannot take one of its GPUs.
+
+A node's fragmentation is the shape-weighted sum; the policy scores a placement by how much it
+lowers it: ``int(100 * sigmoid((F_before - F_after) / 1000)) / 100`` with F in thousandths of a GPU,
+the paper's formula including its truncation to whole percents. The truncation matters: nodes within
+about 4% of a GPU of the best tie, and ties go to a random node (kube-scheduler's choice; the
+simulator's seeded node order). On the Alibaba trace, ranking by the exact value instead leaves 5.8%
+of GPUs unallocated at full load where the truncated score leaves 5.0% (seed 42). Inside a node,
+GPUs are ordered by how much their own fragment grows.
+
+A GPU's free capacity is the smaller of its free compute and free memory, in percent of the GPU: a
+GPU with 30% compute but 10% memory left can host only what fits in 10%. Memory, when it is the only
+thing requested (memory-only sharing), then counts as it should.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from tessera.contract import MAX_CORES
+from tessera.placement.fit import model_allowed
+from tessera.placement.model import ContainerShape, GpuState, NodeState, Placement, PodShape, ShapeMix, apply
+from tessera.placement.policies import ClusterContext, PlacementPolicy, register_policy
+
+# Share of pods the target workload's most frequent shapes must cover (the paper's run config).
+COVERAGE = 0.95
+# Thousandths of a GPU per percent, to put F in the paper's unit for its sigmoid.
+MILLI_PER_PERCENT = 10
+SIGMOID_SCALE_MILLI = 1000
+# The paper's score is int64(100 * sigmoid): whole percents.
+SCORE_STEPS = 100
+# Memoized fragmentation values kept before the memo is cleared.
+MEMO_LIMIT = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class TargetShape:
+    """A pod shape of the target workload as FGD sees it (host memory plays no part) and its weight."""
+
+    containers: tuple[ContainerShape, ...]
+    models: tuple[str, ...]
+    models_exclude: tuple[str, ...]
+    cpu_milli: int
+    weight: float
+
+
+def target_workload(mix: ShapeMix) -> tuple[TargetShape, ...]:
+    """The most frequent shapes of ``mix`` covering ``COVERAGE`` of its pods, weights summing to 1."""
+    counts: dict[tuple[tuple[ContainerShape, ...], tuple[str, ...], tuple[str, ...], int], int] = {}
+    for shape, n in mix.counts.items():
+        prefs = shape.preferences
+        key = (shape.containers, prefs.models, prefs.models_exclude, shape.cpu_milli)
+        counts[key] = counts.get(key, 0) + n
+    total = sum(counts.values())
+    if not total:
+        return ()
+    kept: list[tuple[tuple[tuple[ContainerShape, ...], tuple[str, ...], tuple[str, ...], int], int]] = []
+    covered = 0
+    # Most frequent first; ties in first-seen order (dicts keep it), so the cut is deterministic.
+    for key, n in sorted(counts.items(), key=lambda item: -item[1]):
+        if covered >= COVERAGE * total:
+            break
+        kept.append((key, n))
+        covered += n
+    return tuple(
+        TargetShape(containers, models, exclude, cpu, n / covered)
+        for (containers, models, exclude, cpu), n in kept
+    )
+
+
+def free_share(gpu: GpuState) -> int:
+    """Percent of ``gpu`` still free: the smaller of free compute and free memory; 0 when unusable."""
+    if not gpu.healthy or gpu.free_slices < 1:
+        return 0
+    return min(gpu.free_cores, gpu.free_memory_mib * MAX_CORES // gpu.memory_mib)
+
+
+def _takes(gpu: GpuState, container: ContainerShape) -> bool:
+    return (
+        gpu.healthy
+        and gpu.free_slices >= 1
+        and gpu.free_cores >= container.cores_needed
+        and gpu.free_memory_mib >= container.memory_on(gpu)
+    )
+
+
+def _gpu_unusable(gpu: GpuState, target: TargetShape) -> bool:
+    """Whether none of the target's containers could use this GPU (its free share is then a fragment)."""
+    return not (
+        target.containers
+        and model_allowed(gpu.model, target.models, target.models_exclude)
+        and any(_takes(gpu, c) for c in target.containers)
+    )
+
+
+def node_fragmentation(node: NodeState, targets: tuple[TargetShape, ...]) -> float:
+    """Expected fragment of ``node`` against the target workload, in percent of one GPU."""
+    shares = [free_share(g) for g in node.gpus]
+    idle = sum(shares)
+    if not idle:
+        return 0.0
+    free_cpu = None if node.cpu_milli is None else node.cpu_milli - node.used_cpu_milli
+    total = 0.0
+    for target in targets:
+        if not target.containers or (free_cpu is not None and free_cpu < target.cpu_milli):
+            total += target.weight * idle
+            continue
+        allowed = [
+            i for i, g in enumerate(node.gpus) if model_allowed(g.model, target.models, target.models_exclude)
+        ]
+        useful: set[int] = set()
+        runs = True
+        for container in target.containers:
+            takers = [i for i in allowed if _takes(node.gpus[i], container)]
+            if len(takers) < container.vgpu:
+                runs = False
+                break
+            useful.update(takers)
+        fragment = idle if not runs else sum(s for i, s in enumerate(shares) if i not in useful)
+        total += target.weight * fragment
+    return total
+
+
+def _gpu_signature(gpu: GpuState) -> tuple[object, ...]:
+    return (
+        gpu.model,
+        gpu.memory_mib,
+        gpu.slices,
+        gpu.healthy,
+        gpu.used_memory_mib,
+        gpu.used_cores,
+        gpu.used_slices,
+    )
+
+
+def _node_signature(node: NodeState) -> tuple[object, ...]:
+    # GPU order inside a node does not change its fragmentation; nodes in equal states share a value.
+    free_cpu = None if node.cpu_milli is None else node.cpu_milli - node.used_cpu_milli
+    return (free_cpu, tuple(sorted((_gpu_signature(g) for g in node.gpus), key=repr)))
+
+
+class Fragmentation(PlacementPolicy):
+    name = "fragmentation"
+    uses_context = True
+
+    def __init__(self) -> None:
+        self._version = -1
+        self._targets: tuple[TargetShape, ...] = ()
+        self._node_memo: dict[tuple[object, ...], float] = {}
+        self._gpu_memo: dict[tuple[object, ...], float] = {}
+
+    def _targets_for(self, context: ClusterContext) -> tuple[TargetShape, ...]:
+        if context.version != self._version or len(self._node_memo) + len(self._gpu_memo) > MEMO_LIMIT:
+            self._version = context.version
+            self._targets = target_workload(context.shape_mix)
+            self._node_memo.clear()
+            self._gpu_memo.clear()
+        return self._targets
+
+    def fragmentation(self, node: NodeState, context: ClusterContext) -> float:
+        """``node_fragmentation`` against the context's target workload, memoized per node state."""
+        targets = self._targets_for(context)
+        key = _node_signature(node)
+        value = self._node_memo.get(key)
+        if value is None:
+            value = self._node_memo[key] = node_fragmentation(node, targets)
+        return value
+
+    def gpu_key(self, gpu: GpuState, container: ContainerShape, context: ClusterContext) -> tuple[float, ...]:
+        """The growth of this GPU's own fragment if the container's share goes on it (least first)."""
+        targets = self._targets_for(context)
+        key = (_gpu_signature(gpu), container)
+        growth = self._gpu_memo.get(key)
+        if growth is None:
+            after = replace(
+                gpu,
+                used_memory_mib=gpu.used_memory_mib + container.memory_on(gpu),
+                used_cores=gpu.used_cores + container.cores_needed,
+                used_slices=gpu.used_slices + 1,
+            )
+            before_share, after_share = free_share(gpu), free_share(after)
+            growth = self._gpu_memo[key] = sum(
+                t.weight
+                * (
+                    (after_share if _gpu_unusable(after, t) else 0)
+                    - (before_share if _gpu_unusable(gpu, t) else 0)
+                )
+                for t in targets
+            )
+        return (growth, gpu.index)
+
+    def score(self, node: NodeState, placement: Placement, shape: PodShape, context: ClusterContext) -> float:
+        before = self.fragmentation(node, context)
+        after = self.fragmentation(apply(node, placement, shape), context)
+        drop_milli = (before - after) * MILLI_PER_PERCENT
+        return math.floor(SCORE_STEPS / (1 + math.exp(-drop_milli / SIGMOID_SCALE_MILLI))) / SCORE_STEPS
+
+
+register_policy(Fragmentation())

@@ -1,0 +1,174 @@
+"""`tessera simulate`: compare placement policies on a simulated cluster.
+
+Only argparse is imported at module level: the CLI builds every subcommand's parser, and the
+simulator's dependencies (matplotlib above all) load when this command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path("tessera-simulate-report")
+# deploy/speed-profiles.yaml of the checkout this package runs from (an editable install).
+REPO_SPEED_PROFILES = Path(__file__).resolve().parents[2] / "deploy" / "speed-profiles.yaml"
+POLICY_NAMES = ("exclusive", "gpushare", "hami", "binpack", "spread", "fragmentation", "speed-aware")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most 1 (a share of solo throughput)")
+    return value
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown or not names:
+        shown = ", ".join(map(repr, unknown)) or repr(text)
+        raise argparse.ArgumentTypeError(f"unknown policy {shown}; choose from {', '.join(POLICY_NAMES)}")
+    return names
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate",
+        help="replay a GPU workload on a simulated cluster and compare placement policies",
+        description=(
+            "Replay a workload on a simulated cluster through Tessera's placement core and compare "
+            "policies: a packing experiment (as in the FGD paper) and a time experiment (queueing, "
+            "job completion times). Without --nodes/--pods it runs the embedded default, a cluster and "
+            "workload generated from published statistics of the Alibaba GPU trace."
+        ),
+    )
+    parser.add_argument(
+        "--nodes", type=Path, help="node list: Alibaba trace CSV (openb_node_list_*.csv) or Tessera YAML"
+    )
+    parser.add_argument(
+        "--pods", type=Path, help="pod list: Alibaba trace CSV (openb_pod_list_*.csv) or Tessera YAML"
+    )
+    parser.add_argument(
+        "--policies",
+        type=_policies,
+        default=POLICY_NAMES,
+        help=f"comma-separated policies to compare (default: all of {','.join(POLICY_NAMES)})",
+    )
+    parser.add_argument(
+        "--experiment",
+        choices=("packing", "time", "both"),
+        default="both",
+        help="which experiment (default both)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=42, help="seed of the arrival order and node order (default 42)"
+    )
+    parser.add_argument(
+        "--inflation",
+        type=_positive_float,
+        default=1.3,
+        help="packing: add pods until this multiple of GPU capacity has arrived (default 1.3)",
+    )
+    parser.add_argument(
+        "--colocation",
+        type=_fraction,
+        default=0.68,
+        help="time: share of solo throughput a pod keeps on a shared GPU (default 0.68, Gavel's V100 median)",
+    )
+    parser.add_argument(
+        "--speed-profiles",
+        type=Path,
+        help=f"speed profiles YAML (default: {REPO_SPEED_PROFILES} when present, else every GPU 1.0)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"directory for report.json, packing.png and time.png (default ./{DEFAULT_OUT})",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes, one policy each at a time (default: 2 or the CPU count if fewer)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tessera.contract import ContractError  # noqa: PLC0415
+    from tessera.placement import SpeedProfiles  # noqa: PLC0415
+    from tessera.simulate import plots, report  # noqa: PLC0415
+    from tessera.simulate.experiment import Experiment, Options, ProgressBar, run_all, work_units  # noqa: PLC0415
+    from tessera.simulate.inputs import load_inputs  # noqa: PLC0415
+    from tessera.simulate.model import InputError  # noqa: PLC0415
+
+    try:
+        inputs = load_inputs(args.nodes, args.pods)
+        profiles_path = args.speed_profiles or (REPO_SPEED_PROFILES if REPO_SPEED_PROFILES.exists() else None)
+        profiles = (
+            SpeedProfiles() if profiles_path is None else SpeedProfiles.from_yaml(profiles_path.read_text())
+        )
+    except (InputError, ContractError) as e:
+        sys.stderr.write(f"tessera simulate: error: {e}\n")
+        return 2
+    except OSError as e:
+        sys.stderr.write(f"tessera simulate: error: {e.filename}: {e.strerror}\n")
+        return 2
+    experiments = {
+        "packing": (Experiment.PACKING,),
+        "time": (Experiment.TIME,),
+        "both": (Experiment.PACKING, Experiment.TIME),
+    }[args.experiment]
+    if Experiment.TIME in experiments and not inputs.workload.timed:
+        if args.experiment == "time":
+            sys.stderr.write(
+                "tessera simulate: error: the pods have no durations; the time experiment needs them\n"
+            )
+            return 2
+        sys.stdout.write("Note: the pods have no durations; running the packing experiment only.\n")
+        experiments = (Experiment.PACKING,)
+    options = Options(args.policies, experiments, args.seed, args.inflation, args.colocation)
+    if profiles_path is None:
+        sys.stdout.write("Note: no speed profiles found; every GPU model counts as speed 1.0.\n")
+    bar = ProgressBar(work_units(inputs, options))
+    results = run_all(inputs, options, profiles, args.jobs, bar)
+    sys.stdout.write(report.render(inputs, options, results) + "\n")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "report.json").write_text(report.dump_json(report.to_json(inputs, options, results)))
+        written = [args.out / "report.json"]
+        if Experiment.PACKING in experiments:
+            plots.plot_packing(results, args.out / "packing.png")
+            written.append(args.out / "packing.png")
+        if Experiment.TIME in experiments:
+            plots.plot_time(results, args.out / "time.png")
+            written.append(args.out / "time.png")
+    except OSError as e:
+        sys.stderr.write(f"tessera simulate: error: cannot write the report: {e.filename}: {e.strerror}\n")
+        return 1
+    sys.stdout.write(f"\nWrote {', '.join(str(p) for p in written)}\n")
+    return 0

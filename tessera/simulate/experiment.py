@@ -1,0 +1,174 @@
+"""Running the experiments for every compared system, in parallel worker processes, with progress."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TextIO
+
+from tessera.placement import SpeedProfiles
+from tessera.simulate.inputs import Inputs
+from tessera.simulate.packing import PackingResult, arrival_order, run_packing
+from tessera.simulate.scheduler import SimScheduler, System, system_named
+from tessera.simulate.timeline import GAVEL_COLOCATION_THROUGHPUT, TimeResult, run_time
+
+
+class Experiment(StrEnum):
+    PACKING = "packing"
+    TIME = "time"
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    systems: tuple[str, ...]
+    experiments: tuple[Experiment, ...] = (Experiment.PACKING, Experiment.TIME)
+    seed: int = 42
+    inflation: float = 1.3
+    colocation: float = GAVEL_COLOCATION_THROUGHPUT
+
+
+@dataclass(slots=True)
+class SystemResult:
+    system: System
+    packing: PackingResult | None
+    time: TimeResult | None
+    seconds: float
+
+
+Progress = Callable[[int], None]
+
+
+def run_system(
+    inputs: Inputs,
+    system: System,
+    options: Options,
+    profiles: SpeedProfiles,
+    progress: Progress | None = None,
+) -> SystemResult:
+    started = time.perf_counter()
+    packing = timed = None
+    if Experiment.PACKING in options.experiments:
+        scheduler = SimScheduler(inputs.cluster, system, profiles, inputs.workload.pods, options.seed)
+        order = arrival_order(inputs.workload, inputs.cluster, options.seed, options.inflation)
+        packing = run_packing(
+            inputs.cluster,
+            workload=inputs.workload,
+            system=system,
+            scheduler=scheduler,
+            order=order,
+            progress=progress,
+        )
+    if Experiment.TIME in options.experiments:
+        scheduler = SimScheduler(inputs.cluster, system, profiles, inputs.workload.pods, options.seed)
+        timed = run_time(
+            inputs.cluster,
+            workload=inputs.workload,
+            scheduler=scheduler,
+            profiles=profiles,
+            colocation=options.colocation,
+            progress=progress,
+        )
+    return SystemResult(system, packing, timed, time.perf_counter() - started)
+
+
+def work_units(inputs: Inputs, options: Options) -> int:
+    """Pod decisions a run makes across systems (the progress bar's total)."""
+    per_system = 0
+    if Experiment.PACKING in options.experiments:
+        per_system += len(arrival_order(inputs.workload, inputs.cluster, options.seed, options.inflation))
+    if Experiment.TIME in options.experiments:
+        per_system += len(inputs.workload.pods)
+    return per_system * len(options.systems)
+
+
+# -- worker processes ------------------------------------------------------------------------------
+
+_counter: multiprocessing.sharedctypes.Synchronized[int] | None = None
+
+
+def _init_worker(counter: multiprocessing.sharedctypes.Synchronized[int]) -> None:
+    global _counter
+    _counter = counter
+
+
+def _count(n: int) -> None:
+    assert _counter is not None  # set by the pool's initializer
+    with _counter.get_lock():
+        _counter.value += n
+
+
+def _run_in_worker(inputs: Inputs, name: str, options: Options, profiles: SpeedProfiles) -> SystemResult:
+    return run_system(inputs, system_named(name), options, profiles, _count)
+
+
+class ProgressBar:
+    """A one-line bar on a terminal, drawn once a run has taken more than ``delay`` seconds."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr, delay: float = 2.0) -> None:
+        self.total = max(1, total)
+        self.stream = stream
+        self.delay = delay
+        self.started = time.monotonic()
+        self.drawn = False
+
+    def show(self, done: int) -> None:
+        elapsed = time.monotonic() - self.started
+        if elapsed < self.delay or not self.stream.isatty():
+            return
+        fraction = min(1.0, done / self.total)
+        width = 30
+        filled = round(width * fraction)
+        eta = elapsed / fraction - elapsed if fraction > 0 else 0.0
+        self.stream.write(
+            f"\r  [{'#' * filled}{'.' * (width - filled)}] {100 * fraction:5.1f}%  "
+            f"{done}/{self.total} pod decisions, {elapsed:4.0f}s elapsed, ~{eta:3.0f}s left "
+        )
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run_all(
+    inputs: Inputs,
+    options: Options,
+    profiles: SpeedProfiles,
+    jobs: int,
+    bar: ProgressBar | None = None,
+) -> list[SystemResult]:
+    """Every system of ``options``, ``jobs`` at a time; results in the order of ``options.systems``."""
+    systems: Sequence[System] = [system_named(name) for name in options.systems]
+    if jobs <= 1:
+        done = 0
+
+        def count(n: int) -> None:
+            nonlocal done
+            done += n
+            if bar is not None:
+                bar.show(done)
+
+        results = [run_system(inputs, s, options, profiles, count) for s in systems]
+    else:
+        context = multiprocessing.get_context("spawn")
+        counter = context.Value("q", 0)
+        with ProcessPoolExecutor(jobs, context, initializer=_init_worker, initargs=(counter,)) as pool:
+            futures: list[Future[SystemResult]] = [
+                pool.submit(_run_in_worker, inputs, s.name, options, profiles) for s in systems
+            ]
+            pending = set(futures)
+            while pending:
+                _, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                if bar is not None:
+                    bar.show(counter.value)
+            results = [f.result() for f in futures]
+    if bar is not None:
+        bar.close()
+    return results
