@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +19,13 @@ from kubernetes import client
 
 from tessera.contract import KEYS
 from tessera.localcluster import ControlPlane, ManagedProcess
+from tests import fakegpu
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_SCRIPT = Path(sys.executable).parent / "tessera-device-plugin"
 HOOK_LIBRARY = ROOT / "hook" / "build" / "libvgpu.so"
-FAKE_BUILD = ROOT / "tests" / "fakegpu" / "build"
-CUCLIENT = FAKE_BUILD / "cuclient"
+CUCLIENT = fakegpu.cuclient()
 _METRICS_LINE = re.compile(r"metrics on http://[\d.]+:(\d+)/metrics")
 
 
@@ -56,59 +55,61 @@ class FakeGpus:
 
     config: Path
     state: Path
-    uuids: list[str]
+    specs: list[fakegpu.FakeGpuSpec]
+
+    @property
+    def uuids(self) -> list[str]:
+        return [spec.uuid for spec in self.specs]
 
     def env(self) -> dict[str, str]:
         """The environment of a process that sees these GPUs through the fake NVML and CUDA."""
-        env = {
+        base = {
             k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "CUDA_", "NVIDIA_", "LD_"))
         }
-        env.update(
-            FAKEGPU_CONFIG=str(self.config), FAKEGPU_STATE=str(self.state), LD_LIBRARY_PATH=str(FAKE_BUILD)
-        )
-        return env
+        return fakegpu.client_env(self.config, self.state, base)
 
     def inject_xid(self, index: int, xid: int) -> None:
-        with (self.state / f"{self.uuids[index]}.xid").open("a") as f:
-            f.write(f"{xid}\n")
+        fakegpu.inject_xid(self.state, self.uuids[index], xid)
 
     def set_lost(self, index: int, lost: bool) -> None:
-        marker = self.state / f"{self.uuids[index]}.lost"
-        if lost:
-            marker.touch()
-        else:
-            marker.unlink(missing_ok=True)
+        fakegpu.set_lost(self.state, self.uuids[index], lost)
 
 
 @pytest.fixture(scope="session")
 def native() -> None:
     """The hook and the fake GPU, built as CI builds them."""
-    for directory in (ROOT / "hook", ROOT / "tests" / "fakegpu"):
-        done = subprocess.run(
-            ["make", "-s", "-C", str(directory), f"PYTHON={sys.executable}"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
+    fakegpu.build()
+    done = subprocess.run(
+        ["make", "-s", "-C", str(ROOT / "hook"), f"PYTHON={sys.executable}"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, f"make -C hook failed:\n{done.stdout}{done.stderr}"
+
+
+def four_gpus() -> list[fakegpu.FakeGpuSpec]:
+    """Four fake A100s on two NUMA nodes, NVLinked in pairs (0-1, 2-3)."""
+    return [
+        fakegpu.example_gpu(
+            i,
+            name="NVIDIA A100-SXM4-40GB",
+            memory_mib=40960,
+            numa_node=i // 2,
+            nvlink_peers=(fakegpu.gpu_uuid(i ^ 1),),
         )
-        assert done.returncode == 0, f"make -C {directory} failed:\n{done.stdout}{done.stderr}"
+        for i in range(4)
+    ]
 
 
 @pytest.fixture
 def fake_gpus(tmp_path: Path, native: None) -> FakeGpus:
-    """Four fake A100s on two NUMA nodes, NVLinked in pairs (0-1, 2-3)."""
-    uuids = [f"GPU-{uuid.UUID(int=(0xDE71CE << 100) + i + 1)}" for i in range(4)]
-    lines = ["driver version=580.95.05 cuda=13000 util_window_ms=200"]
-    for i, gpu in enumerate(uuids):
-        lines.append(
-            f'gpu name="NVIDIA A100-SXM4-40GB" uuid={gpu} memory=40GiB sms=108 cc=8.0 '
-            f"pci=0000:{0x17 + i:02x}:00.0 numa={i // 2} nvlink={uuids[i ^ 1]}"
-        )
-    config = tmp_path / "gpus.conf"
-    config.write_text("\n".join(lines) + "\n")
+    specs = four_gpus()
+    config = fakegpu.write_config(tmp_path / "gpus.conf", specs)
     state = tmp_path / "fakegpu-state"
     state.mkdir()
-    return FakeGpus(config=config, state=state, uuids=uuids)
+    return FakeGpus(config=config, state=state, specs=specs)
 
 
 @pytest.fixture
