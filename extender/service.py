@@ -26,7 +26,7 @@ from tessera.contract import (
     parse_allocation,
     parse_pod_request,
 )
-from tessera.placement import NodeFit, Shortfall, inflight_conflict, score_nodes, shape_of, to_allocation
+from tessera.placement import NodeFit, Shortfall, inflight_conflict, score_fits, shape_of, to_allocation
 
 log = logging.getLogger(__name__)
 
@@ -82,26 +82,28 @@ class Extender:
         if not request.wants_gpu:
             return FilterAnswer(passed=list(names))
         shape = shape_of(request)
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
         with self.state.lock:
             evaluation = self.state.engine.evaluate(shape, names)
-            inflight_nodes = self.state.nodes_with_inflight()
+            # Nodes where other pods are in flight: the rule may refuse this pod there.
+            inflight = self.state.nodes_with_inflight()
+            checked = self.state.engine.evaluate(shape, sorted(inflight)).fits if inflight else []
         answer = FilterAnswer(passed=[])
         kinds: dict[str, int] = {}
-        kept: list[NodeFit] = []
-        if inflight_nodes:
-            uid = str((pod.get("metadata") or {}).get("uid", ""))
+        refused: dict[str, str] = {}
+        if checked:
             now = self.clock()
+            for fit in checked:
+                conflict = self._inflight_conflict(fit, request, uid, now)
+                if conflict is not None:
+                    refused[fit.name] = conflict
+        kept = evaluation.fits
+        if refused:
+            kept = [f for f in kept if f.name not in refused]
             for fit in evaluation.fits:
-                conflict = None
-                if fit.name in inflight_nodes:
-                    conflict = self._inflight_conflict(fit, request, uid, now)
-                if conflict is None:
-                    kept.append(fit)
-                else:
-                    answer.failed[fit.name] = conflict
+                if fit.name in refused:
+                    answer.failed[fit.name] = refused[fit.name]
                     kinds[Shortfall.INFLIGHT.value] = kinds.get(Shortfall.INFLIGHT.value, 0) + 1
-        else:
-            kept = evaluation.fits
         answer.passed = [f.name for f in kept]
         for rejection in evaluation.rejections:
             (answer.unresolvable if rejection.unresolvable else answer.failed)[rejection.node] = (
@@ -110,8 +112,8 @@ class Extender:
             kinds[rejection.shortfall.value] = kinds.get(rejection.shortfall.value, 0) + 1
         self.metrics.count_rejections(kinds)
         self.metrics.pods_filtered.labels("feasible" if kept else "infeasible").inc()
-        uid = str((pod.get("metadata") or {}).get("uid", ""))
         if uid:
+            # kept[i] is the fit of passed[i]: prioritize scores them without looking up names.
             self._filtered[uid] = (answer.passed, kept)
             self._filtered.move_to_end(uid)
             if len(self._filtered) > REMEMBERED_FILTERS:
@@ -130,19 +132,17 @@ class Extender:
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         remembered = self._filtered.get(uid)
         if remembered is not None and remembered[0] == names:
-            fits = remembered[1]
-        else:
-            try:
-                request = parse_pod_request(pod, self.keys)
-            except ContractError:
-                return [(n, 0) for n in names]
-            if not request.wants_gpu:
-                return [(n, 0) for n in names]
-            with self.state.lock:
-                fits = self.state.engine.evaluate(shape_of(request), names).fits
-            wanted = set(names)
-            fits = [f for f in fits if f.name in wanted]
-        scores = score_nodes(fits)
+            # The usual call: the survivors of this pod's filter, in the same order.
+            return list(zip(names, score_fits(remembered[1]), strict=True))
+        try:
+            request = parse_pod_request(pod, self.keys)
+        except ContractError:
+            return [(n, 0) for n in names]
+        if not request.wants_gpu:
+            return [(n, 0) for n in names]
+        with self.state.lock:
+            fits = self.state.engine.evaluate(shape_of(request), names).fits
+        scores = dict(zip((f.name for f in fits), score_fits(fits), strict=True))
         return [(n, scores.get(n, 0)) for n in names]
 
     # ----------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from tessera.placement.policies import (
     policy_names,
     register_policy,
 )
-from tessera.placement.score import choose, score_nodes
+from tessera.placement.score import choose, score_fits, score_nodes
 from tessera.placement.speed import SpeedProfiles
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "policy_names",
     "register_policy",
     "release",
+    "score_fits",
     "score_nodes",
     "shape_of",
     "to_allocation",

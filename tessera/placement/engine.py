@@ -1,11 +1,10 @@
 """The cluster as the placement core sees it, with cached per-node outcomes.
 
 :class:`PlacementEngine` keeps the newest :class:`NodeState` per node name and remembers, per pod
-shape and policy, each node's outcome together with the state it was computed from. States are
-immutable, so ``cached_state is current_state`` proves the outcome still holds; a placement or an
-inventory change replaces one node's state and invalidates only that node. A request over 5,000
-nodes therefore recomputes the few nodes changed since the last pod of the same shape and looks
-the rest up.
+shape and policy, each node's outcome (fit or rejection). Replacing a node's state (a placement, a
+release, an inventory or heartbeat change) drops that node's outcomes from every cache, and only
+that node's. A request over 5,000 nodes therefore computes the few nodes changed since the last
+pod of the same shape and looks the rest up, one dictionary lookup per node.
 
 Used by the extender (nodes from the Kubernetes API) and the simulator (nodes from a trace)::
 
@@ -15,6 +14,9 @@ Used by the extender (nodes from the Kubernetes API) and the simulator (nodes fr
     best = choose(evaluation.fits)              # or score_nodes(evaluation.fits)
     if best is not None:
         engine.commit(best, shape)              # apply + record the shape in the context
+
+Policies whose answers depend on the cluster context (``uses_context``) are cached per context
+version, so their outcomes last only until the context changes.
 """
 
 from __future__ import annotations
@@ -69,22 +71,27 @@ class PlacementEngine:
         self.default_policy = get_policy(default_policy)
         self.context = context or ClusterContext()
         self.nodes: dict[str, NodeState] = {}
-        self._outcomes: OrderedDict[_CacheKey, dict[str, tuple[NodeState, NodeOutcome]]] = OrderedDict()
+        self._outcomes: OrderedDict[_CacheKey, dict[str, NodeOutcome]] = OrderedDict()
 
     def set_node(self, node: NodeState) -> None:
+        """Store ``node`` as the newest state of its name (its cached outcomes are dropped)."""
         self.nodes[node.name] = node
+        self._forget(node.name)
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
+        self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        for outcomes in self._outcomes.values():
+            outcomes.pop(name, None)
 
     def policy_for(self, shape: PodShape) -> PlacementPolicy:
         """The pod's own policy (annotation) if it names one, else the engine's default."""
         wanted = shape.preferences.policy
         return self.default_policy if wanted is None else get_policy(wanted.value)
 
-    def _cache_for(
-        self, shape: PodShape, policy: PlacementPolicy
-    ) -> dict[str, tuple[NodeState, NodeOutcome]]:
+    def _cache_for(self, shape: PodShape, policy: PlacementPolicy) -> dict[str, NodeOutcome]:
         key = (shape, policy.name, self.context.version if policy.uses_context else -1)
         cache = self._outcomes.get(key)
         if cache is None:
@@ -96,37 +103,32 @@ class PlacementEngine:
         return cache
 
     def evaluate(self, shape: PodShape, names: Iterable[str] | None = None) -> Evaluation:
-        """Outcomes of ``shape`` on the named nodes (all nodes if None); names the engine does not
-        know are rejected as having no inventory."""
+        """Outcomes of ``shape`` on the named nodes (all nodes if None), in the order named; names
+        the engine does not know are rejected as having no inventory."""
         policy = self.policy_for(shape)
         cache = self._cache_for(shape, policy)
+        wanted = list(self.nodes) if names is None else names if isinstance(names, list) else list(names)
+        outcomes = [cache.get(name) for name in wanted]
+        if None in outcomes:
+            for i, name in enumerate(wanted):
+                if outcomes[i] is None:
+                    outcomes[i] = cache[name] = self._outcome(name, shape, policy)
         evaluation = Evaluation(shape, policy)
-        fits = evaluation.fits
-        rejections = evaluation.rejections
-        nodes = self.nodes
-        profiles = self.profiles
-        context = self.context
-        for name in self.nodes if names is None else names:
-            node = nodes.get(name)
-            if node is None:
-                rejections.append(NodeRejection(name, UNKNOWN_NODE, Shortfall.NODE))
-                continue
-            cached = cache.get(name)
-            if cached is not None and cached[0] is node:
-                outcome = cached[1]
-            else:
-                outcome = filter_node(node, shape, profiles, policy, context)
-                cache[name] = (node, outcome)
-            if type(outcome) is NodeFit:
-                fits.append(outcome)
-            else:
-                rejections.append(outcome)  # type: ignore[arg-type]
+        evaluation.fits = [o for o in outcomes if type(o) is NodeFit]
+        if len(evaluation.fits) < len(outcomes):
+            evaluation.rejections = [o for o in outcomes if type(o) is NodeRejection]
         return evaluation
+
+    def _outcome(self, name: str, shape: PodShape, policy: PlacementPolicy) -> NodeOutcome:
+        node = self.nodes.get(name)
+        if node is None:
+            return NodeRejection(name, UNKNOWN_NODE, Shortfall.NODE)
+        return filter_node(node, shape, self.profiles, policy, self.context)
 
     def commit(self, fit: NodeFit, shape: PodShape) -> NodeState:
         """Make ``fit``'s placement: the node's new state is stored and returned, and the shape joins
         the context's recent mix."""
         node = apply(self.nodes[fit.name], fit.placement, shape)
-        self.nodes[node.name] = node
+        self.set_node(node)
         self.context.shape_mix.record(shape)
         return node

@@ -20,17 +20,22 @@ SPEED_WEIGHT = 0.7
 _GAIN_EPSILON = 1e-9
 
 
-def score_nodes(fits: Sequence[NodeFit]) -> dict[str, int]:
-    """kube-scheduler scores (0..10) by node name for the fits of one pod, scored together."""
+def score_fits(fits: Sequence[NodeFit]) -> list[int]:
+    """kube-scheduler scores (0..10) of the fits of one pod, scored together, in their order."""
     if not fits:
-        return {}
+        return []
     low = min(f.gain for f in fits)
     spread = max(f.gain for f in fits) - low
     if spread < _GAIN_EPSILON:
-        return {f.name: f.policy_points for f in fits}
+        return [f.policy_points for f in fits]
     speed = MAX_SCORE * SPEED_WEIGHT / spread
     policy = MAX_SCORE * (1 - SPEED_WEIGHT)
-    return {f.name: round(speed * (f.gain - low) + policy * f.policy_share) for f in fits}
+    return [round(speed * (f.gain - low) + policy * f.policy_share) for f in fits]
+
+
+def score_nodes(fits: Sequence[NodeFit]) -> dict[str, int]:
+    """:func:`score_fits` by node name."""
+    return dict(zip((f.name for f in fits), score_fits(fits), strict=True))
 
 
 def choose(fits: Sequence[NodeFit], scores: dict[str, int] | None = None) -> NodeFit | None:

@@ -1,0 +1,293 @@
+"""Filter + prioritize latency of the extender per pod, node-names mode, at 100 / 1,000 / 5,000 nodes.
+
+Each node has 8 GPUs (A100 / V100 / T4, by thirds); about half the GPUs start partly used. Pods come
+from a mix of 12 shapes (1-2 GPUs, memory, compute, some with model or speed constraints). For each
+pod the benchmark times exactly what the HTTP handlers do (parse the request body, decide, write
+the answer): /filter with every node's name, then /prioritize with the survivors. Then it "binds"
+the pod as /bind does in memory (the allocation is assumed at once, so the next pod sees that node
+changed). The HTTP transport itself is timed separately over loopback with uvicorn (``--http``).
+
+    .venv/bin/python bench/extender_latency.py [--nodes 100 1000 5000] [--pods 2000] [--http]
+
+Reported: p50 / p99 / max in ms over the pods after one warm-up pass per shape, and the first
+request of a shape not seen before (no cached per-node outcomes) on its own line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from extender import wire  # noqa: E402
+from extender.metrics import Metrics  # noqa: E402
+from extender.service import Extender  # noqa: E402
+from extender.state import ClusterState, PodAllocation  # noqa: E402
+from tessera.contract import (  # noqa: E402
+    KEYS,
+    Allocation,
+    ContainerAllocation,
+    GpuGrant,
+    GpuInfo,
+    Phase,
+    dump_inventory,
+    format_time,
+)
+from tessera.placement import PlacementEngine, SpeedProfiles, shape_of, to_allocation  # noqa: E402
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+MODELS = [("NVIDIA A100-SXM4-40GB", 40960), ("Tesla V100-SXM2-16GB", 16384), ("Tesla T4", 15360)]
+GPUS_PER_NODE = 8
+SPLIT = 8
+
+
+def node_object(i: int, rng: random.Random) -> dict[str, Any]:
+    model, memory = MODELS[i % 3]
+    name = f"node-{i:05d}"
+    gpus = [
+        GpuInfo(
+            uuid=f"GPU-{name}-{g}",
+            index=g,
+            model=model,
+            memory_mib=memory,
+            sm_count=80,
+            compute_capability="8.0",
+            numa_node=g // 4,
+            split=SPLIT,
+        )
+        for g in range(GPUS_PER_NODE)
+    ]
+    annotations = {KEYS.node_gpus: dump_inventory(gpus), KEYS.node_heartbeat: format_time(NOW)}
+    return {"metadata": {"name": name, "annotations": annotations}}
+
+
+def existing_pod(i: int, node: str, gpu: int, memory: int, cores: int) -> dict[str, Any]:
+    allocation = Allocation(
+        node=node,
+        containers=(
+            ContainerAllocation(
+                name="main", gpus=(GpuGrant(uuid=f"GPU-{node}-{gpu}", memory_mib=memory, cores=cores),)
+            ),
+        ),
+    )
+    return {
+        "metadata": {
+            "name": f"existing-{i}",
+            "namespace": "bench",
+            "uid": f"existing-{i}",
+            "annotations": {
+                KEYS.allocation: allocation.model_dump_json(),
+                KEYS.allocation_phase: "allocated",
+            },
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running"},
+    }
+
+
+def pod_shapes() -> list[dict[str, Any]]:
+    """Container limits and annotations of the benchmark's 12 pod shapes."""
+    shapes = []
+    for vgpu, memory, cores in [
+        (1, 2048, 10),
+        (1, 4096, 25),
+        (1, 8192, 50),
+        (1, 12288, None),
+        (1, None, None),
+        (2, 8192, 50),
+        (1, 1024, 5),
+        (2, 4096, None),
+    ]:
+        shapes.append({"limits": (vgpu, memory, cores), "annotations": {}})
+    shapes.append({"limits": (1, 4096, 20), "annotations": {KEYS.gpu_models: "A100"}})
+    shapes.append({"limits": (1, 4096, 20), "annotations": {KEYS.min_speed: "1.0"}})
+    shapes.append({"limits": (1, 4096, 20), "annotations": {KEYS.workload: "llm-training"}})
+    shapes.append({"limits": (1, 2048, 10), "annotations": {KEYS.workload: "inference"}})
+    return shapes
+
+
+def pod_object(i: int, shape: dict[str, Any]) -> dict[str, Any]:
+    vgpu, memory, cores = shape["limits"]
+    limits = {KEYS.vgpu: str(vgpu)}
+    if memory is not None:
+        limits[KEYS.vgpu_memory] = str(memory)
+    if cores is not None:
+        limits[KEYS.vgpu_cores] = str(cores)
+    return {
+        "metadata": {
+            "name": f"pod-{i}",
+            "namespace": "bench",
+            "uid": f"uid-{i}",
+            "annotations": shape["annotations"],
+        },
+        "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
+    }
+
+
+def build(nodes: int, seed: int) -> tuple[Extender, list[str]]:
+    rng = random.Random(seed)
+    profiles = SpeedProfiles.from_yaml((REPO / "deploy" / "speed-profiles.yaml").read_text())
+    state = ClusterState(PlacementEngine(profiles), KEYS, heartbeat_timeout=timedelta(hours=1))
+    node_objects = [node_object(i, rng) for i in range(nodes)]
+    state.replace_nodes(node_objects, NOW)
+    pods = []
+    for i in range(nodes * GPUS_PER_NODE // 2):
+        n = rng.randrange(nodes)
+        pods.append(
+            existing_pod(i, f"node-{n:05d}", rng.randrange(GPUS_PER_NODE), rng.choice([1024, 4096]), 10)
+        )
+    state.replace_pods(pods)
+    extender = Extender(
+        state, None, KEYS, Metrics(), inflight_timeout=timedelta(minutes=5), clock=lambda: NOW
+    )
+    return extender, [n["metadata"]["name"] for n in node_objects]
+
+
+PRIORITIES = wire.HostPriorityWriter()
+
+
+def filter_and_prioritize(extender: Extender, filter_body: bytes) -> tuple[bytes, bytes]:
+    """What the /filter and /prioritize handlers do for one pod."""
+    pod, names, nodes = wire.parse_extender_args(filter_body)
+    answer = extender.filter(pod, names)
+    filtered = wire.filter_result(answer.passed, answer.failed, answer.unresolvable, nodes)
+    prioritize_body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": answer.passed}).encode()
+    pod, names, _ = wire.parse_extender_args(prioritize_body)
+    return filtered, PRIORITIES.write(extender.prioritize(pod, names))
+
+
+def bind_in_memory(extender: Extender, pod: dict[str, Any], filtered: bytes, prioritized: bytes) -> None:
+    """/bind's in-memory half: decide on the best node and count the allocation at once."""
+    scores = json.loads(prioritized)
+    if not scores:
+        return
+    best = max(scores, key=lambda s: s["Score"])["Host"]
+    from tessera.contract import parse_pod_request  # noqa: PLC0415
+
+    request = parse_pod_request(pod)
+    state = extender.state
+    with state.lock:
+        evaluation = state.engine.evaluate(shape_of(request), [best])
+        if not evaluation.fits:
+            return
+        fit = evaluation.fits[0]
+        allocation = to_allocation(fit.node, fit.placement, [c.name for c in request.containers])
+        state.assume(
+            PodAllocation(
+                uid=pod["metadata"]["uid"],
+                namespace="bench",
+                name=pod["metadata"]["name"],
+                allocation=allocation,
+                phase=Phase.ALLOCATED.value,
+                bind_time=NOW,
+            )
+        )
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def run(nodes: int, pods: int, seed: int) -> dict[str, float]:
+    extender, names = build(nodes, seed)
+    shapes = pod_shapes()
+    rng = random.Random(seed + 1)
+    cold: list[float] = []
+    for i, shape in enumerate(shapes):  # one warm-up pod per shape: its first request is "cold"
+        pod = pod_object(-1 - i, shape)
+        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+        started = time.perf_counter()
+        filtered, prioritized = filter_and_prioritize(extender, body)
+        cold.append(time.perf_counter() - started)
+        bind_in_memory(extender, pod, filtered, prioritized)
+    warm: list[float] = []
+    for i in range(pods):
+        pod = pod_object(i, rng.choice(shapes))
+        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+        started = time.perf_counter()
+        filtered, prioritized = filter_and_prioritize(extender, body)
+        warm.append(time.perf_counter() - started)
+        bind_in_memory(extender, pod, filtered, prioritized)
+    ms = 1000.0
+    return {
+        "p50": statistics.median(warm) * ms,
+        "p99": percentile(warm, 99) * ms,
+        "max": max(warm) * ms,
+        "cold_median": statistics.median(cold) * ms,
+    }
+
+
+def http_round_trip(nodes: int, requests: int, seed: int) -> dict[str, float]:
+    """The same filter+prioritize pair over loopback HTTP to the FastAPI app under uvicorn."""
+    import httpx  # noqa: PLC0415
+    import uvicorn  # noqa: PLC0415
+
+    from extender.app import create_app  # noqa: PLC0415
+    from tessera.localcluster import free_port  # noqa: PLC0415
+
+    extender, names = build(nodes, seed)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(extender), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    shapes = pod_shapes()
+    rng = random.Random(seed + 1)
+    times = []
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+            for i in range(len(shapes) + requests):
+                pod = pod_object(i, shapes[i] if i < len(shapes) else rng.choice(shapes))
+                started = time.perf_counter()
+                passed = http.post("/filter", json={"Pod": pod, "Nodes": None, "NodeNames": names}).json()
+                http.post("/prioritize", json={"Pod": pod, "Nodes": None, "NodeNames": passed["NodeNames"]})
+                if i >= len(shapes):
+                    times.append(time.perf_counter() - started)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    return {"p50": statistics.median(times) * 1000, "p99": percentile(times, 99) * 1000}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000, 5000])
+    parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--http", action="store_true", help="also time the round trip over loopback HTTP")
+    args = parser.parse_args()
+    print(f"filter+prioritize per pod, node-names mode, {GPUS_PER_NODE} GPUs per node, {args.pods} pods")
+    print("| nodes | p50 ms | p99 ms | max ms | first pod of a new shape, median ms |")
+    print("|---:|---:|---:|---:|---:|")
+    for nodes in args.nodes:
+        r = run(nodes, args.pods, args.seed)
+        print(
+            f"| {nodes:,} | {r['p50']:.2f} | {r['p99']:.2f} | {r['max']:.2f} | {r['cold_median']:.1f} |",
+            flush=True,
+        )
+    if args.http:
+        print("\nover loopback HTTP (uvicorn + httpx, keep-alive), 500 pods")
+        print("| nodes | p50 ms | p99 ms |")
+        print("|---:|---:|---:|")
+        for nodes in args.nodes:
+            r = run_http = http_round_trip(nodes, 500, args.seed)
+            print(f"| {nodes:,} | {run_http['p50']:.2f} | {r['p99']:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
