@@ -7,15 +7,17 @@ and ``libnvidia-ml.so.1`` (``LD_LIBRARY_PATH``), configured by a fake GPU descri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nvidia  # the headers of nvidia-cuda-runtime, a test dependency
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,8 +44,6 @@ def _make(directory: Path, *targets: Path) -> None:
 
 
 def _cuda_include() -> str:
-    import nvidia  # the headers of nvidia-cuda-runtime, a test dependency
-
     for base in nvidia.__path__:
         found = sorted(Path(base).glob("**/include/cuda.h"))
         if found:
@@ -68,11 +68,23 @@ def clients(tmp_path_factory: pytest.TempPathFactory) -> Clients:
     common = ["cc", "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{_cuda_include()}"]
     linked, dynamic = out / "hook_client_linked", out / "hook_client"
     subprocess.run(
-        [*common, "-DLINKED", "-o", str(linked), str(CLIENT_SOURCE), f"-L{FAKE_BUILD}", "-lcuda", "-ldl", "-pthread"],
+        [
+            *common,
+            "-DLINKED",
+            "-o",
+            str(linked),
+            str(CLIENT_SOURCE),
+            f"-L{FAKE_BUILD}",
+            "-lcuda",
+            "-ldl",
+            "-pthread",
+        ],
         check=True,
         timeout=120,
     )
-    subprocess.run([*common, "-o", str(dynamic), str(CLIENT_SOURCE), "-ldl", "-pthread"], check=True, timeout=120)
+    subprocess.run(
+        [*common, "-o", str(dynamic), str(CLIENT_SOURCE), "-ldl", "-pthread"], check=True, timeout=120
+    )
     return Clients(linked=linked, dynamic=dynamic)
 
 
@@ -85,7 +97,9 @@ class FakeGpus:
     region: Path
     extra_env: dict[str, str] = field(default_factory=dict)
 
-    def env(self, *, hooked: bool = True, **variables: str) -> dict[str, str]:
+    def env(
+        self, overrides: Mapping[str, str] | None = None, /, *, hooked: bool = True, **variables: str
+    ) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "CUDA_", "NVIDIA_"))}
         env.update(
             FAKEGPU_CONFIG=str(self.config),
@@ -96,6 +110,7 @@ class FakeGpus:
         if hooked:
             env["LD_PRELOAD"] = str(HOOK_LIBRARY)
         env.update(self.extra_env)
+        env.update(overrides or {})
         env.update(variables)
         return env
 
@@ -154,10 +169,8 @@ class Processes:
     @staticmethod
     def stop(process: subprocess.Popen[str]) -> None:
         if process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait(timeout=30)
 
     def stop_all(self) -> None:

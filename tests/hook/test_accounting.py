@@ -59,7 +59,19 @@ def test_sigkilled_process_memory_can_be_allocated_at_once(
     assert victim.stdout is not None
     assert [victim.stdout.readline().strip() for _ in range(2)] == ["ok 0", "holding"]
     survivor = processes.start(
-        [clients.dynamic, "dlsym", "alloc", "512m", "alloc", "512m", "wait-stdin", "await", "alloc", "512m", "5"],
+        [
+            clients.dynamic,
+            "dlsym",
+            "alloc",
+            "512m",
+            "alloc",
+            "512m",
+            "wait-stdin",
+            "await",
+            "alloc",
+            "512m",
+            "5",
+        ],
         env,
     )
     assert survivor.stdout is not None
@@ -96,7 +108,9 @@ def test_processes_killed_at_any_instant_never_deadlock_or_leak(
     rng = random.Random(7)
     for round_ in range(12):
         victims = [
-            processes.start([clients.dynamic, "dlsym", "stress", "4", "1000000", "32m", str(round_ * 4 + i)], env)
+            processes.start(
+                [clients.dynamic, "dlsym", "stress", "4", "1000000", "32m", str(round_ * 4 + i)], env
+            )
             for i in range(3)
         ]
         time.sleep(rng.uniform(0.05, 0.3))

@@ -58,7 +58,8 @@ def test_a_refused_allocation_leaves_nothing_in_the_driver(
     gpu: FakeGpus, clients: Clients, processes: Processes
 ) -> None:
     holder = processes.start(
-        [clients.dynamic, "dlsym", "alloc", "768m", "alloc", "512m", "hold"], gpu.env(TESSERA_MEMORY_LIMIT="1g")
+        [clients.dynamic, "dlsym", "alloc", "768m", "alloc", "512m", "hold"],
+        gpu.env(TESSERA_MEMORY_LIMIT="1g"),
     )
     assert holder.stdout is not None
     assert [holder.stdout.readline().strip() for _ in range(3)] == ["ok 0", OOM, "holding"]
@@ -82,7 +83,7 @@ def test_a_refused_allocation_leaves_nothing_in_the_driver(
 def test_standalone_environment(
     variables: dict[str, str], total: int, gpu: FakeGpus, clients: Clients, processes: Processes
 ) -> None:
-    result = processes.run([clients.dynamic, "dlsym", "info", "total"], gpu.env(**variables))
+    result = processes.run([clients.dynamic, "dlsym", "info", "total"], gpu.env(variables))
     assert result.lines[1] == f"total {total}", result.stderr
     assert result.lines[0].split()[2] == str(total)
 
@@ -102,7 +103,7 @@ def test_standalone_environment(
 def test_bad_environment_refuses_device_memory(
     variables: dict[str, str], message: str, gpu: FakeGpus, clients: Clients, processes: Processes
 ) -> None:
-    result = processes.run([clients.dynamic, "dlsym", "alloc", "1m"], gpu.env(**variables))
+    result = processes.run([clients.dynamic, "dlsym", "alloc", "1m"], gpu.env(variables))
     assert result.lines == [OOM]
     assert message in result.stderr and "refusing device memory" in result.stderr, result.stderr
 
@@ -126,19 +127,27 @@ def test_limits_file_wins_over_environment(
         ("version 2\n", "line 1: version 2 is not 1"),
         ("version 1\n", "no device lines"),
         ("device GPU-x memory 1 cores 0\n", "no `version 1` line"),
-        ("version 1\ndevice GPU-x memory 1g cores 0\n", "line 2: memory 1g is not a positive number of bytes"),
+        (
+            "version 1\ndevice GPU-x memory 1g cores 0\n",
+            "line 2: memory 1g is not a positive number of bytes",
+        ),
         ("version 1\ndevice GPU-x memory 1 cores 300\n", "line 2: cores 300 is not in 0..100"),
-        ("version 1\ndevice GPU-x memory 1\n", "line 2: expected `device <uuid> memory <bytes> cores <0-100>`"),
+        (
+            "version 1\ndevice GPU-x memory 1\n",
+            "line 2: expected `device <uuid> memory <bytes> cores <0-100>`",
+        ),
         ("version 1\nregion relative/path\n", "line 2: region relative/path is not an absolute path"),
         ("version 1\nquota 5\n", "line 2: unknown line starting with quota"),
     ],
 )
 def test_bad_limits_file_refuses_device_memory(
-    text: str, message: str, gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
+    text: str, message: str, gpu: FakeGpus, clients: Clients, processes: Processes
 ) -> None:
-    limits = tmp_path / "limits"
+    limits = gpu.config.parent / "limits"
     limits.write_text(text)
-    result = processes.run([clients.dynamic, "dlsym", "alloc", "1m"], gpu.env(TESSERA_LIMITS_FILE=str(limits)))
+    result = processes.run(
+        [clients.dynamic, "dlsym", "alloc", "1m"], gpu.env(TESSERA_LIMITS_FILE=str(limits))
+    )
     assert result.lines == [OOM]
     assert f"limits file {limits}" in result.stderr and message in result.stderr, result.stderr
 
@@ -147,7 +156,9 @@ def test_missing_limits_file_refuses_device_memory(
     gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
 ) -> None:
     missing = tmp_path / "absent"
-    result = processes.run([clients.dynamic, "dlsym", "alloc", "1m"], gpu.env(TESSERA_LIMITS_FILE=str(missing)))
+    result = processes.run(
+        [clients.dynamic, "dlsym", "alloc", "1m"], gpu.env(TESSERA_LIMITS_FILE=str(missing))
+    )
     assert result.lines == [OOM]
     assert f"limits file {missing}: No such file or directory; refusing device memory" in result.stderr
 
@@ -157,7 +168,9 @@ def test_gpu_missing_from_limits_file_gets_no_memory(
 ) -> None:
     limits = tmp_path / "limits"
     write_limits(limits, [DeviceLimit(two_gpus.uuids[1], GIB, 0)], region=str(tmp_path / "r"))
-    result = processes.run([clients.dynamic, "dlsym", "alloc", "1m"], two_gpus.env(TESSERA_LIMITS_FILE=str(limits)))
+    result = processes.run(
+        [clients.dynamic, "dlsym", "alloc", "1m"], two_gpus.env(TESSERA_LIMITS_FILE=str(limits))
+    )
     assert result.lines == [OOM]
 
 
@@ -175,7 +188,11 @@ def test_accounting_follows_the_physical_gpu_under_cuda_visible_devices(
     env = two_gpus.env(TESSERA_LIMITS_FILE=str(limits), CUDA_VISIBLE_DEVICES=visible)
     holder = processes.start([clients.dynamic, "dlsym", "alloc", "1536m", "info", "hold"], env)
     assert holder.stdout is not None
-    assert [holder.stdout.readline().strip() for _ in range(3)] == ["ok 0", f"info {512 * MIB} {2 * GIB}", "holding"]
+    assert [holder.stdout.readline().strip() for _ in range(3)] == [
+        "ok 0",
+        f"info {512 * MIB} {2 * GIB}",
+        "holding",
+    ]
     usage = read_region(region)
     assert usage.device(two_gpus.uuids[1]) is not None
     assert usage.device(two_gpus.uuids[1]).memory_used_bytes == 1536 * MIB  # type: ignore[union-attr]

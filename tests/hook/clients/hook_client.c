@@ -14,6 +14,7 @@
  *   launch <kernel> <count> <seconds>  (kernel name e.g. sleep_us_1000; launches until count or time)
  *                                      -> "launched <count> <seconds>", and "tick <seconds> <count>"
  *                                      every 100 ms while launching
+ *   launch-ex, launch-coop: the same through cuLaunchKernelEx, cuLaunchCooperativeKernel
  *   graph <kernel> <count>             (one-kernel graph, launched count times)
  *   stress <threads> <iterations> <max bytes> <seed>  (random allocations and frees; -> "stress <ooms>")
  */
@@ -53,6 +54,8 @@ typedef CUresult (*legacy_proc_fn)(const char *, void **, int, cuuint64_t);
     X(cuModuleLoadData, 2000)                      \
     X(cuModuleGetFunction, 2000)                   \
     X(cuLaunchKernel, 4000)                        \
+    X(cuLaunchKernelEx, 11060)                     \
+    X(cuLaunchCooperativeKernel, 9000)             \
     X(cuCtxSynchronize, 2000)                      \
     X(cuGraphCreate, 10000)                        \
     X(cuGraphAddKernelNode_v2, 12000)              \
@@ -302,7 +305,7 @@ int main(int argc, char **argv) {
                 allocations[nallocations] = a;
                 printf("ok %d %.6f\n", nallocations++, taken);
             }
-        } else if (!strcmp(cmd, "launch") || !strcmp(cmd, "graph")) {
+        } else if (!strncmp(cmd, "launch", 6) || !strcmp(cmd, "graph")) {
             CUfunction f = function(argv[i + 1]);
             long count = atol(argv[i + 2]);
             int is_graph = !strcmp(cmd, "graph");
@@ -325,8 +328,17 @@ int main(int argc, char **argv) {
                     printf("tick %.6f %ld\n", now_s() - start, n);
                     next_tick += 0.1;
                 }
-                if (is_graph) check(api.cuGraphLaunch(exec, NULL), "cuGraphLaunch");
-                else check(api.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), "cuLaunchKernel");
+                if (is_graph) {
+                    check(api.cuGraphLaunch(exec, NULL), "cuGraphLaunch");
+                } else if (!strcmp(cmd, "launch-ex")) {
+                    CUlaunchConfig config = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
+                                             .blockDimY = 1, .blockDimZ = 1};
+                    check(api.cuLaunchKernelEx(&config, f, NULL, NULL), "cuLaunchKernelEx");
+                } else if (!strcmp(cmd, "launch-coop")) {
+                    check(api.cuLaunchCooperativeKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL), "cuLaunchCooperativeKernel");
+                } else {
+                    check(api.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), "cuLaunchKernel");
+                }
             }
             check(api.cuCtxSynchronize(), "cuCtxSynchronize");
             printf("launched %ld %.6f\n", n, now_s() - start);

@@ -1,0 +1,128 @@
+"""The SM time-slice quota, measured on the fake GPU's device timeline: kernels named
+``sleep_us_<N>`` run exactly N microseconds, so a client's share of device time is the number of
+kernels it completed times N over the wall time it took."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.hook.conftest import Clients, FakeGpus, Processes
+
+KERNEL = "sleep_us_1000"
+KERNEL_SECONDS = 1e-3
+
+
+def share_of(output: str, seconds_per_kernel: float = KERNEL_SECONDS) -> float:
+    """Percent of device time from the client's final "launched <count> <seconds>" line."""
+    count, seconds = (
+        line.split()[1:] for line in output.splitlines() if line.startswith("launched")
+    ).__next__()
+    return 100.0 * int(count) * seconds_per_kernel / float(seconds)
+
+
+def ticks(output: str) -> list[tuple[float, int]]:
+    return [
+        (float(t), int(n))
+        for _, t, n in (line.split() for line in output.splitlines() if line.startswith("tick"))
+    ]
+
+
+def share_between(points: list[tuple[float, int]], start: float, end: float) -> float:
+    inside = [(t, n) for t, n in points if start <= t <= end]
+    (t0, n0), (t1, n1) = inside[0], inside[-1]
+    return 100.0 * (n1 - n0) * KERNEL_SECONDS / (t1 - t0)
+
+
+def launch(clients: Clients, mode: str, command: str, seconds: float) -> list[str]:
+    return [str(clients.for_mode(mode)), mode, command, KERNEL, "100000000", str(seconds)]
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 120) -> str:
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err
+    return out
+
+
+def test_one_container_at_30_percent_holds_its_share_over_10_s(
+    gpu: FakeGpus, clients: Clients, processes: Processes
+) -> None:
+    out = finish(processes.start(launch(clients, "dlsym", "launch", 10), gpu.env(TESSERA_CORES="30")))
+    assert 25 <= share_of(out) <= 35
+
+
+@pytest.mark.parametrize(
+    ("mode", "command"),
+    [
+        ("link", "launch"),
+        ("proc", "launch-ex"),
+        ("ptsz", "launch-coop"),
+        ("ptsz", "launch"),
+        ("dlsym", "launch-ex"),
+    ],
+)
+def test_every_launch_api_is_throttled(
+    mode: str, command: str, gpu: FakeGpus, clients: Clients, processes: Processes
+) -> None:
+    out = finish(processes.start(launch(clients, mode, command, 4), gpu.env(TESSERA_CORES="30")))
+    assert 25 <= share_of(out) <= 35
+
+
+@pytest.mark.parametrize("mode", ["dlsym", "ptsz"])
+def test_graph_launches_are_throttled(
+    mode: str, gpu: FakeGpus, clients: Clients, processes: Processes
+) -> None:
+    out = finish(
+        processes.start(
+            [clients.for_mode(mode), mode, "graph", "sleep_us_400", "4000"], gpu.env(TESSERA_CORES="30")
+        )
+    )
+    assert 25 <= share_of(out, 400e-6) <= 35
+
+
+def test_without_a_quota_a_client_uses_the_whole_gpu(
+    gpu: FakeGpus, clients: Clients, processes: Processes
+) -> None:
+    """The control: the shares above are the hook's doing."""
+    out = finish(processes.start(launch(clients, "dlsym", "launch", 3), gpu.env()))
+    assert share_of(out) >= 90
+
+
+def test_two_containers_at_30_and_60_percent_on_one_gpu(
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: pytest.TempPathFactory
+) -> None:
+    small = processes.start(
+        launch(clients, "dlsym", "launch", 10),
+        gpu.env(TESSERA_CORES="30", TESSERA_REGION=f"{tmp_path}/small"),
+    )
+    large = processes.start(
+        launch(clients, "dlsym", "launch", 10),
+        gpu.env(TESSERA_CORES="60", TESSERA_REGION=f"{tmp_path}/large"),
+    )
+    assert 25 <= share_of(finish(small)) <= 35
+    assert 55 <= share_of(finish(large)) <= 65
+
+
+def test_elastic_container_uses_an_idle_gpu_and_gives_it_back_within_a_second(
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: pytest.TempPathFactory
+) -> None:
+    elastic = processes.start(
+        launch(clients, "dlsym", "launch", 8),
+        gpu.env(TESSERA_CORES="30", TESSERA_ELASTIC="1", TESSERA_REGION=f"{tmp_path}/elastic"),
+    )
+    assert elastic.stdout is not None
+    lines: list[str] = []
+    while not lines or not lines[-1].startswith("tick") or float(lines[-1].split()[1]) < 3.5:
+        line = elastic.stdout.readline()
+        assert line, "the elastic client ended early"
+        lines.append(line)
+    neighbour_started = float(lines[-1].split()[1])
+    hard = processes.start(
+        launch(clients, "dlsym", "launch", 4), gpu.env(TESSERA_CORES="60", TESSERA_REGION=f"{tmp_path}/hard")
+    )
+    alone = ticks("".join(lines) + finish(elastic))
+    hard_ticks = ticks(finish(hard))
+    assert share_between(alone, 1.5, neighbour_started) >= 90
+    assert 25 <= share_between(alone, neighbour_started + 1.0, neighbour_started + 3.5) <= 35
+    assert 55 <= share_between(hard_ticks, 1.0, 3.9) <= 65
