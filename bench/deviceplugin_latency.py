@@ -1,0 +1,176 @@
+"""The device plugin's Allocate latency and its re-registration time after a kubelet restart.
+
+Runs the real ``tessera-device-plugin`` on 4 fake GPUs (tests/fakegpu) against the real
+kube-apiserver (etcd + apiserver from hack/k8s-binaries.sh) and the kubelet stand-in of the tests.
+
+- Allocate: rounds of ``--pods`` pods bound to the node at once (phase ``allocating``, one GPU each, the
+  same key, as the in-flight rule allows), then admitted one by one as the kubelet does
+  (GetPreferredAllocation, then Allocate). Timed: each RPC round trip seen by the kubelet side; an
+  Allocate includes listing the node's pods, matching, writing the limits file and record, and
+  patching the pod's phase.
+- Re-registration: ``--restarts`` times, the stand-in deletes every socket in the plugin dir and
+  serves a new ``kubelet.sock`` (as a restarting kubelet does); timed until the plugin's new
+  ``Register`` arrives.
+
+    .venv/bin/python bench/deviceplugin_latency.py [--rounds 10] [--pods 20] [--restarts 30]
+
+Reported: p50 / p99 / max in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kubernetes import client, config  # noqa: E402
+
+from tessera.contract import (  # noqa: E402
+    KEYS,
+    Allocation,
+    ContainerAllocation,
+    GpuGrant,
+    Phase,
+    dump_allocation,
+    format_time,
+    now,
+)
+from tessera.localcluster import ControlPlane, ManagedProcess, fake_node_body  # noqa: E402
+from tests import fakegpu  # noqa: E402
+from tests.deviceplugin.kubelet_standin import KubeletStandIn  # noqa: E402
+
+NODE = "bench-gpu-node"
+NAMESPACE = "bench"
+
+
+def percentiles(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return f"{statistics.median(ordered):.1f} | {p99:.1f} | {ordered[-1]:.1f}"
+
+
+def bound_pod(name: str, gpu: str) -> dict[str, object]:
+    allocation = Allocation(
+        node=NODE,
+        containers=(ContainerAllocation(name="main", gpus=(GpuGrant(uuid=gpu, memory_mib=2048, cores=10),)),),
+    )
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": {
+                KEYS.allocation: dump_allocation(allocation),
+                KEYS.allocation_phase: Phase.ALLOCATING.value,
+                KEYS.bind_time: format_time(now()),
+            },
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "main", "image": "app", "resources": {"limits": {KEYS.vgpu: "1"}}}],
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--pods", type=int, default=20, help="pods in flight at once per round")
+    parser.add_argument("--restarts", type=int, default=30)
+    args = parser.parse_args()
+
+    fakegpu.build()
+    work = Path(tempfile.mkdtemp(prefix="dp-bench-"))
+    plugin_dir = Path(tempfile.mkdtemp(prefix="dpb-", dir="/tmp"))
+    plane = ControlPlane(work_dir=work / "control-plane")
+    kubelet = KubeletStandIn(plugin_dir)
+    plugin: ManagedProcess | None = None
+    try:
+        plane.start()
+        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
+        core = client.CoreV1Api(api)
+        body = fake_node_body(NODE, {"cpu": "8", "memory": "32Gi", "pods": "500"})
+        status = body.pop("status")
+        core.create_node(body)
+        core.patch_node_status(NODE, {"status": status})
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+
+        specs = [fakegpu.example_gpu(i) for i in range(4)]
+        gpus = fakegpu.write_config(work / "gpus.conf", specs)
+        env = fakegpu.client_env(gpus, work / "fakegpu-state")
+        kubelet.start()
+        split = max(10, args.pods)
+        plugin = ManagedProcess(
+            "tessera-device-plugin",
+            [
+                str(Path(sys.executable).parent / "tessera-device-plugin"),
+                f"--node-name={NODE}",
+                f"--plugin-dir={plugin_dir}",
+                f"--state-dir={work / 'state'}",
+                f"--kubeconfig={plane.kubeconfig}",
+                f"--split={split}",
+                "--metrics-port=0",
+                f"--hook-library={REPO / 'hook' / 'build' / 'libvgpu.so'}",
+            ],
+            work / "device-plugin.log",
+            env=env,
+        )
+        plugin.start()
+        kubelet.wait_for(lambda k: bool(k.registrations and len(k.devices()) == 4 * split), timeout=60)
+
+        allocate_ms: list[float] = []
+        preferred_ms: list[float] = []
+        for round_ in range(args.rounds):
+            gpu = specs[round_ % 4].uuid
+            names = [f"r{round_}-p{i}" for i in range(args.pods)]
+            for name in names:
+                core.create_namespaced_pod(NAMESPACE, bound_pod(name, gpu))
+            for _ in names:
+                free = sorted(
+                    d for d, h in kubelet.devices().items() if h == "Healthy" and d not in kubelet.in_use
+                )
+                start = time.perf_counter()
+                preferred = kubelet.preferred(free, [], 1)
+                preferred_ms.append((time.perf_counter() - start) * 1000)
+                start = time.perf_counter()
+                kubelet.allocate(preferred[:1])
+                allocate_ms.append((time.perf_counter() - start) * 1000)
+                kubelet.in_use.update(preferred[:1])
+            for name in names:
+                core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+            kubelet.in_use.clear()
+
+        reregister_ms: list[float] = []
+        for _ in range(args.restarts):
+            before = len(kubelet.registrations)
+            restarted_at = kubelet.restart()
+            kubelet.wait_for(lambda k: len(k.registrations) > before, timeout=30)  # noqa: B023
+            reregister_ms.append((kubelet.current.at - restarted_at) * 1000)
+            kubelet.wait_for(lambda k: len(k.devices()) == 4 * split)
+
+        cpu = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
+        print(
+            f"machine: {cpu} cores; {args.rounds} rounds x {args.pods} pods in flight; {args.restarts} restarts"
+        )
+        print("| operation | samples | p50 ms | p99 ms | max ms |")
+        print("|---|---|---|---|---|")
+        print(f"| GetPreferredAllocation | {len(preferred_ms)} | {percentiles(preferred_ms)} |")
+        print(f"| Allocate | {len(allocate_ms)} | {percentiles(allocate_ms)} |")
+        print(f"| new kubelet.sock -> Register | {len(reregister_ms)} | {percentiles(reregister_ms)} |")
+    finally:
+        if plugin is not None:
+            plugin.stop()
+        kubelet.stop()
+        plane.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
