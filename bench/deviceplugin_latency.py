@@ -156,7 +156,8 @@ def main() -> None:
 
         cpu = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
         print(
-            f"machine: {cpu} cores; {args.rounds} rounds x {args.pods} pods in flight; {args.restarts} restarts"
+            f"machine: {cpu} cores; {args.rounds} rounds x {args.pods} pods in flight; "
+            f"{args.restarts} restarts"
         )
         print("| operation | samples | p50 ms | p99 ms | max ms |")
         print("|---|---|---|---|---|")
