@@ -3,6 +3,7 @@ client processes that are always stopped (process groups killed) when the test e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -95,17 +96,18 @@ class Processes:
         """The next stdout line of a running process, which must start with `prefix`."""
         assert process.stdout is not None
         line = process.stdout.readline()
-        assert line.startswith(prefix), f"expected {prefix!r}, got {line!r}; stderr: {process.stderr}"
+        assert line.startswith(prefix), f"expected {prefix!r} from {process.args}, got {line!r}"
         return line
 
     def stop_all(self) -> None:
         for process in self.started:
             if process.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            process.communicate(timeout=TIMEOUT)
+            process.wait(timeout=TIMEOUT)
+            for stream in (process.stdin, process.stdout, process.stderr):
+                if stream:
+                    stream.close()
 
 
 @pytest.fixture

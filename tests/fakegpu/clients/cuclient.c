@@ -18,7 +18,8 @@
  *   launch-coop NAME GRID COUNT   the same through cuLaunchCooperativeKernel
  *   graph NAME GRID COUNT         a graph of COUNT kernels, instantiated and launched once
  *   capture NAME GRID COUNT       the same graph recorded by stream capture
- *   sync                          cuCtxSynchronize; prints the wall time it took
+ *   sync                          cuCtxSynchronize; prints the wall time it took and when it ended
+ *                                 (CLOCK_MONOTONIC us; launch steps print when they started)
  *   events NAME GRID COUNT        launches between two events; prints cuEventElapsedTime and the
  *                                 CLOCK_MONOTONIC wall times (us) around it
  *   wait                          prints "wait ready" and reads one line from stdin (a start barrier)
@@ -369,8 +370,8 @@ static void step_launch(const char *step, enum launch_api via, const char *name,
     int done = 0;
     for (; done < count && rc == CUDA_SUCCESS; done++)
         rc = launch_one(via, f, grid, NULL);
-    printf("%s name=%s grid=%u count=%d result=%s submit_us=%.0f\n", step, name, grid, done, err_name(rc),
-           now_us() - start);
+    printf("%s name=%s grid=%u count=%d result=%s submit_us=%.0f wall_start_us=%.0f\n", step, name, grid, done,
+           err_name(rc), now_us() - start, start);
 }
 
 static void step_graph(int capture, const char *name, unsigned grid, int count)
@@ -564,7 +565,8 @@ int main(int argc, char **argv)
         } else if (strcmp(step, "sync") == 0) {
             double start = now_us();
             rc = api.cuCtxSynchronize();
-            printf("sync result=%s elapsed_us=%.0f\n", err_name(rc), now_us() - start);
+            double end = now_us();
+            printf("sync result=%s elapsed_us=%.0f wall_end_us=%.0f\n", err_name(rc), end - start, end);
         } else if (strcmp(step, "stress") == 0) {
             step_stress(atoi(need(argc, argv, i)), atoi(need(argc, argv, i + 1)), parse_size(need(argc, argv, i + 2)));
             i += 3;

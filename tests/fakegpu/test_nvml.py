@@ -1,0 +1,106 @@
+"""The fake libnvidia-ml.so.1 under nvidia-ml-py: the configured GPUs, memory and processes shared
+with libcuda users, runtime visibility, XID events and lost GPUs driven from the state dir."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tests.fakegpu import BUILD_DIR, inject_xid, set_lost
+from tests.fakegpu.conftest import NVML_PROBE, Gpus, Processes
+
+CUCLIENT = BUILD_DIR / "cuclient"
+MIB = 2**20
+
+
+def nvml_bus_id(pci: str) -> str:
+    domain, bus, rest = pci.split(":")
+    return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
+
+
+def test_pynvml_reports_the_configured_gpus(gpus: Gpus, procs: Processes) -> None:
+    report = json.loads(procs.probe(gpus.env(), "inventory")[0])
+    assert report["driver"] == "580.95.05"
+    assert report["cuda"] == 13000
+    a100, h100 = gpus.specs
+    assert report["gpus"] == [
+        {
+            "index": 0,
+            "name": a100.name,
+            "uuid": a100.uuid,
+            "memory_total": a100.memory_mib * MIB,
+            "memory_used": 0,
+            "pci": nvml_bus_id(a100.pci_bus_id),
+            "cc": [8, 0],
+            "sms": 108,
+            "numa": 0,
+            "nvlinks": [nvml_bus_id(h100.pci_bus_id)],
+        },
+        {
+            "index": 1,
+            "name": h100.name,
+            "uuid": h100.uuid,
+            "memory_total": h100.memory_mib * MIB,
+            "memory_used": 0,
+            "pci": nvml_bus_id(h100.pci_bus_id),
+            "cc": [9, 0],
+            "sms": 132,
+            "numa": None,
+            "nvlinks": [],
+        },
+    ]
+
+
+def test_nvml_ignores_cuda_visible_devices_but_not_the_runtime(gpus: Gpus, procs: Processes) -> None:
+    names = [
+        g["name"] for g in json.loads(procs.probe(gpus.env(CUDA_VISIBLE_DEVICES="1"), "inventory")[0])["gpus"]
+    ]
+    assert names == [spec.name for spec in gpus.specs]
+    env = gpus.env(NVIDIA_VISIBLE_DEVICES=gpus.specs[1].uuid)
+    assert [g["uuid"] for g in json.loads(procs.probe(env, "inventory")[0])["gpus"]] == [gpus.specs[1].uuid]
+
+
+def test_memory_and_processes_come_from_cuda_users(gpus: Gpus, procs: Processes) -> None:
+    holder = procs.start([CUCLIENT, "--device", "1", "alloc", "mem", "384m", "1", "hold"], gpus.env())
+    procs.expect(holder, "alloc")
+    procs.expect(holder, "hold ready")
+    memory, processes, idle = (
+        json.loads(line)
+        for line in procs.probe(gpus.env(), "memory", "1", "processes", "1", "processes", "0")
+    )
+    assert memory == {"total": 1024 * MIB, "used": 384 * MIB, "free": 640 * MIB}
+    assert processes == [{"pid": holder.pid, "used": 384 * MIB}]
+    assert idle == []
+    assert holder.stdin is not None
+    holder.stdin.close()  # ends "hold": the client exits without freeing
+    holder.wait(timeout=30)
+    memory, processes = (
+        json.loads(line) for line in procs.probe(gpus.env(), "memory", "1", "processes", "1")
+    )
+    assert memory["used"] == 0
+    assert processes == []
+
+
+def test_an_injected_xid_reaches_nvml_event_sets(gpus: Gpus, procs: Processes) -> None:
+    waiter = procs.start([sys.executable, NVML_PROBE, "xid-wait", "0", "20000"], gpus.env())
+    assert json.loads(procs.expect(waiter, "{")) == {"registered": gpus.specs[0].uuid}
+    inject_xid(gpus.state, gpus.specs[1].uuid, 31)  # another GPU: not delivered to this set
+    inject_xid(gpus.state, gpus.specs[0].uuid, 79)
+    event = json.loads(procs.expect(waiter, "{"))
+    assert event == {"xid": 79, "uuid": gpus.specs[0].uuid, "type": 8}
+
+
+def test_xids_from_before_registration_are_not_delivered(gpus: Gpus, procs: Processes) -> None:
+    inject_xid(gpus.state, gpus.specs[0].uuid, 48)
+    lines = procs.probe(gpus.env(), "xid-wait", "0", "200")
+    assert json.loads(lines[1]) == {"timeout": True}
+
+
+def test_a_lost_gpu_answers_gpu_is_lost_until_it_recovers(gpus: Gpus, procs: Processes) -> None:
+    set_lost(gpus.state, gpus.specs[1].uuid, True)
+    lost, healthy = (json.loads(line) for line in procs.probe(gpus.env(), "lost", "1", "lost", "0"))
+    assert lost["code"] == "15"  # NVML_ERROR_GPU_IS_LOST
+    assert "fallen off the bus" in lost["error"]
+    assert healthy == {"error": "ok"}
+    set_lost(gpus.state, gpus.specs[1].uuid, False)
+    assert json.loads(procs.probe(gpus.env(), "lost", "1")[0]) == {"error": "ok"}

@@ -1,0 +1,112 @@
+"""The fake GPU's time model: kernel launches (every launch API and graphs) take simulated time on a
+device timeline shared by processes, synchronisation waits for it, events measure it, NVML reports
+it as utilization. Bounds are one-sided where the machine's load could only make things slower."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.fakegpu import BUILD_DIR
+from tests.fakegpu.conftest import Gpus, Processes, fields
+
+CUCLIENT = BUILD_DIR / "cuclient"
+
+
+def elapsed_ms(lines: list[str]) -> float:
+    [line] = [line for line in lines if line.startswith("events")]
+    assert fields(line)["result"] == "CUDA_SUCCESS", line
+    return float(fields(line)["elapsed_ms"])
+
+
+# A 30 ms kernel first: the start event then completes 30 ms ahead and every measured launch queues
+# behind it, so a client stalled by the machine's load leaves no gap in what the events measure.
+BLOCKER = ("launch", "sleep_us_30000", "1", "1")
+
+
+def test_events_measure_the_simulated_duration(gpus: Gpus, procs: Processes) -> None:
+    lines = procs.cuclient(gpus.env(), *BLOCKER, "events", "sleep_us_1000", "1", "50")
+    assert abs(elapsed_ms(lines) - 50.0) < 0.01
+
+
+def test_duration_grows_with_waves_over_the_sm_count(gpus: Gpus, procs: Processes) -> None:
+    # GPU 0 has 108 SMs: 108 blocks are one wave, 216 two; a launch costs 10 us plus 1 ms per wave.
+    one = elapsed_ms(procs.cuclient(gpus.env(), *BLOCKER, "events", "wave_us_1000", "108", "10"))
+    two = elapsed_ms(procs.cuclient(gpus.env(), *BLOCKER, "events", "wave_us_1000", "216", "10"))
+    other = elapsed_ms(procs.cuclient(gpus.env(), "--device", "1", *BLOCKER, "events", "kernel", "264", "10"))
+    assert abs(one - 10.1) < 0.01
+    assert abs(two - 20.1) < 0.01
+    assert abs(other - 2.1) < 0.01  # 132 SMs: 264 blocks are two waves of the default 100 us
+
+
+def test_every_launch_api_and_graphs_take_device_time(gpus: Gpus, procs: Processes) -> None:
+    lines = procs.cuclient(
+        gpus.env(),
+        *("launch", "sleep_us_2000", "1", "10", "sync"),
+        *("launch-ex", "sleep_us_2000", "1", "10", "sync"),
+        *("launch-coop", "sleep_us_2000", "1", "10", "sync"),
+        *("graph", "sleep_us_2000", "1", "10"),
+        *("capture", "sleep_us_2000", "1", "10"),
+    )
+    starts = [float(fields(line)["wall_start_us"]) for line in lines if line.startswith("launch")]
+    ends = [float(fields(line)["wall_end_us"]) for line in lines if line.startswith("sync")]
+    graphs = [int(fields(line)["elapsed_us"]) for line in lines if line.startswith(("graph", "capture"))]
+    assert len(starts) == len(ends) == 3 and len(graphs) == 2
+    # From the first launch to the end of the sync, 10 x 2 ms of kernels must have elapsed.
+    assert all(end - start >= 19_900 for start, end in zip(starts, ends, strict=True)), lines
+    assert all(us >= 19_900 for us in graphs), lines
+    assert all(fields(line)["result"] == "CUDA_SUCCESS" for line in lines)
+
+
+def test_two_processes_on_one_gpu_serialise(gpus: Gpus, procs: Processes) -> None:
+    clients = [
+        procs.start([CUCLIENT, "wait", "events", "sleep_us_1000", "1", "100"], gpus.env()) for _ in range(2)
+    ]
+    for client in clients:
+        procs.expect(client, "wait ready")
+    for client in clients:  # a start barrier: both submit their work at about the same time
+        assert client.stdin is not None
+        client.stdin.write("go\n")
+        client.stdin.flush()
+    results = [fields(procs.expect(client, "events")) for client in clients]
+    # 200 ms of kernels on one GPU cannot complete in less than 200 ms, whatever the load.
+    span_us = max(float(r["wall_end_us"]) for r in results) - min(float(r["wall_start_us"]) for r in results)
+    assert span_us >= 199_000
+    # The process that queued second waited for the other's kernels (alone it measures 100 ms).
+    assert max(float(r["elapsed_ms"]) for r in results) >= 130.0
+
+
+def test_processes_on_different_gpus_do_not_wait_for_each_other(gpus: Gpus, procs: Processes) -> None:
+    clients = [
+        procs.start(
+            [CUCLIENT, "--device", str(d), "wait", *BLOCKER, "events", "sleep_us_1000", "1", "100"],
+            gpus.env(),
+        )
+        for d in (0, 1)
+    ]
+    for client in clients:
+        procs.expect(client, "wait ready")
+    for client in clients:
+        assert client.stdin is not None
+        client.stdin.write("go\n")
+        client.stdin.flush()
+    for client in clients:
+        procs.expect(client, "launch")
+    results = [fields(procs.expect(client, "events")) for client in clients]
+    assert all(abs(float(r["elapsed_ms"]) - 100.0) < 0.01 for r in results)
+
+
+def test_nvml_reports_utilization_from_the_timeline(gpus: Gpus, procs: Processes) -> None:
+    idle = json.loads(procs.probe(gpus.env(), "utilization", "0")[0])
+    assert idle == {"gpu": 0, "memory": 0}
+    busy = procs.start([CUCLIENT, "launch", "sleep_us_5000", "1", "1000", "hold"], gpus.env())  # 5 s queued
+    procs.expect(busy, "launch")
+    time.sleep(0.3)  # a full 200 ms sample window of work
+    rates, samples = (
+        json.loads(line) for line in procs.probe(gpus.env(), "utilization", "0", "process-utilization", "0")
+    )
+    assert rates["gpu"] >= 95
+    assert [s["pid"] for s in samples] == [busy.pid]
+    assert samples[0]["sm"] >= 95
+    other = json.loads(procs.probe(gpus.env(), "utilization", "1")[0])
+    assert other["gpu"] == 0
