@@ -96,7 +96,7 @@ class Processes:
         """The next stdout line of a running process, which must start with `prefix`."""
         assert process.stdout is not None
         line = process.stdout.readline()
-        assert line.startswith(prefix), f"expected {prefix!r} from {process.args}, got {line!r}"
+        assert line.startswith(prefix), f"expected {prefix!r} from {process.args!r}, got {line!r}"
         return line
 
     def stop_all(self) -> None:

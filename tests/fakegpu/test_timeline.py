@@ -110,3 +110,14 @@ def test_nvml_reports_utilization_from_the_timeline(gpus: Gpus, procs: Processes
     assert samples[0]["sm"] >= 95
     other = json.loads(procs.probe(gpus.env(), "utilization", "1")[0])
     assert other["gpu"] == 0
+
+
+def test_work_queued_by_a_killed_process_is_dropped(gpus: Gpus, procs: Processes) -> None:
+    doomed = procs.start([CUCLIENT, "launch", "sleep_us_1000000", "1", "5", "hold"], gpus.env())  # 5 s queued
+    procs.expect(doomed, "launch")
+    procs.expect(doomed, "hold ready")
+    doomed.kill()
+    doomed.wait(timeout=30)
+    lines = procs.cuclient(gpus.env(), "launch", "sleep_us_1000", "1", "10", "sync")
+    start, end = float(fields(lines[0])["wall_start_us"]), float(fields(lines[1])["wall_end_us"])
+    assert 10_000 <= end - start < 1_000_000  # not behind the dead process's remaining seconds

@@ -285,12 +285,38 @@ int fg_procs(struct fg_shared *s, struct fg_proc_info *out, int max)
     return n;
 }
 
+/* A real GPU drops the queued work of a process that died. The fake can only drop it while it is
+ * the last work queued (later work of others was placed after it already); caller holds the lock. */
+static void drop_dead_tail(struct fg_page *p, int32_t self, uint64_t now)
+{
+    int dropped = 0;
+    while (p->ring_count > 0) {
+        uint32_t last = (p->ring_next + FG_RING - 1) % FG_RING;
+        struct fg_busy *b = &p->ring[last];
+        if (b->end_ns <= now || b->pid == self || process_start_time(b->pid) != 0)
+            break;
+        dropped = 1;
+        if (b->start_ns < now) {
+            b->end_ns = now;
+            break;
+        }
+        p->ring_next = last;
+        p->ring_count--;
+    }
+    if (dropped) {
+        uint32_t last = (p->ring_next + FG_RING - 1) % FG_RING;
+        p->busy_until_ns = p->ring_count > 0 && p->ring[last].end_ns > now ? p->ring[last].end_ns : now;
+    }
+}
+
 uint64_t fg_timeline_submit(struct fg_shared *s, uint64_t not_before_ns, uint64_t duration_ns)
 {
     struct fg_page *p = s->page;
     int32_t pid = (int32_t)getpid();
     uint64_t now = fg_now_ns();
     page_lock(p);
+    if (p->busy_until_ns > now)
+        drop_dead_tail(p, pid, now);
     uint64_t start = not_before_ns > now ? not_before_ns : now;
     if (p->busy_until_ns > start)
         start = p->busy_until_ns;
