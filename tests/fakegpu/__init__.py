@@ -104,6 +104,19 @@ def example_gpu(
     )
 
 
+def find_headers_dir(header: str) -> Path:
+    """The include directory of `header` (cuda.h, cudaTypedefs.h, nvml.h) in NVIDIA's PyPI packages."""
+    done = subprocess.run(
+        [sys.executable, str(HERE / "tools" / "find_headers.py"), header],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip())
+    return Path(done.stdout.strip())
+
+
 def build() -> Path:
     """Builds the fake driver (make -C tests/fakegpu), once at a time across processes; returns the build dir."""
     BUILD_DIR.mkdir(exist_ok=True)

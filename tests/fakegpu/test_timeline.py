@@ -5,6 +5,7 @@ it as utilization. Bounds are one-sided where the machine's load could only make
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from tests.fakegpu import BUILD_DIR
@@ -121,3 +122,36 @@ def test_work_queued_by_a_killed_process_is_dropped(gpus: Gpus, procs: Processes
     lines = procs.cuclient(gpus.env(), "launch", "sleep_us_1000", "1", "10", "sync")
     start, end = float(fields(lines[0])["wall_start_us"]), float(fields(lines[1])["wall_end_us"])
     assert 10_000 <= end - start < 1_000_000  # not behind the dead process's remaining seconds
+
+
+BINDINGS_LAUNCH = """
+import time
+from cuda.bindings import driver as d
+def ok(r):
+    assert r[0] == d.CUresult.CUDA_SUCCESS, r
+    return r[1] if len(r) == 2 else r[1:]
+ok(d.cuInit(0)); ctx = ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(0)))); ok(d.cuCtxSetCurrent(ctx))
+module = ok(d.cuModuleLoadData(b"any image"))
+from_module = ok(d.cuModuleGetFunction(module, b"sleep_us_10000"))
+library = ok(d.cuLibraryLoadData(b"any image", None, None, 0, None, None, 0))
+from_library = ok(d.cuKernelGetFunction(ok(d.cuLibraryGetKernel(library, b"sleep_us_10000"))))
+stream = ok(d.cuStreamCreate(0))
+start, end = ok(d.cuEventCreate(0)), ok(d.cuEventCreate(0))
+ok(d.cuLaunchKernel(ok(d.cuModuleGetFunction(module, b"sleep_us_30000")), 1, 1, 1, 1, 1, 1, 0, stream, 0, 0))
+ok(d.cuEventRecord(start, stream))
+for f in (from_module, from_library):
+    ok(d.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0))
+ok(d.cuEventRecord(end, stream))
+print(d.cuEventQuery(end)[0].name, d.cuStreamQuery(stream)[0].name)
+ok(d.cuStreamSynchronize(stream))
+print(d.cuEventQuery(end)[0].name, ok(d.cuEventElapsedTime(start, end)))
+"""
+
+
+def test_cuda_bindings_launches_from_modules_and_libraries(gpus: Gpus, procs: Processes) -> None:
+    done = procs.run([sys.executable, "-c", BINDINGS_LAUNCH], gpus.env())
+    assert done.returncode == 0, done.stderr
+    pending, finished = (line.split() for line in done.stdout.splitlines())
+    assert pending == ["CUDA_ERROR_NOT_READY", "CUDA_ERROR_NOT_READY"]
+    assert finished[0] == "CUDA_SUCCESS"
+    assert abs(float(finished[1]) - 20.0) < 0.01

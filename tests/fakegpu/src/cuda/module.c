@@ -1,4 +1,6 @@
-/* Modules accept any image; their functions are named placeholders created on first lookup. The
+/* Modules (per context) and libraries (context-independent, CUDA 12) accept any image; their
+ * functions and kernels are named placeholders created on first lookup. A CUkernel is the same
+ * object as its CUfunction, as the real driver lets a CUkernel be passed where a CUfunction is. The
  * name decides the simulated duration (docs/fakegpu.md): "sleep_us_<N>" runs N microseconds,
  * "wave_us_<N>" N microseconds per wave of blocks, anything else FG_DEFAULT_WAVE_US per wave. */
 #include <stdio.h>
@@ -12,8 +14,12 @@
 
 struct CUmod_st {
     uint32_t magic;
-    CUcontext ctx;
+    CUcontext ctx; /* NULL for a library */
     struct CUfunc_st *funcs;
+};
+
+struct CUlib_st {
+    struct CUmod_st module;
 };
 
 static CUresult new_module(CUmodule *module, const void *image)
@@ -96,7 +102,7 @@ static void set_duration(struct CUfunc_st *f)
     }
 }
 
-FG_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+static CUresult get_function(CUmodule hmod, const char *name, CUfunction *hfunc)
 {
     CUresult rc = check_module(hmod);
     if (rc != CUDA_SUCCESS)
@@ -124,8 +130,69 @@ FG_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char
     return CUDA_SUCCESS;
 }
 
+FG_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    return get_function(hmod, name, hfunc);
+}
+
+FG_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                  void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                  void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+    (void)jitOptions;
+    (void)jitOptionsValues;
+    (void)numJitOptions;
+    (void)libraryOptions;
+    (void)libraryOptionValues;
+    (void)numLibraryOptions;
+    CUresult rc = fg_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!library || !code)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUlib_st *lib = calloc(1, sizeof *lib);
+    if (!lib)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    lib->module.magic = FG_MAGIC_MODULE;
+    *library = lib;
+    return CUDA_SUCCESS;
+}
+
+FG_API CUresult cuLibraryUnload(CUlibrary library)
+{
+    if (!library)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return cuModuleUnload(&library->module);
+}
+
+FG_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
+{
+    CUfunction f;
+    if (!library || !pKernel)
+        return library ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = get_function(&library->module, name, &f);
+    if (rc == CUDA_SUCCESS)
+        *pKernel = (CUkernel)f;
+    return rc;
+}
+
+FG_API CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    CUfunction f = (CUfunction)kernel;
+    CUresult rc = fg_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pFunc)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!f || f->magic != FG_MAGIC_FUNC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pFunc = f;
+    return CUDA_SUCCESS;
+}
+
 FG_API CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
 {
+    struct CUctx_st *current;
     CUresult rc = fg_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -133,6 +200,15 @@ FG_API CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunct
         return CUDA_ERROR_INVALID_HANDLE;
     if (!pi)
         return CUDA_ERROR_INVALID_VALUE;
+    /* A module's function belongs to its context's device; a library's to the current one. */
+    CUcontext ctx = hfunc->mod->ctx;
+    if (!ctx) {
+        rc = fg_current_ctx(&current);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        ctx = current;
+    }
+    const struct fg_gpu_spec *gpu = fg_spec(ctx->dev);
     switch (attrib) {
     case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
         *pi = 1024;
@@ -142,7 +218,7 @@ FG_API CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunct
         break;
     case CU_FUNC_ATTRIBUTE_PTX_VERSION:
     case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
-        *pi = fg_spec(hfunc->mod->ctx->dev)->cc_major * 10 + fg_spec(hfunc->mod->ctx->dev)->cc_minor;
+        *pi = gpu->cc_major * 10 + gpu->cc_minor;
         break;
     case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
         *pi = 49152;

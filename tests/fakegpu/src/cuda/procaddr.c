@@ -68,6 +68,10 @@ struct fg_proc {
     E(cuModuleUnload, 2000, cuModuleUnload) \
     E(cuModuleGetFunction, 2000, cuModuleGetFunction) \
     E(cuFuncGetAttribute, 2020, cuFuncGetAttribute) \
+    E(cuLibraryLoadData, 12000, cuLibraryLoadData) \
+    E(cuLibraryUnload, 12000, cuLibraryUnload) \
+    E(cuLibraryGetKernel, 12000, cuLibraryGetKernel) \
+    E(cuKernelGetFunction, 12000, cuKernelGetFunction) \
     E(cuMemGetInfo, 2000, cuMemGetInfo) \
     E(cuMemGetInfo, 3020, cuMemGetInfo_v2) \
     E(cuMemAlloc, 2000, cuMemAlloc) \
