@@ -9,6 +9,7 @@ first and removes what they left on the host (:mod:`tessera.sandbox.host`).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import sys
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from tessera.contract import KEYS, ContractError, parse_allocation, parse_inventory
 from tessera.localcluster import ControlPlane, ManagedProcess, default_bin_dir
 from tessera.sandbox import containerd, fakenode, gpu, host, images, kubelet
-from tessera.sandbox.layout import Layout
+from tessera.sandbox.layout import HOST_DEVICE_PLUGIN_DIR, Layout
 from tessera.sandbox.processes import Started, StartError, alive, start, stop, wait_for
 
 KUBERNETES_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubelet")
@@ -237,7 +238,8 @@ RESTARTABLE = ("kubelet", "tessera-device-plugin")
 
 
 def restart(root: Path, name: str, timeout: float = 120.0) -> Started:
-    """Stop one node component and start it again as `up` did; waits until the node shows it back."""
+    """Stop one node component and start it again as `up` did; returns once the kubelet itself
+    (its pod-resources API) offers the GPU slices from the device plugin again."""
     if name not in RESTARTABLE:
         raise ValueError(f"component: {name!r} is not one of {', '.join(RESTARTABLE)}")
     layout = Layout(root)
@@ -246,37 +248,41 @@ def restart(root: Path, name: str, timeout: float = 120.0) -> Started:
         raise StartError(f"no sandbox is up in {root}")
     stop(state.process(name))
     kubeconfig = Path(state.kubeconfig)
+    if name == "kubelet":
+        bin_dir = Path(state.process("kubelet").argv[0]).parent
+        options = Options(root=root, node=state.node, kubernetes_bin=bin_dir)
+        process = _start_kubelet(options, layout, kubeconfig)
+        wait_for(
+            "the kubelet's health", lambda: kubelet.healthy(state.kubelet_healthz_port), process, timeout
+        )
+        # A restarted kubelet offers no slices until the plugin has noticed the new kubelet socket
+        # and registered again (its checkpoint keeps only what running pods were given).
+        what = "the device plugin registered with the new kubelet"
+    else:
+        # The kubelet keeps a dead plugin's devices for a grace period, so first wait for the new
+        # plugin's own socket, then for the kubelet to offer the slices.
+        began = time.time()
+        process = gpu.start_device_plugin(layout, gpu.files_for(layout), kubeconfig, state.node)
+        wait_for("the device plugin's socket", lambda: _new_plugin_socket(began), process, timeout)
+        what = "the restarted device plugin registered with the kubelet"
+    wait_for(what, lambda: bool(kubelet.allocatable_devices(layout, KEYS.vgpu)), process, timeout)
     api = api_client(state)
     try:
-        if name == "kubelet":
-            bin_dir = Path(state.process("kubelet").argv[0]).parent
-            options = Options(root=root, node=state.node, kubernetes_bin=bin_dir)
-            process = _start_kubelet(options, layout, kubeconfig)
-            # The kubelet re-reads its device checkpoint; the plugin re-registers when it sees the
-            # kubelet's socket come back, and only then are slices allocatable again.
-            _wait_node(
-                api,
-                "GPU slices after the kubelet restart",
-                node_has_gpus,
-                node=state.node,
-                process=process,
-                timeout=timeout,
-            )
-        else:
-            process = gpu.start_device_plugin(layout, gpu.files_for(layout), kubeconfig, state.node)
-            _wait_node(
-                api,
-                "GPU slices after the plugin restart",
-                node_has_gpus,
-                node=state.node,
-                process=process,
-                timeout=timeout,
-            )
+        _wait_node(api, "GPU slices", node_has_gpus, node=state.node, process=process, timeout=timeout)
     finally:
         api.close()
     state.replace(process)
     save_state(layout, state)
     return process
+
+
+def _new_plugin_socket(since: float) -> bool:
+    """A plugin socket (any but the kubelet's own) created in the device plugin directory since."""
+    for path in HOST_DEVICE_PLUGIN_DIR.glob("*.sock"):
+        with contextlib.suppress(OSError):
+            if path.name != "kubelet.sock" and path.stat().st_mtime >= since - 1:
+                return True
+    return False
 
 
 def add_node(root: Path, name: str, models: Sequence[str], timeout: float = 60.0) -> Started:

@@ -158,7 +158,10 @@ def resolves_to_loopback(name: str) -> bool:
 
 
 def port_taken(port: int) -> bool:
+    """Whether something listens there. SO_REUSEADDR as Go's listeners set it: connections of a
+    stopped kubelet lingering in TIME_WAIT do not keep a new one from binding."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

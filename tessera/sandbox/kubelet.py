@@ -11,8 +11,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
 
+from proto.podresources.v1 import api_pb2, api_pb2_grpc
 from tessera.sandbox.layout import CGROUP_ROOT, Layout
 from tessera.sandbox.processes import Started, start
 
@@ -84,6 +86,22 @@ def start_kubelet(layout: Layout, binary: Path, kubeconfig: Path, node_name: str
         "--v=2",
     ]
     return start("kubelet", argv, layout.log("kubelet"))
+
+
+def pod_resources_socket(layout: Layout) -> Path:
+    return layout.kubelet_root / "pod-resources" / "kubelet.sock"
+
+
+def allocatable_devices(layout: Layout, resource: str) -> list[str]:
+    """Device IDs the kubelet itself can hand out for ``resource`` (pod-resources API); empty until
+    a device plugin for it has registered with this kubelet and listed healthy devices."""
+    try:
+        with grpc.insecure_channel(f"unix://{pod_resources_socket(layout)}") as channel:
+            stub = api_pb2_grpc.PodResourcesListerStub(channel)
+            response = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=5)
+    except grpc.RpcError:
+        return []
+    return [i for d in response.devices if d.resource_name == resource for i in d.device_ids]
 
 
 def healthy(healthz_port: int) -> bool:

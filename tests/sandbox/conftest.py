@@ -4,6 +4,7 @@ down again, and a snapshot of the host to compare with afterwards."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -109,7 +110,7 @@ def sandbox_root() -> Iterator[Path]:
         yield root
     finally:
         cluster.down(root, report=lambda _: None)
-        subprocess.run(["rm", "-rf", str(root)], check=False)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

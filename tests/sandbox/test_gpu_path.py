@@ -1,0 +1,217 @@
+"""The whole path on a real node, the issue's checks in order: pods from deploy/examples/ are placed
+by kube-scheduler through the extender, admitted by the real kubelet after the device plugin's
+Allocate, and the hook holds their quotas over the fake driver inside the containers. Then the
+kubelet and the device plugin are restarted under running pods, and `down` leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from kubernetes import config
+from kubernetes.stream import stream
+
+from proto.podresources.v1 import api_pb2, api_pb2_grpc
+from tessera.contract import KEYS, Phase, parse_allocation, parse_inventory, slice_gpu
+from tessera.sandbox import cluster, gpu
+from tessera.sandbox.layout import HOST_KUBELET_DIR, Layout
+from tests.sandbox.conftest import HostView, Sandbox, differences
+
+pytestmark = pytest.mark.sandbox
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
+A100, T4 = gpu.SANDBOX_GPUS
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+def _example(file: str, name: str) -> dict[str, Any]:
+    """A pod from deploy/examples/, with its quantities as strings (the client's model wants them so;
+    kubectl accepts either)."""
+    for doc in yaml.safe_load_all((EXAMPLES / file).read_text()):
+        if doc["metadata"]["name"] == name:
+            for container in doc["spec"]["containers"]:
+                limits = container["resources"]["limits"]
+                container["resources"]["limits"] = {k: str(v) for k, v in limits.items()}
+            return dict(doc)
+    raise KeyError(f"{name} not in {file}")
+
+
+def _another(name: str) -> dict[str, Any]:
+    """quota-1g under a new name and without its model wish: the A100 has 20 % of its time left
+    after the two example pods, so the extender places it on the T4."""
+    pod = _example("shared-gpu.yaml", "quota-1g")
+    return {**pod, "metadata": {"name": name}}
+
+
+def _probe_output(text: str) -> dict[str, str]:
+    """The probe's last report ("key=value" lines; a later run overwrites an earlier one)."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="module")
+def gpu_sandbox() -> Iterator[tuple[Sandbox, HostView]]:
+    before = HostView.now()
+    root = Path(f"/tmp/tessera-gpu-{os.getpid()}")
+    try:
+        state = cluster.up(cluster.Options(root=root), report=lambda _: None)
+        api = config.new_client_from_config(config_file=state.kubeconfig)
+        try:
+            yield Sandbox(root, state, api), before
+        finally:
+            api.close()
+    finally:
+        cluster.down(root, report=lambda _: None)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def sbx(gpu_sandbox: tuple[Sandbox, HostView]) -> Sandbox:
+    return gpu_sandbox[0]
+
+
+def _exec_probe(sandbox: Sandbox, pod: str, timeout: float = 30) -> str:
+    """`kubectl exec POD -- vgpu-probe 256` through the apiserver and the kubelet. Retried: a kubelet
+    just restarted answers exec with nothing until it has synced its pods again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out: str = stream(
+            sandbox.core.connect_get_namespaced_pod_exec,
+            pod,
+            "default",
+            command=["vgpu-probe", "256"],
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+        )
+        if "refused_with=" in out or time.monotonic() > deadline:
+            return out
+        time.sleep(1)
+
+
+def _run_probe_pod(sandbox: Sandbox, pod: dict[str, Any]) -> tuple[Any, dict[str, str]]:
+    name = pod["metadata"]["name"]
+    sandbox.core.create_namespaced_pod("default", pod)
+    running = sandbox.wait_pod(name, "Running")
+    return running, _probe_output(sandbox.logs(name, until="refused_with="))
+
+
+def test_node_advertises_both_fake_gpus(sbx: Sandbox) -> None:
+    node = sbx.core.read_node(sbx.state.node)
+    inventory = parse_inventory(node.metadata.annotations[KEYS.node_gpus])
+    assert [(g.model, g.memory_mib) for g in inventory] == [(A100.name, 40960), (T4.name, 15360)]
+    assert int(node.status.allocatable[KEYS.vgpu]) == sum(g.split for g in inventory)
+
+
+def test_pod_is_placed_by_the_extender_admitted_after_allocate_and_held_to_its_quota(sbx: Sandbox) -> None:
+    pod, report = _run_probe_pod(sbx, _example("shared-gpu.yaml", "quota-1g"))
+    annotations = pod.metadata.annotations
+    assert annotations[KEYS.allocation_phase] == Phase.ALLOCATED  # the device plugin's Allocate ran
+    assert KEYS.bind_time in annotations  # the extender bound it
+    allocation = parse_allocation(annotations[KEYS.allocation])
+    assert allocation.node == sbx.state.node == pod.spec.node_name
+    (grant,) = allocation.for_container("probe").gpus  # type: ignore[union-attr]
+    assert (grant.uuid, grant.memory_mib, grant.cores) == (A100.uuid, 1024, 30)
+    # Inside the container, through the hook over the fake driver:
+    assert report["device"] == A100.name
+    assert report["total_mib"] == "1024"
+    assert report["allocations_ok"] == "4"
+    assert report["refused_with"] == str(CUDA_ERROR_OUT_OF_MEMORY)
+
+
+def test_second_pod_shares_the_gpu_with_its_own_quota(sbx: Sandbox) -> None:
+    pod, report = _run_probe_pod(sbx, _example("shared-gpu.yaml", "quota-3g"))
+    (grant,) = parse_allocation(pod.metadata.annotations[KEYS.allocation]).containers[0].gpus
+    first = sbx.core.read_namespaced_pod("quota-1g", "default")
+    (first_grant,) = parse_allocation(first.metadata.annotations[KEYS.allocation]).containers[0].gpus
+    assert grant.uuid == first_grant.uuid == A100.uuid
+    assert (grant.memory_mib, grant.cores) == (3072, 50)
+    assert report["total_mib"] == "3072"
+    assert report["chunk_mib"] == "512"
+    assert report["allocations_ok"] == "6"
+
+
+def test_pod_that_fits_nowhere_stays_pending_with_the_extenders_reason(sbx: Sandbox) -> None:
+    sbx.core.create_namespaced_pod("default", _example("too-big.yaml", "too-big"))
+    deadline = time.monotonic() + 60
+    messages: list[str] = []
+    while time.monotonic() < deadline and not any("81920 MiB" in m for m in messages):
+        events = sbx.core.list_namespaced_event("default", field_selector="involvedObject.name=too-big").items
+        messages = [e.message for e in events if e.reason == "FailedScheduling"]
+        time.sleep(1)
+    assert any("81920 MiB" in m and "largest has 40960 MiB" in m for m in messages), messages
+    pod = sbx.core.read_namespaced_pod("too-big", "default")
+    assert pod.status.phase == "Pending" and not pod.spec.node_name
+
+
+def _container_ids(sbx: Sandbox, names: list[str]) -> dict[str, str]:
+    return {
+        n: sbx.core.read_namespaced_pod(n, "default").status.container_statuses[0].container_id for n in names
+    }
+
+
+def test_kubelet_restart_keeps_running_pods_and_their_quotas_and_admits_a_new_pod(sbx: Sandbox) -> None:
+    before = _container_ids(sbx, ["quota-1g", "quota-3g"])
+    cluster.restart(sbx.root, "kubelet")
+    assert _container_ids(sbx, ["quota-1g", "quota-3g"]) == before  # the same containers, not restarted
+    # A new process in the old container is still held to the pod's quota.
+    again = _probe_output(_exec_probe(sbx, "quota-1g"))
+    assert (again["total_mib"], again["allocations_ok"]) == ("1024", "4")
+    _, report = _run_probe_pod(sbx, _another("after-kubelet-restart"))
+    assert (report["total_mib"], report["allocations_ok"]) == ("1024", "4")
+
+
+def _kubelet_allocations(root: Path) -> dict[tuple[str, str], set[str]]:
+    """(pod, container) -> physical GPUs of its tessera slices, from the kubelet's pod-resources API."""
+    socket = Layout(root).kubelet_root / "pod-resources" / "kubelet.sock"
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        response = api_pb2_grpc.PodResourcesListerStub(channel).List(
+            api_pb2.ListPodResourcesRequest(), timeout=10
+        )
+    found: dict[tuple[str, str], set[str]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ids = [i for d in container.devices if d.resource_name == KEYS.vgpu for i in d.device_ids]
+            if ids:
+                found[(pod.name, container.name)] = {slice_gpu(i) for i in ids}
+    return found
+
+
+def _annotated_allocations(sbx: Sandbox) -> dict[tuple[str, str], set[str]]:
+    found: dict[tuple[str, str], set[str]] = {}
+    for pod in sbx.core.list_namespaced_pod("default").items:
+        text = (pod.metadata.annotations or {}).get(KEYS.allocation)
+        if text and pod.status.phase == "Running":
+            for container in parse_allocation(text).containers:
+                found[(pod.metadata.name, container.name)] = {g.uuid for g in container.gpus}
+    return found
+
+
+def test_device_plugin_restart_reregisters_and_allocations_still_agree(sbx: Sandbox) -> None:
+    plugin = sbx.state.process("tessera-device-plugin")
+    os.killpg(plugin.pid, signal.SIGKILL)
+    cluster.restart(sbx.root, "tessera-device-plugin")
+    kubelet_view = _kubelet_allocations(sbx.root)
+    assert kubelet_view == _annotated_allocations(sbx)
+    assert set(kubelet_view) >= {
+        ("quota-1g", "probe"),
+        ("quota-3g", "probe"),
+        ("after-kubelet-restart", "probe"),
+    }
+    _, report = _run_probe_pod(sbx, _another("after-plugin-restart"))
+    assert (report["device"], report["total_mib"], report["allocations_ok"]) == (T4.name, "1024", "4")
+
+
+def test_down_leaves_nothing_behind(gpu_sandbox: tuple[Sandbox, HostView]) -> None:
+    sbx, before = gpu_sandbox
+    assert cluster.down(sbx.root, report=lambda _: None) == []
+    assert differences(before, sbx.root) == []
+    assert not (HOST_KUBELET_DIR / "device-plugins").exists() or before.dirs[str(HOST_KUBELET_DIR)]
