@@ -65,7 +65,8 @@ class TimeResult:
     jct: list[float] = field(default_factory=list)
     queueing: list[float] = field(default_factory=list)
     makespan: float = 0.0
-    # Mean % of GPU capacity in use while pods arrive (first to last arrival).
+    # Mean % of GPU capacity in use while pods arrive (first to last arrival; the whole run when
+    # every pod arrives at once).
     mean_utilization: float = 0.0
     # (seconds since the first arrival, % of GPU capacity in use)
     utilization: list[tuple[float, float]] = field(default_factory=list)
@@ -157,7 +158,6 @@ class _Simulation:
         return min(MILLI_PER_GPU, self.asked.get(key, 0))
 
     def _occupy(self, job_id: int, job: _Job, sign: int) -> None:
-        self._advance_utilization()
         neighbours: set[int] = set()
         for key in job.gpus:
             self.allocated -= self._gpu_load(key)
@@ -173,6 +173,7 @@ class _Simulation:
             neighbours.add(job_id)
         for other in neighbours:
             self._reschedule(other)
+        self._record_utilization()
 
     def _rate(self, job: _Job) -> float:
         interference = 1.0
@@ -194,8 +195,12 @@ class _Simulation:
 
     # -- clock -----------------------------------------------------------------------------------
 
-    def _advance_utilization(self) -> None:
-        self.curve.append((self.now, 100 * self.allocated / self.capacity))
+    def _record_utilization(self) -> None:
+        point = (self.now, 100 * self.allocated / self.capacity)
+        if self.curve and self.curve[-1][0] == self.now:
+            self.curve[-1] = point  # several changes at one instant: the last one holds
+        else:
+            self.curve.append(point)
 
     def finish(self, job_id: int) -> None:
         job = self.jobs.pop(job_id)
@@ -256,10 +261,12 @@ def run_time(
         sim.finish(job_id)
     if progress is not None:
         progress(handled % 64)
-    sim._advance_utilization()
+    sim._record_utilization()
     result.never_started = sum(len(q) for q in sim.waiting.values())
     result.makespan = sim.now - sim.start
-    result.mean_utilization = _mean_until(sim.curve, pods[-1].arrival if pods else 0.0)
+    # While pods arrive; over the whole run when they all arrive at once.
+    last_arrival = pods[-1].arrival if pods else 0.0
+    result.mean_utilization = _mean_until(sim.curve, last_arrival if last_arrival > sim.start else sim.now)
     result.utilization = _downsample([(t - sim.start, u) for t, u in sim.curve], CURVE_POINTS)
     return result
 

@@ -31,6 +31,9 @@ from tessera.simulate.model import (
     Workload,
 )
 
+# libyaml's parser when PyYAML was built with it (several times faster); both give positions.
+_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 NODE_KEYS = ("name", "count", "model", "gpus", "cpu_milli", "memory_mib")
 POD_KEYS = (
     "name",
@@ -138,7 +141,7 @@ def load(path: Path) -> Document:
     except OSError as e:
         raise InputError(shown, 0, 0, f"cannot read: {e.strerror}") from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
