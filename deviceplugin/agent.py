@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from deviceplugin.config import Config
 from deviceplugin.devices import GpuHealth, VirtualDevice, virtual_devices, with_health
+from deviceplugin.identity import corrected_records
 from deviceplugin.kube import Kube
 from deviceplugin.matching import (
     AllocationError,
@@ -26,6 +27,7 @@ from deviceplugin.matching import (
     preferred_devices,
     snapshot,
 )
+from deviceplugin.podresources import container_devices
 from deviceplugin.response import ContainerAnswer, answer_for
 from deviceplugin.statedir import StateDir
 from hook.limits import write_limits
@@ -34,6 +36,8 @@ from tessera.contract import GpuInfo, Phase, dump_inventory, format_time, now
 log = logging.getLogger(__name__)
 
 FAILED_REASON = "TesseraAllocateFailed"
+# How often served records are checked against the kubelet and dead containers' state removed.
+TIDY_SECONDS = 5.0
 # The container's processes run as any user; the hook in each must create and map the region file.
 STATE_DIR_MODE = 0o777
 
@@ -161,7 +165,10 @@ class Agent:
                         taken={c.key for c in chosen},
                     )
                 )
-            answers = [answer_for(c, self.state, self.config.hook_library) for c in chosen]
+            answers = [
+                answer_for(c, ids, self.state, self.config.hook_library)
+                for c, ids in zip(chosen, requests, strict=True)
+            ]
             for answer in answers:
                 self._write_files(answer)
             return chosen, answers, served | {c.key for c in chosen}
@@ -206,15 +213,32 @@ class Agent:
         self._published_inventory = inventory
         return True
 
-    def collect_garbage(self) -> None:
-        """Remove the state of pods that are gone from the node."""
-        removed = self.state.remove_pods_except(self.kube.pod_uids())
+    def tidy_state(self) -> None:
+        """Correct served records from the kubelet's pod-resources API, and remove the state of
+        containers whose pods are gone. Under the Allocate lock: matching reads the records."""
+        uids = self.kube.pod_uids()
+        owners = container_devices(self.config.pod_resources_socket, self.config.keys.vgpu)
+        with self._allocate_lock:
+            if owners is not None:
+                for where, old, new in corrected_records(list(self.state.records()), owners, uids):
+                    self.state.write_record(where, new)
+                    log.info(
+                        "%s: the kubelet gave its devices to %s/%s container %s, not %s/%s container %s",
+                        where.root,
+                        new.namespace,
+                        new.pod,
+                        new.container,
+                        old.namespace,
+                        old.pod,
+                        old.container,
+                    )
+            removed = self.state.remove_containers_except(set(uids.values()))
         if removed:
-            log.info("removed the state of %d pod(s) no longer on the node", len(removed))
+            log.info("removed the state of %d container(s) whose pods are gone", len(removed))
 
     def run_publisher(self, stop: threading.Event) -> None:
         """Publish at once, on every health change, and every heartbeat interval, until ``stop``."""
-        next_heartbeat = 0.0
+        next_heartbeat = next_tidy = 0.0
         version = -1
         while not stop.is_set():
             due = time.monotonic() >= next_heartbeat
@@ -222,8 +246,10 @@ class Agent:
                 _, version = self.devices()
                 self.publish(heartbeat=due)
                 if due:
-                    self.collect_garbage()
                     next_heartbeat = time.monotonic() + self.config.heartbeat_seconds
+                if time.monotonic() >= next_tidy:
+                    self.tidy_state()
+                    next_tidy = time.monotonic() + TIDY_SECONDS
             except Exception as e:  # the API may be down for a while; keep trying
                 log.warning("cannot update node %s: %s", self.config.node_name, e)
                 stop.wait(2.0)

@@ -14,6 +14,7 @@ from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, ContractError, Contract
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_HOOK_LIBRARY = Path("/usr/local/tessera/libvgpu.so")
 DEFAULT_STATE_DIR = Path("/var/lib/tessera")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 KUBELET_SOCKET = "kubelet.sock"
 
 
@@ -32,6 +33,7 @@ class Config:
     heartbeat_seconds: float
     health_poll_seconds: float
     inflight_timeout: timedelta
+    pod_resources_socket: Path
 
     @property
     def kubelet_socket(self) -> Path:
@@ -150,6 +152,13 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="pods bound longer ago than this come after fresh ones when matching (the extender's "
         "in-flight timeout; default 300)",
     )
+    p.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path(env("TESSERA_POD_RESOURCES_SOCKET", str(DEFAULT_POD_RESOURCES_SOCKET))),
+        help="the kubelet's pod-resources socket, to confirm which pod each container belongs to "
+        "(env TESSERA_POD_RESOURCES_SOCKET)",
+    )
     return p
 
 
@@ -177,4 +186,5 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         heartbeat_seconds=args.heartbeat_seconds,
         health_poll_seconds=args.health_poll_seconds,
         inflight_timeout=timedelta(seconds=args.inflight_timeout_seconds),
+        pod_resources_socket=args.pod_resources_socket,
     )

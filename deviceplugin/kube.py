@@ -82,8 +82,12 @@ class Kube:
             and not p["metadata"].get("deletionTimestamp")
         ]
 
-    def pod_uids(self) -> set[str]:
-        return {p["metadata"]["uid"] for p in self._pods_on_node()}
+    def pod_uids(self) -> dict[tuple[str, str], str]:
+        """(namespace, name) -> UID of every pod on this node."""
+        return {
+            (p["metadata"]["namespace"], p["metadata"]["name"]): p["metadata"]["uid"]
+            for p in self._pods_on_node()
+        }
 
     def set_phase(self, pod: PodView, phase: Phase) -> None:
         self._core.patch_namespaced_pod(

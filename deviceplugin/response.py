@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,9 @@ class ContainerAnswer:
     record: ServedRecord
 
 
-def answer_for(container: InFlight, state: StateDir, hook_library: Path) -> ContainerAnswer:
+def answer_for(
+    container: InFlight, device_ids: Sequence[str], state: StateDir, hook_library: Path
+) -> ContainerAnswer:
     where = state.container(container.pod.uid, container.container)
     return ContainerAnswer(
         envs={VISIBLE_DEVICES_ENV: ",".join(g.uuid for g in container.grants)},
@@ -54,5 +57,6 @@ def answer_for(container: InFlight, state: StateDir, hook_library: Path) -> Cont
             pod_uid=container.pod.uid,
             container=container.container,
             gpus=container.grants,
+            device_ids=tuple(device_ids),
         ),
     )

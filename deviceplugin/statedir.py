@@ -42,6 +42,8 @@ class ServedRecord(BaseModel):
     pod_uid: str
     container: str
     gpus: tuple[GpuGrant, ...]
+    # The slice IDs the kubelet allocated: how the pod-resources API names this container.
+    device_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +101,21 @@ class StateDir:
     def write_record(self, where: ContainerDir, record: ServedRecord) -> None:
         write_atomically(where.record, record.model_dump_json(), mode=0o644)
 
-    def remove_pods_except(self, live_uids: Collection[str]) -> list[str]:
-        """Delete the dirs of pods no longer on the node; returns the UIDs removed."""
+    def remove_containers_except(self, live_uids: Collection[str]) -> list[Path]:
+        """Delete the dirs of containers whose pod is no longer on the node; returns the dirs removed.
+
+        A dir belongs to the pod its record names (see :mod:`deviceplugin.identity`), else to the
+        pod UID in its path.
+        """
+        owners = {where.root: record.pod_uid for where, record in self.records()}
         removed = []
+        for container_dir in sorted(self.containers.glob("*/*")):
+            if owners.get(container_dir, container_dir.parent.name) not in live_uids:
+                shutil.rmtree(container_dir, ignore_errors=True)
+                removed.append(container_dir)
         for pod_dir in self.containers.iterdir() if self.containers.is_dir() else ():
-            if pod_dir.name not in live_uids:
-                shutil.rmtree(pod_dir, ignore_errors=True)
-                removed.append(pod_dir.name)
+            if pod_dir.is_dir() and not any(pod_dir.iterdir()):
+                pod_dir.rmdir()
         return removed
 
 

@@ -23,6 +23,7 @@ import grpc
 
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from proto.podresources.v1 import api_pb2 as pr
 
 T = TypeVar("T")
 
@@ -51,6 +52,9 @@ class KubeletStandIn:
         self._streams: list[threading.Thread] = []
         # Devices given to containers, as the kubelet's device manager tracks them.
         self.in_use: set[str] = set()
+        # (namespace, pod, container) -> devices, as the pod-resources API reports them.
+        self.assigned: dict[tuple[str, str, str], list[str]] = {}
+        self.pod_resources_socket = plugin_dir / "pod-resources" / "kubelet.sock"
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -68,8 +72,21 @@ class KubeletStandIn:
                 )
             },
         )
-        server.add_generic_rpc_handlers((handler,))
+        pod_resources = grpc.method_handlers_generic_handler(
+            "v1.PodResourcesLister",
+            {
+                "List": grpc.unary_unary_rpc_method_handler(
+                    self._list_pod_resources,
+                    request_deserializer=pr.ListPodResourcesRequest.FromString,
+                    response_serializer=pr.ListPodResourcesResponse.SerializeToString,
+                )
+            },
+        )
+        server.add_generic_rpc_handlers((handler, pod_resources))
         server.add_insecure_port(f"unix://{self.socket}")
+        self.pod_resources_socket.parent.mkdir(exist_ok=True)
+        self.pod_resources_socket.unlink(missing_ok=True)
+        server.add_insecure_port(f"unix://{self.pod_resources_socket}")
         server.start()
         self._server = server
 
@@ -120,6 +137,24 @@ class KubeletStandIn:
         thread.start()
         self._streams.append(thread)
         return pb.Empty()
+
+    def _list_pod_resources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        pods: dict[tuple[str, str], list[Any]] = {}
+        with self._changed:
+            for (namespace, pod, container), devices in self.assigned.items():
+                resource = self.current.request.resource_name
+                pods.setdefault((namespace, pod), []).append(
+                    pr.ContainerResources(
+                        name=container,
+                        devices=[pr.ContainerDevices(resource_name=resource, device_ids=devices)],
+                    )
+                )
+        return pr.ListPodResourcesResponse(
+            pod_resources=[
+                pr.PodResources(namespace=namespace, name=name, containers=containers)
+                for (namespace, name), containers in pods.items()
+            ]
+        )
 
     def _list_and_watch(self, registration: Registration) -> None:
         with contextlib.suppress(grpc.RpcError):
@@ -174,10 +209,11 @@ class KubeletStandIn:
         response = self.current.stub.GetPreferredAllocation(request, timeout=30)
         return list(response.container_responses[0].deviceIDs)
 
-    def admit_container(self, size: int) -> tuple[list[str], Any]:
+    def admit_container(self, size: int, owner: tuple[str, str, str] | None = None) -> tuple[list[str], Any]:
         """What the kubelet does for one container asking for ``size`` devices: ask for a preferred
         allocation among the free healthy devices, keep what is free, fill up in arbitrary order, call
-        Allocate, and count the devices as in use if it succeeded."""
+        Allocate, and count the devices as in use (by ``owner``, for the pod-resources API) if it
+        succeeded."""
         free = sorted(
             d for d, health in self.devices().items() if health == "Healthy" and d not in self.in_use
         )
@@ -186,5 +222,8 @@ class KubeletStandIn:
         chosen = [d for d in self.preferred(free, [], size) if d in free][:size]
         chosen += [d for d in free if d not in chosen][: size - len(chosen)]
         response = self.allocate(chosen)
-        self.in_use.update(chosen)
+        with self._changed:
+            self.in_use.update(chosen)
+            if owner is not None:
+                self.assigned[owner] = chosen
         return chosen, response

@@ -57,8 +57,8 @@ class MemoryKube:
     def pending_pods(self) -> list[PodView]:
         return [p for p in self.pods if p.uid not in self.phases]
 
-    def pod_uids(self) -> set[str]:
-        return {p.uid for p in self.pods}
+    def pod_uids(self) -> dict[tuple[str, str], str]:
+        return {(p.namespace, p.name): p.uid for p in self.pods}
 
     def set_phase(self, pod: PodView, phase: Phase) -> None:
         self.phases[pod.uid] = phase
@@ -189,3 +189,16 @@ def test_inventory_is_patched_only_when_it_changes(tmp_path: Path) -> None:
     assert agent.publish(heartbeat=False)
     assert '"health":"Unhealthy"' in kube.node[KEYS.node_gpus]
     assert agent.publish(heartbeat=True)
+
+
+def test_state_of_containers_whose_pods_are_gone_is_removed(tmp_path: Path) -> None:
+    pods = [in_flight_pod(name, {"main": [("GPU-0", 1024, 10)]}, bind=i) for i, name in enumerate("abc")]
+    agent, kube = make_agent(tmp_path, pods)
+    for _ in pods:
+        agent.allocate([["GPU-0::0"]])
+    containers = tmp_path / "containers"
+    assert sorted(p.name for p in containers.iterdir()) == ["uid-a", "uid-b", "uid-c"]
+    kube.pods = [p for p in pods if p.name != "b"]
+    agent.tidy_state()  # no kubelet pod-resources socket here: records stay as they are
+    assert sorted(p.name for p in containers.iterdir()) == ["uid-a", "uid-c"]
+    assert agent.state.served() == {("uid-a", "main"), ("uid-c", "main")}

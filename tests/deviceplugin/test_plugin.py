@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -439,3 +440,55 @@ def test_bad_input_is_refused_clearly_the_pod_fails_and_the_plugin_keeps_serving
     assert phase_of(core, namespace, "good") == Phase.ALLOCATED
     assert json.loads(node_inventory(core, gpu_node) or "[]")
     assert "Traceback" not in plugin.log()
+
+
+def test_equal_key_pods_admitted_out_of_bind_order_end_up_under_their_own_names(node: Node) -> None:
+    """Two pods with equal keys are indistinguishable at Allocate (both get the same answer); the
+    agent's guess (oldest bind first) is corrected from the kubelet's pod-resources API, so metrics
+    and clean-up follow the pod each container really belongs to."""
+    kubelet, core, namespace, g = node.kubelet, node.core, node.namespace, node.gpus.uuids
+    plugin = node.start(f"--pod-resources-socket={kubelet.pod_resources_socket}")
+    grants: Grants = [(g[1], 4096, 30)]
+    early = create_pod(
+        core,
+        namespace,
+        "early",
+        node.name,
+        {"main": grants},
+        annotations={KEYS.bind_time: format_time(now() - timedelta(seconds=60))},
+    )
+    late = create_pod(core, namespace, "late", node.name, {"main": grants})
+    # The kubelet admits the later pod first: the agent serves it as the oldest in-flight container.
+    _, late_answer = kubelet.admit_container(1, owner=(namespace, "late", "main"))
+    (late_response,) = late_answer.container_responses
+    assert limits_of(late_response) == {g[1]: (4096 * MIB, 30)}
+    kubelet.admit_container(1, owner=(namespace, "early", "main"))
+    late_state = next(m.host_path for m in late_response.mounts if m.container_path == CONTAINER_STATE_DIR)
+    assert early.metadata.uid in late_state  # the guess
+
+    holder = start_in_container(
+        late_response, [str(CUCLIENT), "alloc", "mem", "1g", "1", "hold"], node.gpus.env()
+    )
+    try:
+        assert holder.stdout is not None
+        while (line := holder.stdout.readline()) and line.strip() != "hold ready":
+            pass
+        assert line.strip() == "hold ready"
+
+        def used(pod: str) -> float | None:
+            labels = frozenset(
+                {"namespace": namespace, "pod": pod, "container": "main", "gpu_uuid": g[1]}.items()
+            )
+            return scrape(plugin.metrics_port()).get(("tessera_container_memory_used_bytes", labels))
+
+        wait_until(lambda: used("late") == 2**30 and used("early") == 0, what="metrics under the right pods")
+    finally:
+        stop(holder)
+
+    # The early pod goes away: the state of its container goes, the late pod's (in the early-named dir) stays.
+    core.delete_namespaced_pod("early", namespace, grace_period_seconds=0)
+    containers = plugin.state_dir / "containers"
+    wait_until(lambda: not (containers / late.metadata.uid).exists(), what="the early pod's state removed")
+    assert Path(late_state).is_dir()
+    record = json.loads((Path(late_state).parent / "allocation.json").read_text())
+    assert (record["pod"], record["pod_uid"]) == ("late", late.metadata.uid)

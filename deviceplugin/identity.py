@@ -1,0 +1,66 @@
+"""Pure logic: correcting which pod a served container belongs to, once the kubelet says.
+
+At Allocate the agent can only tell containers apart by key (docs/deviceplugin.md); between pods
+with equal keys it guesses the oldest bind first. Their answers are identical (GPUs, quotas), but the
+guess names the container's state dir and its record, which label its metrics and decide when its
+state is removed. The kubelet's pod-resources API later lists which devices each container got; the
+record holding exactly those devices is then rewritten to name the right pod and container. (The dir
+keeps its name: it is mounted. What it belongs to is what its record says.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from deviceplugin.statedir import ContainerDir, ServedRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRef:
+    namespace: str
+    pod: str
+    container: str
+
+
+def corrected_records(
+    records: Sequence[tuple[ContainerDir, ServedRecord]],
+    owners: Mapping[frozenset[str], ContainerRef],
+    pod_uids: Mapping[tuple[str, str], str],
+) -> list[tuple[ContainerDir, ServedRecord, ServedRecord]]:
+    """(dir, old record, new record) for the records whose devices the kubelet gave to another pod
+    or container.
+
+    ``owners`` maps each container's device set (from the pod-resources API) to the container;
+    ``pod_uids`` maps (namespace, name) to UID for the pods on the node.
+    """
+    changes = []
+    for where, record in records:
+        owner = owners.get(frozenset(record.device_ids)) if record.device_ids else None
+        if owner is None:
+            continue
+        uid = pod_uids.get((owner.namespace, owner.pod))
+        if uid is None:
+            continue
+        if (record.namespace, record.pod, record.pod_uid, record.container) == (
+            owner.namespace,
+            owner.pod,
+            uid,
+            owner.container,
+        ):
+            continue
+        changes.append(
+            (
+                where,
+                record,
+                record.model_copy(
+                    update={
+                        "namespace": owner.namespace,
+                        "pod": owner.pod,
+                        "pod_uid": uid,
+                        "container": owner.container,
+                    }
+                ),
+            )
+        )
+    return changes
