@@ -33,13 +33,8 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 
 
 def _example(file: str, name: str) -> dict[str, Any]:
-    """A pod from deploy/examples/, with its quantities as strings (the client's model wants them so;
-    kubectl accepts either)."""
     for doc in yaml.safe_load_all((EXAMPLES / file).read_text()):
         if doc["metadata"]["name"] == name:
-            for container in doc["spec"]["containers"]:
-                limits = container["resources"]["limits"]
-                container["resources"]["limits"] = {k: str(v) for k, v in limits.items()}
             return dict(doc)
     raise KeyError(f"{name} not in {file}")
 
