@@ -20,7 +20,7 @@ void fg_ctx_init(struct CUctx_st *ctx, CUdevice dev, unsigned flags, int primary
     ctx->null_stream.ctx = ctx;
 }
 
-CUresult fg_check_ctx(CUcontext ctx)
+static CUresult fg_check_ctx(CUcontext ctx)
 {
     CUresult rc = fg_check_init();
     if (rc != CUDA_SUCCESS)

@@ -83,10 +83,8 @@ static CUresult add_node(struct CUgraph_st *g, const CUgraphNode *deps, size_t n
     return CUDA_SUCCESS;
 }
 
-CUresult fg_graph_capture_kernel(struct CUgraph_st *g, CUfunction f, const unsigned grid[3],
-                                 const unsigned block[3])
+CUresult fg_graph_capture_kernel(struct CUgraph_st *g, CUfunction f, const unsigned grid[3])
 {
-    (void)block;
     return add_node(g, NULL, 0, f, grid, NULL);
 }
 

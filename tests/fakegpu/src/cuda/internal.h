@@ -76,7 +76,6 @@ const struct fg_gpu_spec *fg_spec(CUdevice dev);
 
 /* context.c */
 CUresult fg_current_ctx(struct CUctx_st **out);
-CUresult fg_check_ctx(CUcontext ctx);
 void fg_ctx_init(struct CUctx_st *ctx, CUdevice dev, unsigned flags, int primary);
 
 /* A kernel: a named placeholder of a module; its simulated duration comes from its name. */
@@ -95,8 +94,7 @@ CUresult fg_resolve_stream(CUstream s, struct CUstream_st **out);
 void fg_stream_run(struct CUstream_st *s, uint64_t duration_ns);
 /* Completion time of the launch FG_QUEUE_DEPTH launches back: a new launch waits for it. fg_lock held. */
 uint64_t fg_stream_queue_wait(struct CUstream_st *s);
-/* Sleeps until the stream's (or context's) queued work completed. */
-void fg_stream_wait(struct CUstream_st *s);
+/* Sleeps until the context's queued work completed. */
 void fg_ctx_wait(struct CUctx_st *ctx);
 
 /* memory.c: the address map of device allocations, host allocations and VMM mappings */
@@ -121,11 +119,8 @@ void fg_uncharge(CUdevice dev, size_t bytes);
 
 /* launch.c */
 uint64_t fg_kernel_ns(CUfunction f, const unsigned grid[3], CUdevice dev);
-CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                   unsigned bz, CUstream stream);
 
 /* graph.c: stream capture records launches instead of running them */
-CUresult fg_graph_capture_kernel(struct CUgraph_st *g, CUfunction f, const unsigned grid[3],
-                                 const unsigned block[3]);
+CUresult fg_graph_capture_kernel(struct CUgraph_st *g, CUfunction f, const unsigned grid[3]);
 
 #endif

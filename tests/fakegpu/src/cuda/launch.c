@@ -14,7 +14,7 @@ uint64_t fg_kernel_ns(CUfunction f, const unsigned grid[3], CUdevice dev)
     return FG_LAUNCH_OVERHEAD_NS + waves * f->wave_ns;
 }
 
-CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+static CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, CUstream stream)
 {
     struct CUstream_st *s;
@@ -26,10 +26,10 @@ CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned
     if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || gy > 65535 || gz > 65535 ||
         (uint64_t)bx * by * bz > 1024 || bz > 64)
         return CUDA_ERROR_INVALID_VALUE;
-    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    const unsigned grid[3] = {gx, gy, gz};
     pthread_mutex_lock(&fg_lock);
     if (s->capture) {
-        rc = fg_graph_capture_kernel(s->capture, f, grid, block);
+        rc = fg_graph_capture_kernel(s->capture, f, grid);
         pthread_mutex_unlock(&fg_lock);
         return rc;
     }

@@ -63,7 +63,7 @@ void fg_stream_run(struct CUstream_st *s, uint64_t duration_ns)
         s->ctx->tail_ns = end;
 }
 
-void fg_stream_wait(struct CUstream_st *s)
+static void fg_stream_wait(struct CUstream_st *s)
 {
     pthread_mutex_lock(&fg_lock);
     uint64_t until = s->tail_ns;
