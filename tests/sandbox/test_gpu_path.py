@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,6 +205,44 @@ def test_device_plugin_restart_reregisters_and_allocations_still_agree(sbx: Sand
     }
     _, report = _run_probe_pod(sbx, _another("after-plugin-restart"))
     assert (report["device"], report["total_mib"], report["allocations_ok"]) == (T4.name, "1024", "4")
+
+
+def test_added_node_without_kubelet_takes_what_fits_only_there(sbx: Sandbox) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tessera.cli",
+            "sandbox",
+            "add-node",
+            "edge-1",
+            "--gpu",
+            "a100-80",
+            "--dir",
+            str(sbx.root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    big = _another("needs-80g")
+    big["spec"]["containers"][0]["resources"]["limits"][KEYS.vgpu_memory] = "61440"
+    sbx.core.create_namespaced_pod("default", big)
+    deadline = time.monotonic() + 60
+    while (
+        not sbx.core.read_namespaced_pod("needs-80g", "default").spec.node_name
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    pod = sbx.core.read_namespaced_pod("needs-80g", "default")
+    assert pod.spec.node_name == "edge-1"
+    assert parse_allocation(pod.metadata.annotations[KEYS.allocation]).node == "edge-1"
+    nodes = {n["name"]: n for n in cluster.status(sbx.root)["nodes"]}
+    assert nodes["edge-1"]["slices"] == 10
+    assert [g["model"] for g in nodes["edge-1"]["gpus"]] == ["NVIDIA A100-SXM4-80GB"]
+    sbx.core.delete_namespaced_pod("needs-80g", "default", grace_period_seconds=0)
 
 
 def test_down_leaves_nothing_behind(gpu_sandbox: tuple[Sandbox, HostView]) -> None:
