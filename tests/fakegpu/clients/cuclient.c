@@ -5,7 +5,8 @@
  *
  * Paths: linked (calls the symbols it was linked with, -lcuda), dlopen (dlopen("libcuda.so.1") and
  * dlsym of each ABI name), procaddr (dlsym of cuGetProcAddress_v2 only, then every API through it at
- * version 13000), procaddr-ptds (the same, asking for per-thread default stream variants).
+ * the version of the signature the client uses, as cuda-bindings does), procaddr-ptds (the same,
+ * asking for per-thread default stream variants).
  *
  * Steps:
  *   info                          device name, total (cuDeviceTotalMem), free/total (cuMemGetInfo)
@@ -37,62 +38,60 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROC_VERSION 13000
-
 /* name (as cuGetProcAddress knows it), ABI symbol, pointer type */
 #define API_LIST(X)                                                                                          \
-    X(cuInit, cuInit, PFN_cuInit_v2000)                                                                      \
-    X(cuGetErrorName, cuGetErrorName, PFN_cuGetErrorName_v6000)                                              \
-    X(cuDeviceGet, cuDeviceGet, PFN_cuDeviceGet_v2000)                                                       \
-    X(cuDeviceGetName, cuDeviceGetName, PFN_cuDeviceGetName_v2000)                                           \
-    X(cuDeviceTotalMem, cuDeviceTotalMem_v2, PFN_cuDeviceTotalMem_v3020)                                     \
-    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000)                \
-    X(cuCtxCreate, cuCtxCreate_v4, PFN_cuCtxCreate_v12050)                                                   \
-    X(cuCtxSetCurrent, cuCtxSetCurrent, PFN_cuCtxSetCurrent_v4000)                                           \
-    X(cuCtxSynchronize, cuCtxSynchronize, PFN_cuCtxSynchronize_v2000)                                        \
-    X(cuMemGetInfo, cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020)                                                 \
-    X(cuMemAlloc, cuMemAlloc_v2, PFN_cuMemAlloc_v3020)                                                       \
-    X(cuMemAllocPitch, cuMemAllocPitch_v2, PFN_cuMemAllocPitch_v3020)                                        \
-    X(cuMemAllocManaged, cuMemAllocManaged, PFN_cuMemAllocManaged_v6000)                                     \
-    X(cuMemFree, cuMemFree_v2, PFN_cuMemFree_v3020)                                                          \
-    X(cuMemAllocAsync, cuMemAllocAsync, PFN_cuMemAllocAsync_v11020)                                          \
-    X(cuMemFreeAsync, cuMemFreeAsync, PFN_cuMemFreeAsync_v11020)                                             \
-    X(cuMemPoolCreate, cuMemPoolCreate, PFN_cuMemPoolCreate_v11020)                                          \
-    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020)                  \
-    X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, PFN_cuMemGetAllocationGranularity_v10020) \
-    X(cuMemCreate, cuMemCreate, PFN_cuMemCreate_v10020)                                                      \
-    X(cuMemRelease, cuMemRelease, PFN_cuMemRelease_v10020)                                                   \
-    X(cuMemAddressReserve, cuMemAddressReserve, PFN_cuMemAddressReserve_v10020)                              \
-    X(cuMemAddressFree, cuMemAddressFree, PFN_cuMemAddressFree_v10020)                                       \
-    X(cuMemMap, cuMemMap, PFN_cuMemMap_v10020)                                                               \
-    X(cuMemUnmap, cuMemUnmap, PFN_cuMemUnmap_v10020)                                                         \
-    X(cuMemSetAccess, cuMemSetAccess, PFN_cuMemSetAccess_v10020)                                             \
-    X(cuArrayCreate, cuArrayCreate_v2, PFN_cuArrayCreate_v3020)                                              \
-    X(cuArray3DCreate, cuArray3DCreate_v2, PFN_cuArray3DCreate_v3020)                                        \
-    X(cuArrayDestroy, cuArrayDestroy, PFN_cuArrayDestroy_v2000)                                              \
-    X(cuMipmappedArrayCreate, cuMipmappedArrayCreate, PFN_cuMipmappedArrayCreate_v5000)                      \
-    X(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, PFN_cuMipmappedArrayDestroy_v5000)                   \
-    X(cuModuleLoadData, cuModuleLoadData, PFN_cuModuleLoadData_v2000)                                        \
-    X(cuModuleGetFunction, cuModuleGetFunction, PFN_cuModuleGetFunction_v2000)                               \
-    X(cuLaunchKernel, cuLaunchKernel, PFN_cuLaunchKernel_v4000)                                              \
-    X(cuLaunchKernelEx, cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                                       \
-    X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000)             \
-    X(cuStreamCreate, cuStreamCreate, PFN_cuStreamCreate_v2000)                                              \
-    X(cuStreamSynchronize, cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                               \
-    X(cuStreamBeginCapture, cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010)                        \
-    X(cuStreamEndCapture, cuStreamEndCapture, PFN_cuStreamEndCapture_v10000)                                 \
-    X(cuEventCreate, cuEventCreate, PFN_cuEventCreate_v2000)                                                 \
-    X(cuEventRecord, cuEventRecord, PFN_cuEventRecord_v2000)                                                 \
-    X(cuEventSynchronize, cuEventSynchronize, PFN_cuEventSynchronize_v2000)                                  \
-    X(cuEventElapsedTime, cuEventElapsedTime_v2, PFN_cuEventElapsedTime_v12080)                              \
-    X(cuGraphCreate, cuGraphCreate, PFN_cuGraphCreate_v10000)                                                \
-    X(cuGraphAddKernelNode, cuGraphAddKernelNode_v2, PFN_cuGraphAddKernelNode_v12000)                        \
-    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040)      \
-    X(cuGraphLaunch, cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                                \
-    X(cuGraphExecDestroy, cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000)                                 \
-    X(cuGraphDestroy, cuGraphDestroy, PFN_cuGraphDestroy_v10000)
+    X(cuInit, cuInit, PFN_cuInit_v2000, 2000)                                                                      \
+    X(cuGetErrorName, cuGetErrorName, PFN_cuGetErrorName_v6000, 6000)                                              \
+    X(cuDeviceGet, cuDeviceGet, PFN_cuDeviceGet_v2000, 2000)                                                       \
+    X(cuDeviceGetName, cuDeviceGetName, PFN_cuDeviceGetName_v2000, 2000)                                           \
+    X(cuDeviceTotalMem, cuDeviceTotalMem_v2, PFN_cuDeviceTotalMem_v3020, 3020)                                     \
+    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000, 7000)                \
+    X(cuCtxCreate, cuCtxCreate_v4, PFN_cuCtxCreate_v12050, 12050)                                                   \
+    X(cuCtxSetCurrent, cuCtxSetCurrent, PFN_cuCtxSetCurrent_v4000, 4000)                                           \
+    X(cuCtxSynchronize, cuCtxSynchronize, PFN_cuCtxSynchronize_v2000, 2000)                                        \
+    X(cuMemGetInfo, cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020, 3020)                                                 \
+    X(cuMemAlloc, cuMemAlloc_v2, PFN_cuMemAlloc_v3020, 3020)                                                       \
+    X(cuMemAllocPitch, cuMemAllocPitch_v2, PFN_cuMemAllocPitch_v3020, 3020)                                        \
+    X(cuMemAllocManaged, cuMemAllocManaged, PFN_cuMemAllocManaged_v6000, 6000)                                     \
+    X(cuMemFree, cuMemFree_v2, PFN_cuMemFree_v3020, 3020)                                                          \
+    X(cuMemAllocAsync, cuMemAllocAsync, PFN_cuMemAllocAsync_v11020, 11020)                                          \
+    X(cuMemFreeAsync, cuMemFreeAsync, PFN_cuMemFreeAsync_v11020, 11020)                                             \
+    X(cuMemPoolCreate, cuMemPoolCreate, PFN_cuMemPoolCreate_v11020, 11020)                                          \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020, 11020)                  \
+    X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, PFN_cuMemGetAllocationGranularity_v10020, 10020) \
+    X(cuMemCreate, cuMemCreate, PFN_cuMemCreate_v10020, 10020)                                                      \
+    X(cuMemRelease, cuMemRelease, PFN_cuMemRelease_v10020, 10020)                                                   \
+    X(cuMemAddressReserve, cuMemAddressReserve, PFN_cuMemAddressReserve_v10020, 10020)                              \
+    X(cuMemAddressFree, cuMemAddressFree, PFN_cuMemAddressFree_v10020, 10020)                                       \
+    X(cuMemMap, cuMemMap, PFN_cuMemMap_v10020, 10020)                                                               \
+    X(cuMemUnmap, cuMemUnmap, PFN_cuMemUnmap_v10020, 10020)                                                         \
+    X(cuMemSetAccess, cuMemSetAccess, PFN_cuMemSetAccess_v10020, 10020)                                             \
+    X(cuArrayCreate, cuArrayCreate_v2, PFN_cuArrayCreate_v3020, 3020)                                              \
+    X(cuArray3DCreate, cuArray3DCreate_v2, PFN_cuArray3DCreate_v3020, 3020)                                        \
+    X(cuArrayDestroy, cuArrayDestroy, PFN_cuArrayDestroy_v2000, 2000)                                              \
+    X(cuMipmappedArrayCreate, cuMipmappedArrayCreate, PFN_cuMipmappedArrayCreate_v5000, 5000)                      \
+    X(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, PFN_cuMipmappedArrayDestroy_v5000, 5000)                   \
+    X(cuModuleLoadData, cuModuleLoadData, PFN_cuModuleLoadData_v2000, 2000)                                        \
+    X(cuModuleGetFunction, cuModuleGetFunction, PFN_cuModuleGetFunction_v2000, 2000)                               \
+    X(cuLaunchKernel, cuLaunchKernel, PFN_cuLaunchKernel_v4000, 4000)                                              \
+    X(cuLaunchKernelEx, cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060, 11060)                                       \
+    X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000, 9000)             \
+    X(cuStreamCreate, cuStreamCreate, PFN_cuStreamCreate_v2000, 2000)                                              \
+    X(cuStreamSynchronize, cuStreamSynchronize, PFN_cuStreamSynchronize_v2000, 2000)                               \
+    X(cuStreamBeginCapture, cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010, 10010)                        \
+    X(cuStreamEndCapture, cuStreamEndCapture, PFN_cuStreamEndCapture_v10000, 10000)                                 \
+    X(cuEventCreate, cuEventCreate, PFN_cuEventCreate_v2000, 2000)                                                 \
+    X(cuEventRecord, cuEventRecord, PFN_cuEventRecord_v2000, 2000)                                                 \
+    X(cuEventSynchronize, cuEventSynchronize, PFN_cuEventSynchronize_v2000, 2000)                                  \
+    X(cuEventElapsedTime, cuEventElapsedTime_v2, PFN_cuEventElapsedTime_v12080, 12080)                              \
+    X(cuGraphCreate, cuGraphCreate, PFN_cuGraphCreate_v10000, 10000)                                                \
+    X(cuGraphAddKernelNode, cuGraphAddKernelNode_v2, PFN_cuGraphAddKernelNode_v12000, 12000)                        \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040, 11040)      \
+    X(cuGraphLaunch, cuGraphLaunch, PFN_cuGraphLaunch_v10000, 10000)                                                \
+    X(cuGraphExecDestroy, cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000, 10000)                                 \
+    X(cuGraphDestroy, cuGraphDestroy, PFN_cuGraphDestroy_v10000, 10000)
 
-#define API_FIELD(name, abi, type) type name;
+#define API_FIELD(name, abi, type, version) type name;
 static struct {
     API_LIST(API_FIELD)
 } api;
@@ -142,7 +141,7 @@ static void check(const char *what, CUresult rc)
 static int load_api(const char *path)
 {
     if (strcmp(path, "linked") == 0) {
-#define API_LINK(name, abi, type) api.name = (type)&abi;
+#define API_LINK(name, abi, type, version) api.name = (type)&abi;
         API_LIST(API_LINK)
         cuMemAlloc32 = (cuMemAlloc32_fn)dlsym(RTLD_DEFAULT, "cuMemAlloc");
         return 0;
@@ -153,7 +152,7 @@ static int load_api(const char *path)
         return -1;
     }
     if (strcmp(path, "dlopen") == 0) {
-#define API_DLSYM(name, abi, type)                                                                           \
+#define API_DLSYM(name, abi, type, version)                                                                         \
     if (!(api.name = (type)dlsym(lib, #abi))) {                                                              \
         printf("error step=load detail=missing-%s\n", #abi);                                                 \
         return -1;                                                                                           \
@@ -177,8 +176,8 @@ static int load_api(const char *path)
         return -1;
     }
     CUdriverProcAddressQueryResult status;
-#define API_PROC(name, abi, type)                                                                            \
-    if (gpa(#name, (void **)&api.name, PROC_VERSION, flags, &status) != CUDA_SUCCESS) {                      \
+#define API_PROC(name, abi, type, version)                                                                          \
+    if (gpa(#name, (void **)&api.name, version, flags, &status) != CUDA_SUCCESS) {                                 \
         printf("error step=load detail=cuGetProcAddress-%s-status-%d\n", #name, (int)status);                \
         return -1;                                                                                           \
     }
