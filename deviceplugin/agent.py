@@ -240,6 +240,7 @@ class Agent:
         """Publish at once, on every health change, and every heartbeat interval, until ``stop``."""
         next_heartbeat = next_tidy = 0.0
         version = -1
+        last_error = ""
         while not stop.is_set():
             due = time.monotonic() >= next_heartbeat
             try:
@@ -250,10 +251,13 @@ class Agent:
                 if time.monotonic() >= next_tidy:
                     self.tidy_state()
                     next_tidy = time.monotonic() + TIDY_SECONDS
-            except Exception as e:  # the API may be down for a while; keep trying
-                log.warning("cannot update node %s: %s", self.config.node_name, e)
+            except Exception as e:  # the API may be down for a while; keep trying, say so once
+                if str(e) != last_error:
+                    log.warning("cannot update node %s (retrying): %s", self.config.node_name, e)
+                    last_error = str(e)
                 stop.wait(2.0)
                 continue
+            last_error = ""
             self.wait_for_change(version, timeout=max(0.0, min(1.0, next_heartbeat - time.monotonic())))
 
     def run_presence_checks(self, present: Callable[[str], bool], stop: threading.Event) -> None:

@@ -20,10 +20,20 @@ log = logging.getLogger(__name__)
 COMPONENT = "tessera-device-plugin"
 
 
+class KubeConfigError(RuntimeError):
+    """No usable credentials; the message names the source."""
+
+
 def load_api(kubeconfig: Path | None) -> client.ApiClient:
-    if kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(kubeconfig))
-    config.load_incluster_config()
+    try:
+        if kubeconfig is not None:
+            return config.new_client_from_config(config_file=str(kubeconfig))
+        config.load_incluster_config()
+    except (config.ConfigException, OSError) as e:
+        where = (
+            f"--kubeconfig {kubeconfig}" if kubeconfig is not None else "in-cluster config (no --kubeconfig)"
+        )
+        raise KubeConfigError(f"{where}: {e}") from None
     return client.ApiClient()
 
 

@@ -16,7 +16,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from deviceplugin.agent import Agent
 from deviceplugin.config import Config, parse_config
-from deviceplugin.kube import Kube, load_api
+from deviceplugin.kube import Kube, KubeConfigError, load_api
 from deviceplugin.kubelet import run_registration
 from deviceplugin.metrics import AgentCollector
 from deviceplugin.nvml import GpuReading, Nvml, NvmlUnavailableError
@@ -62,10 +62,10 @@ def _discover(config: Config) -> tuple[Nvml | None, tuple[GpuInfo, ...]]:
 def run(config: Config, stop: threading.Event) -> None:
     # The hook's Python module finds libvgpu.so (to read accounting regions) through this variable.
     os.environ.setdefault(LIBRARY_ENV, str(config.hook_library))
+    kube = Kube(load_api(config.kubeconfig), config.node_name, config.keys)
     state = StateDir(config.state_dir)
     state.prepare()
     nvml, gpus = _discover(config)
-    kube = Kube(load_api(config.kubeconfig), config.node_name, config.keys)
     agent = Agent(config, gpus, kube, state)
 
     def reading(uuid: str) -> GpuReading | None:
@@ -111,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # The Kubernetes client's connection pool logs every retry; the agent reports failures itself.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     config = parse_config(argv)
     stop = threading.Event()
 
@@ -120,7 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    run(config, stop)
+    try:
+        run(config, stop)
+    except (KubeConfigError, OSError) as e:
+        log.error("%s", e)
+        return 2
     return 0
 
 
