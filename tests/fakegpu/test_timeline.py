@@ -8,6 +8,8 @@ import json
 import sys
 import time
 
+import pytest
+
 from tests.fakegpu import BUILD_DIR
 from tests.fakegpu.conftest import Gpus, Processes, fields
 
@@ -40,9 +42,11 @@ def test_duration_grows_with_waves_over_the_sm_count(gpus: Gpus, procs: Processe
     assert abs(other - 2.1) < 0.01  # 132 SMs: 264 blocks are two waves of the default 100 us
 
 
-def test_every_launch_api_and_graphs_take_device_time(gpus: Gpus, procs: Processes) -> None:
+@pytest.mark.parametrize("path", ["linked", "dlopen", "procaddr", "procaddr-ptds"])
+def test_every_launch_api_and_graphs_take_device_time(gpus: Gpus, procs: Processes, path: str) -> None:
     lines = procs.cuclient(
         gpus.env(),
+        *("--path", path),
         *("launch", "sleep_us_2000", "1", "10", "sync"),
         *("launch-ex", "sleep_us_2000", "1", "10", "sync"),
         *("launch-coop", "sleep_us_2000", "1", "10", "sync"),
