@@ -168,12 +168,15 @@ class Nvml:
             log.warning("XID events unavailable, health from presence checks only: %s", e)
             return
         try:
+            watched = 0
             for uuid in uuids:
                 try:
                     handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                     pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+                    watched += 1
                 except pynvml.NVMLError as e:
                     log.warning("GPU %s: XID events unavailable: %s", uuid, e)
+            log.info("watching XID events of %d GPU(s)", watched)
             while not stop.is_set():
                 try:
                     event = pynvml.nvmlEventSetWait_v2(events, 500)

@@ -199,12 +199,13 @@ def test_xid_and_lost_gpus_turn_their_slices_unhealthy_until_they_recover(node: 
     gpu_node = node.name
     fake_gpus = node.gpus
     core = node.core
-    node.start()
     sick, other = fake_gpus.uuids[2], fake_gpus.uuids[3]
 
     def unhealthy() -> set[str]:
         return {d for d, h in kubelet.devices().items() if h != HEALTHY}
 
+    plugin = node.start()
+    wait_until(lambda: "watching XID events of 4 GPU(s)" in plugin.log(), what="XID watch")
     fake_gpus.inject_xid(3, 13)  # the application's fault: the GPU stays healthy
     fake_gpus.inject_xid(2, 79)  # fallen off the bus: critical
     kubelet.wait_for(lambda k: unhealthy() == {f"{sick}::{n}" for n in range(10)})
@@ -227,7 +228,7 @@ def test_xid_and_lost_gpus_turn_their_slices_unhealthy_until_they_recover(node: 
     kubelet.wait_for(lambda k: unhealthy() == {f"{sick}::{n}" for n in range(10)})
     # The XID-faulted GPU recovers once it was reset (gone and back).
     fake_gpus.set_lost(2, True)
-    time.sleep(1.5)
+    wait_until(lambda: f"GPU {sick}: gone, now Unhealthy" in plugin.log(), what="GPU 2 seen gone")
     fake_gpus.set_lost(2, False)
     kubelet.wait_for(lambda k: not unhealthy())
     assert len(kubelet.devices()) == 40
