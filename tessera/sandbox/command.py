@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.localcluster import ControlPlaneError
-from tessera.sandbox import cluster, fakenode
+from tessera.sandbox import cluster, demo, fakenode
 from tessera.sandbox.layout import DEFAULT_ROOT
 from tessera.sandbox.processes import StartError
 
@@ -28,14 +28,27 @@ def _progress(message: str) -> None:
     print(f"sandbox: {message}", file=sys.stderr, flush=True)
 
 
-def _up(args: argparse.Namespace) -> int:
-    options = cluster.Options(
+def _options(args: argparse.Namespace) -> cluster.Options:
+    return cluster.Options(
         root=args.dir,
         node=args.node or cluster.default_node_name(),
         kubelet_port=args.kubelet_port,
         kubelet_healthz_port=args.kubelet_healthz_port,
         timeout=args.timeout,
     )
+
+
+def _demo(args: argparse.Namespace) -> int:
+    try:
+        demo.run(_options(args), keep=args.keep)
+    except (StartError, ControlPlaneError) as e:
+        print(f"tessera sandbox demo: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    options = _options(args)
     try:
         state = cluster.up(options, report=_progress)
     except (StartError, ControlPlaneError) as e:
@@ -126,13 +139,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "--dir", type=Path, default=DEFAULT_ROOT, help=f"the sandbox's directory (default {DEFAULT_ROOT})"
         )
 
+    def starting(sub: argparse.ArgumentParser) -> None:
+        common(sub)
+        sub.add_argument("--node", help="node name; must resolve to 127.0.0.1 (default: this host's name)")
+        sub.add_argument("--kubelet-port", type=_port, default=10250)
+        sub.add_argument("--kubelet-healthz-port", type=_port, default=10248)
+        sub.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each component")
+
     up = commands.add_parser("up", help="start the sandbox and wait until the node is ready")
-    common(up)
-    up.add_argument("--node", help="node name; must resolve to 127.0.0.1 (default: this host's name)")
-    up.add_argument("--kubelet-port", type=_port, default=10250)
-    up.add_argument("--kubelet-healthz-port", type=_port, default=10248)
-    up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each component")
+    starting(up)
     up.set_defaults(func=_up)
+
+    demo_parser = commands.add_parser(
+        "demo", help="up, apply deploy/examples/, show placements and the hook's refusals, down"
+    )
+    starting(demo_parser)
+    demo_parser.add_argument("--keep", action="store_true", help="leave the sandbox up afterwards")
+    demo_parser.set_defaults(func=_demo)
 
     down = commands.add_parser("down", help="stop everything and remove what the sandbox left on the host")
     common(down)

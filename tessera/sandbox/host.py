@@ -272,16 +272,32 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+# What the sandbox runs: these programs, and Python running these modules.
+COMPONENT_PROGRAMS = frozenset(
+    {"containerd", "containerd-shim-runc-v2", "kubelet", "etcd", "kube-apiserver", "kube-scheduler"}
+)
+COMPONENT_MODULES = frozenset({"extender.main", "deviceplugin.main", "tessera.sandbox.fakenode"})
+
+
+def is_component(args: Sequence[str], root: str) -> bool:
+    """A sandbox component of the sandbox in ``root``: one of its programs with an argument inside
+    that directory. (Not any process naming the directory: the `tessera sandbox` command itself, its
+    sudo, or a pager on a log are not the sandbox's to kill.)"""
+    if not args or not any(a.startswith(root + "/") or f"={root}/" in a for a in args):
+        return False
+    program = os.path.basename(args[0])
+    if program in COMPONENT_PROGRAMS:
+        return True
+    return program.startswith("python") and any(m in args for m in COMPONENT_MODULES)
+
+
 def processes_using(layout: Layout) -> set[int]:
-    """Processes whose command line names the sandbox directory (containerd, kubelet, shims, ...)."""
+    """The sandbox's component processes still running (containerd, kubelet, shims, ...)."""
     root = str(layout.root)
-    mine = os.getpid()
     found = set()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != mine:
-            args = _cmdline(int(entry.name))
-            if any(root == a or a.startswith(root + "/") or f"={root}/" in a for a in args):
-                found.add(int(entry.name))
+        if entry.name.isdigit() and is_component(_cmdline(int(entry.name)), root):
+            found.add(int(entry.name))
     return found
 
 

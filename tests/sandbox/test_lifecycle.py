@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tessera.localcluster import ControlPlaneError
 from tessera.sandbox import cluster, images
 from tests.sandbox.conftest import HostView, Sandbox, differences
 
@@ -95,3 +96,32 @@ def test_up_refuses_to_run_without_root(sandbox_root: Path) -> None:
     assert result.returncode == 1
     assert "tessera sandbox must run as root (uid 0, not 65534)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_failed_up_stops_what_it_started_and_cleans_the_host(
+    sandbox_root: Path, host_before: HostView
+) -> None:
+    # No time at all to wait: containerd starts, then the control plane cannot become ready in time.
+    with pytest.raises(ControlPlaneError, match="not ready"):
+        cluster.up(cluster.Options(root=sandbox_root, timeout=0.001), report=lambda _: None)
+    assert not (sandbox_root / "sandbox.json").exists()
+    assert differences(host_before, sandbox_root) == []
+
+
+def test_demo_shows_placements_quota_refusals_and_the_pending_reason_then_cleans_up(
+    sandbox_root: Path, host_before: HostView
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tessera.cli", "sandbox", "demo", "--dir", str(sandbox_root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "quota-1g   Running  node" in out and "NVIDIA A100-SXM4-40GB 1024 MiB 30%" in out
+    assert "total_mib=1024" in out and "allocations_ok=4" in out and "refused_with=2" in out
+    assert "no GPU with 81920 MiB of memory; largest has 40960 MiB" in out
+    assert out.rstrip().endswith("sandbox down: nothing left on the host")
+    assert differences(host_before, sandbox_root) == []

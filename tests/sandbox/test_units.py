@@ -239,3 +239,34 @@ def test_fake_node_inventory_is_stable_and_refuses_unknown_models() -> None:
     assert fakenode.capacity(first)[KEYS.vgpu] == "20"
     with pytest.raises(ValueError, match="--gpu: 'b200' is not one of"):
         fakenode.inventory("edge-1", ["b200"])
+
+
+ROOT = "/srv/sbx"
+
+
+@pytest.mark.parametrize(
+    ("args", "component"),
+    [
+        (["/k8s/bin/kubelet", f"--config={ROOT}/kubelet-config.yaml"], True),
+        (
+            [
+                "/usr/bin/containerd-shim-runc-v2",
+                "-namespace",
+                "k8s.io",
+                "-address",
+                f"{ROOT}/containerd/c.sock",
+            ],
+            True,
+        ),
+        (["/venv/bin/python3", "-m", "extender.main", f"--kubeconfig={ROOT}/cluster/admin.kubeconfig"], True),
+        # The command that runs `down`, its sudo, a pager on a log: not the sandbox's to kill.
+        (["sudo", "tessera", "sandbox", "down", "--dir", ROOT], False),
+        (["/venv/bin/python3", "/venv/bin/tessera", "sandbox", "down", "--dir", ROOT], False),
+        (["less", f"{ROOT}/logs/kubelet.log"], False),
+        # Another sandbox's kubelet.
+        (["/k8s/bin/kubelet", "--config=/srv/sbx2/kubelet-config.yaml"], False),
+        ([], False),
+    ],
+)
+def test_only_the_sandboxs_own_components_count_as_its_processes(args: list[str], component: bool) -> None:
+    assert host.is_component(args, ROOT) is component
