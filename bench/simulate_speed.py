@@ -23,7 +23,9 @@ from tessera.simulate.inputs import load_inputs
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", type=Path)
     parser.add_argument("--pods", type=Path)
     parser.add_argument("--seeds", default="42,43,44,45,46")
@@ -32,8 +34,8 @@ def main() -> int:
     inputs = load_inputs(args.nodes, args.pods)
     profiles = SpeedProfiles.from_yaml(REPO_SPEED_PROFILES.read_text())
     sys.stdout.write(
-        f"Input: {inputs.description}\n\n| seed | policy | mean JCT s | p99 JCT s | mean wait s | makespan s |\n"
-        "|---|---|---|---|---|---|\n"
+        f"Input: {inputs.description}\n\n"
+        "| seed | policy | mean JCT s | p99 JCT s | mean wait s | makespan s |\n|---|---|---|---|---|---|\n"
     )
     cuts = []
     for seed in (int(s) for s in args.seeds.split(",")):
@@ -42,7 +44,8 @@ def main() -> int:
         assert blind is not None and aware is not None
         for name, t in (("binpack", blind), ("speed-aware", aware)):
             sys.stdout.write(
-                f"| {seed} | {name} | {t.mean_jct:.0f} | {t.p99_jct:.0f} | {t.mean_queueing:.1f} | {t.makespan:.0f} |\n"
+                f"| {seed} | {name} | {t.mean_jct:.0f} | {t.p99_jct:.0f} | {t.mean_queueing:.1f} "
+                f"| {t.makespan:.0f} |\n"
             )
         cuts.append(100 * (blind.mean_jct - aware.mean_jct) / blind.mean_jct)
     sys.stdout.write(

@@ -60,13 +60,16 @@ def packing_rows(runs: list[list[SystemResult]]) -> tuple[list[str], dict[str, f
         unallocated_100[name] = statistics.mean(100 - a for a in alloc)
         spread = f" ± {statistics.stdev(alloc):.2f}" if len(alloc) > 1 else ""
         decision = statistics.mean(p.mean_decision_ms for p in packings if p)
-        rows.append(f"| {name} | {statistics.mean(alloc):.2f}{spread} | {' | '.join(cells)} | {decision:.2f} |")
+        mean = statistics.mean(alloc)
+        rows.append(f"| {name} | {mean:.2f}{spread} | {' | '.join(cells)} | {decision:.2f} |")
     return rows, unallocated_100
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--traces", type=Path, required=True, help="folder of the alibaba-gpu-v2023 CSV files")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--traces", type=Path, required=True, help="folder of the trace's CSV files")
     parser.add_argument("--variants", default="default", help="comma-separated pod list variants")
     parser.add_argument("--seeds", default="42", help="comma-separated seeds")
     parser.add_argument("--policies", default=",".join(POLICY_NAMES))
@@ -91,7 +94,9 @@ def main() -> int:
             wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
             runs.append(results)
             everything[f"{variant}/{seed}"] = report.to_json(inputs, options, results)
-            decisions = sum((r.packing.pods if r.packing else 0) + (r.time.decisions if r.time else 0) for r in results)
+            decisions = sum(
+                (r.packing.pods if r.packing else 0) + (r.time.decisions if r.time else 0) for r in results
+            )
             sys.stdout.write(
                 f"<!-- {variant} seed {seed}: {len(policies)} policies, {decisions} placement decisions, "
                 f"wall {wall:.0f} s, CPU {cpu:.0f} s with --jobs {args.jobs} -->\n"
@@ -99,8 +104,8 @@ def main() -> int:
             sys.stdout.flush()
         rows, unallocated = packing_rows(runs)
         sys.stdout.write(
-            f"\n**{variant}** ({len(inputs.workload.pods)} pods, seeds {args.seeds}): allocation rate at 100% "
-            "arrived, unallocated GPUs (% / GPUs) by arrived load, mean ms per decision\n\n"
+            f"\n**{variant}** ({len(inputs.workload.pods)} pods, seeds {args.seeds}): allocation rate at "
+            "100% arrived, unallocated GPUs (% / GPUs) by arrived load, mean ms per decision\n\n"
             "| policy | alloc % at 100% | unalloc at 90% | at 95% | at 100% | ms/decision |\n"
             "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
         )
@@ -112,15 +117,17 @@ def main() -> int:
             if "binpack" in others:
                 line += f"; {cut(fgd, others['binpack']):.0f}% fewer than binpack ({others['binpack']:.2f}%)"
             if best is not None:
-                line += f"; best other policy: {best} ({others[best]:.2f}%, cut {cut(fgd, others[best]):.0f}%)"
+                line += f"; best other: {best} ({others[best]:.2f}%, cut {cut(fgd, others[best]):.0f}%)"
             sys.stdout.write(line + "\n")
         if args.time:
             for i, first in enumerate(runs[0]):
-                times = [run[i].time for run in runs if run[i].time]
+                times = [t for run in runs if (t := run[i].time) is not None]
+                jct = statistics.mean(t.mean_jct for t in times)
+                p99 = statistics.mean(t.p99_jct for t in times)
+                wait = statistics.mean(t.mean_queueing for t in times)
                 sys.stdout.write(
-                    f"time {first.system.name}: mean JCT {statistics.mean(t.mean_jct for t in times if t):.0f} s, "
-                    f"p99 {statistics.mean(t.p99_jct for t in times if t):.0f} s, mean wait "
-                    f"{statistics.mean(t.mean_queueing for t in times if t):.0f} s\n"
+                    f"time {first.system.name}: mean JCT {jct:.0f} s, p99 {p99:.0f} s, "
+                    f"mean wait {wait:.0f} s\n"
                 )
         sys.stdout.flush()
     if args.json:
