@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +19,10 @@ from pathlib import Path
 import nvidia  # the headers of nvidia-cuda-runtime, a test dependency
 import pytest
 
+from tests import fakegpu
+
 ROOT = Path(__file__).resolve().parents[2]
 HOOK_LIBRARY = ROOT / "hook" / "build" / "libvgpu.so"
-FAKE_BUILD = ROOT / "tests" / "fakegpu" / "build"
 CLIENT_SOURCE = Path(__file__).resolve().parent / "clients" / "hook_client.c"
 BINDINGS_CLIENT = Path(__file__).resolve().parent / "clients" / "bindings_client.py"
 NVML_CLIENT = Path(__file__).resolve().parent / "clients" / "nvml_client.py"
@@ -31,9 +31,9 @@ MIB = 2**20
 RUN_TIMEOUT = 120
 
 
-def _make(directory: Path, *targets: Path) -> None:
+def _make(directory: Path) -> None:
     done = subprocess.run(
-        ["make", "-s", "-C", str(directory), f"PYTHON={sys.executable}", *map(str, targets)],
+        ["make", "-s", "-C", str(directory), f"PYTHON={sys.executable}"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -63,7 +63,7 @@ class Clients:
 @pytest.fixture(scope="session")
 def clients(tmp_path_factory: pytest.TempPathFactory) -> Clients:
     _make(ROOT / "hook")
-    _make(ROOT / "tests" / "fakegpu", FAKE_BUILD / "libcuda.so.1", FAKE_BUILD / "libnvidia-ml.so.1")
+    fake_build = fakegpu.build()
     out = tmp_path_factory.mktemp("hook-clients")
     common = ["cc", "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{_cuda_include()}"]
     linked, dynamic = out / "hook_client_linked", out / "hook_client"
@@ -74,7 +74,7 @@ def clients(tmp_path_factory: pytest.TempPathFactory) -> Clients:
             "-o",
             str(linked),
             str(CLIENT_SOURCE),
-            f"-L{FAKE_BUILD}",
+            f"-L{fake_build}",
             "-lcuda",
             "-ldl",
             "-pthread",
@@ -93,6 +93,7 @@ class FakeGpus:
     """A fake GPU description file and what a hooked process needs to run on it."""
 
     config: Path
+    state: Path
     uuids: list[str]
     region: Path
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -100,13 +101,9 @@ class FakeGpus:
     def env(
         self, overrides: Mapping[str, str] | None = None, /, *, hooked: bool = True, **variables: str
     ) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "CUDA_", "NVIDIA_"))}
-        env.update(
-            FAKEGPU_CONFIG=str(self.config),
-            LD_LIBRARY_PATH=str(FAKE_BUILD),
-            TESSERA_REGION=str(self.region),
-            PYTHONPATH=str(ROOT),
-        )
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "CUDA_", "NVIDIA_"))}
+        env = fakegpu.client_env(self.config, self.state, base)
+        env.update(TESSERA_REGION=str(self.region), PYTHONPATH=str(ROOT))
         if hooked:
             env["LD_PRELOAD"] = str(HOOK_LIBRARY)
         env.update(self.extra_env)
@@ -115,17 +112,15 @@ class FakeGpus:
         return env
 
 
-def write_fake_gpus(directory: Path, count: int, *, memory_gib: int = 8, sms: int = 108) -> FakeGpus:
-    uuids = [f"GPU-{uuid.UUID(int=(0x5E55E7A << 96) + i + 1)}" for i in range(count)]
-    lines = ["driver version=580.95.05 cuda=13000 util_window_ms=200"]
-    for i, gpu_uuid in enumerate(uuids):
-        lines.append(
-            f'gpu name="NVIDIA A100-SXM4-80GB" uuid={gpu_uuid} memory={memory_gib}GiB sms={sms} cc=8.0 '
-            f"pci=0000:{0x17 + i:02x}:00.0"
-        )
-    config = directory / "gpus.conf"
-    config.write_text("\n".join(lines) + "\n")
-    return FakeGpus(config=config, uuids=uuids, region=directory / "region")
+def write_fake_gpus(directory: Path, count: int, *, memory_gib: int = 8) -> FakeGpus:
+    specs = [fakegpu.example_gpu(i, memory_mib=memory_gib * 1024) for i in range(count)]
+    config = fakegpu.write_config(directory / "gpus.conf", specs)
+    return FakeGpus(
+        config=config,
+        state=directory / "fakegpu-state",
+        uuids=[s.uuid for s in specs],
+        region=directory / "region",
+    )
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@
  *                                      every 100 ms while launching
  *   launch-ex, launch-coop: the same through cuLaunchKernelEx, cuLaunchCooperativeKernel
  *   graph <kernel> <count>             (one-kernel graph, launched count times)
+ *   fork <command>... end : runs the commands in a forked child (no exec), waits -> "child <exit status>"
  *   stress <threads> <iterations> <max bytes> <seed>  (random allocations and frees; -> "stress <ooms>")
  */
 #define _GNU_SOURCE
@@ -26,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #undef cuGetProcAddress
@@ -280,6 +282,17 @@ int main(int argc, char **argv) {
             printf("holding\n");
             fflush(stdout);
             for (;;) pause();
+        } else if (!strcmp(cmd, "fork")) {
+            fflush(stdout);
+            pid_t child = fork();
+            if (child == 0) continue; /* the child runs the commands up to "end" */
+            while (i + 1 < argc && strcmp(argv[i + 1], "end")) i++;
+            i++;
+            int status = 0;
+            waitpid(child, &status, 0);
+            printf("child %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        } else if (!strcmp(cmd, "end")) {
+            exit(0);
         } else if (!strcmp(cmd, "wait-stdin")) {
             char line[64];
             printf("waiting\n");

@@ -1,0 +1,119 @@
+"""The Python side: the limits-file writer the device plugin imports, and the region reader."""
+
+from __future__ import annotations
+
+import ctypes
+import stat
+from pathlib import Path
+
+import pytest
+
+from hook._library import load_library
+from hook.limits import CONTAINER_REGION_FILE, DeviceLimit, render_limits, write_limits
+from hook.region import RegionError, _DeviceUsageC, device_usage_size, read_region
+from tessera.contract import CONTAINER_LIMITS_FILE, ContractError, GpuGrant
+from tests.hook.conftest import GIB, MIB, Clients, FakeGpus, Processes
+
+UUID = "GPU-00000001-0000-4000-8000-000000000001"
+
+
+def test_render_limits_is_the_documented_format() -> None:
+    text = render_limits([DeviceLimit(UUID, GIB, 30), DeviceLimit("GPU-b", 2 * GIB, 0)], elastic=True)
+    assert text == (
+        "# Tessera limits, written by the device plugin; format in docs/hook.md\n"
+        "version 1\n"
+        f"region {CONTAINER_REGION_FILE}\n"
+        "elastic 1\n"
+        f"device {UUID} memory 1073741824 cores 30\n"
+        "device GPU-b memory 2147483648 cores 0\n"
+    )
+
+
+def test_device_limit_from_a_grant() -> None:
+    grant = GpuGrant(uuid=UUID, memory_mib=4096, cores=25)
+    assert DeviceLimit.from_grant(grant) == DeviceLimit(UUID, 4096 * MIB, 25)
+
+
+@pytest.mark.parametrize(
+    ("devices", "kwargs", "message"),
+    [
+        ([], {}, "limits: 0 devices, expected 1..16"),
+        ([DeviceLimit(f"GPU-{i}", GIB, 0) for i in range(17)], {}, "limits: 17 devices, expected 1..16"),
+        ([DeviceLimit(UUID, GIB, 0), DeviceLimit(UUID, GIB, 0)], {}, "device uuids must be distinct"),
+        ([DeviceLimit("", GIB, 0)], {}, "limits: uuid '' must be 1..79 characters without spaces"),
+        ([DeviceLimit("GPU a", GIB, 0)], {}, "limits: uuid 'GPU a' must be 1..79 characters without spaces"),
+        ([DeviceLimit(UUID, 0, 0)], {}, f"limits: device {UUID}: memory_bytes 0 must be > 0"),
+        ([DeviceLimit(UUID, GIB, 101)], {}, f"limits: device {UUID}: cores 101 is outside 0..100"),
+        ([DeviceLimit(UUID, GIB, -1)], {}, f"limits: device {UUID}: cores -1 is outside 0..100"),
+        (
+            [DeviceLimit(UUID, GIB, 0)],
+            {"region": "rel/region"},
+            "limits: region 'rel/region' must be an absolute",
+        ),
+    ],
+)
+def test_bad_limits_are_refused_naming_the_field(
+    devices: list[DeviceLimit], kwargs: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ContractError) as error:
+        render_limits(devices, **kwargs)  # type: ignore[arg-type]
+    assert message in str(error.value)
+
+
+def test_write_limits_is_atomic_and_read_only(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "limits"
+    write_limits(path, [DeviceLimit(UUID, GIB, 30)])
+    write_limits(path, [DeviceLimit(UUID, 2 * GIB, 30)])
+    assert f"device {UUID} memory {2 * GIB} cores 30" in path.read_text()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o444
+    assert [p.name for p in path.parent.iterdir()] == ["limits"]
+
+
+def test_hook_defaults_match_the_contract(clients: Clients) -> None:
+    library = load_library()
+    for name in ("vgpu_default_limits_path", "vgpu_default_region_path"):
+        getattr(library, name).restype = ctypes.c_char_p
+    assert library.vgpu_default_limits_path().decode() == CONTAINER_LIMITS_FILE
+    assert library.vgpu_default_region_path().decode() == CONTAINER_REGION_FILE
+
+
+def test_region_reader_struct_matches_the_library(clients: Clients) -> None:
+    assert device_usage_size() == ctypes.sizeof(_DeviceUsageC)
+
+
+def test_read_region_reports_typed_usage_of_live_processes(
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
+) -> None:
+    limits, region = tmp_path / "limits", tmp_path / "container-region"
+    write_limits(limits, [DeviceLimit(gpu.uuids[0], GIB, 30)], region=str(region))
+    env = gpu.env(TESSERA_LIMITS_FILE=str(limits))
+    holder = processes.start(
+        [clients.dynamic, "dlsym", "alloc", "300m", "launch", "sleep_us_1000", "50", "100", "hold"], env
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "ok 0"
+    while not holder.stdout.readline().startswith("holding"):
+        pass
+    usage = read_region(region)
+    assert usage.live_processes == 1
+    (device,) = usage.devices
+    assert (device.uuid, device.memory_used_bytes, device.memory_quota_bytes) == (
+        gpu.uuids[0],
+        300 * MIB,
+        GIB,
+    )
+    assert (device.cores, device.elastic, device.processes, device.launches) == (30, False, 1, 50)
+    assert device.busy_seconds == pytest.approx(0.05, rel=0.2)
+    assert device.throttled_seconds > 0
+    Processes.stop(holder)
+    after = read_region(region)
+    assert (after.live_processes, after.devices[0].memory_used_bytes, after.devices[0].processes) == (0, 0, 0)
+
+
+def test_read_region_errors_name_the_path(tmp_path: Path, clients: Clients) -> None:
+    missing, garbage = tmp_path / "missing", tmp_path / "garbage"
+    garbage.write_bytes(b"x" * 1024)
+    with pytest.raises(RegionError, match=f"region {missing}: No such file or directory"):
+        read_region(missing)
+    with pytest.raises(RegionError, match=f"region {garbage}: not a Tessera region of this version"):
+        read_region(garbage)
