@@ -27,7 +27,7 @@ from tessera.contract import KEYS, ContractError, parse_allocation, parse_invent
 from tessera.localcluster import ControlPlane, ManagedProcess, default_bin_dir
 from tessera.sandbox import containerd, fakenode, gpu, host, images, kubelet
 from tessera.sandbox.layout import HOST_DEVICE_PLUGIN_DIR, Layout
-from tessera.sandbox.processes import Started, StartError, alive, start, stop, wait_for
+from tessera.sandbox.processes import Started, StartError, adopt, alive, start, stop, wait_for
 
 KUBERNETES_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubelet")
 
@@ -84,14 +84,7 @@ def save_state(layout: Layout, state: SandboxState) -> None:
 def _recorded(process: ManagedProcess) -> Started:
     """A control-plane process (started by localcluster) in the sandbox's own record."""
     assert process.popen is not None, f"{process.name} was not started"
-    ticks = Path(f"/proc/{process.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    return Started(
-        name=process.name,
-        pid=process.popen.pid,
-        start_ticks=int(ticks),
-        log=str(process.log_path),
-        argv=tuple(process.args),
-    )
+    return adopt(process.name, process.popen.pid, process.log_path, process.args)
 
 
 def api_client(state: SandboxState) -> client.ApiClient:
@@ -162,43 +155,33 @@ def _start_kubelet(options: Options, layout: Layout, kubeconfig: Path) -> Starte
     return kubelet.start_kubelet(layout, options.kubernetes_bin / "kubelet", kubeconfig, options.node)
 
 
-def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
-    """Start the sandbox; raises :class:`StartError` (after stopping what it started and cleaning the
-    host) on failure."""
-    layout = Layout(options.root)
-    found = preflight(options, layout)
-    if found:
-        raise StartError("cannot start the sandbox:\n  - " + "\n  - ".join(found))
-    began = time.monotonic()
-    layout.root.mkdir(parents=True, exist_ok=True)
-    host.take_snapshot(layout)
-    starting = _Starting()
-    try:
-        report("images, fake GPUs and containerd")
-        tarballs = images.write_images(layout.images)
-        files = gpu.prepare(layout)
-        containerd.write_files(layout, files.container_mounts(), files.container_env())
-        starting.add(containerd.start_containerd(layout))
-        containerd.import_images(layout, tarballs)
+def _start_all(
+    options: Options, layout: Layout, starting: _Starting, report: Callable[[str], None]
+) -> tuple[ControlPlane, str]:
+    """Every component in order, each waited for; returns the control plane and the extender URL."""
+    report("images, fake GPUs and containerd")
+    tarballs = images.write_images(layout.images)
+    files = gpu.prepare(layout)
+    containerd.write_files(layout, files.container_mounts(), files.container_env())
+    starting.add(containerd.start_containerd(layout))
+    containerd.import_images(layout, tarballs)
 
-        report("control plane (etcd, kube-apiserver)")
-        plane = ControlPlane(work_dir=layout.cluster, bin_dir=options.kubernetes_bin)
-        plane.start(timeout=options.timeout)
-        for process in plane.processes:
-            starting.add(_recorded(process))
-        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
+    report("control plane (etcd, kube-apiserver)")
+    plane = ControlPlane(work_dir=layout.cluster, bin_dir=options.kubernetes_bin)
+    plane.start(timeout=options.timeout)
+    for process in plane.processes:
+        starting.add(_recorded(process))
 
-        report("extender and kube-scheduler (tessera-scheduler profile)")
-        extender_port = gpu.free_port()
-        extender_url = f"http://{gpu.LOOPBACK}:{extender_port}"
-        extender = starting.add(gpu.start_extender(layout, plane.kubeconfig, extender_port))
-        wait_for("the extender", lambda: gpu.extender_ready(extender_port), extender, options.timeout)
-        template = yaml.safe_load(gpu.SCHEDULER_CONFIG.read_text())
-        scheduler = plane.start_scheduler(
-            gpu.scheduler_config(template, extender_url), timeout=options.timeout
-        )
-        starting.add(_recorded(scheduler))
+    report("extender and kube-scheduler (tessera-scheduler profile)")
+    extender_port = gpu.free_port()
+    extender_url = f"http://{gpu.LOOPBACK}:{extender_port}"
+    extender = starting.add(gpu.start_extender(layout, plane.kubeconfig, extender_port))
+    wait_for("the extender", lambda: gpu.extender_ready(extender_port), extender, options.timeout)
+    template = yaml.safe_load(gpu.SCHEDULER_CONFIG.read_text())
+    scheduler = plane.start_scheduler(gpu.scheduler_config(template, extender_url), timeout=options.timeout)
+    starting.add(_recorded(scheduler))
 
+    with contextlib.closing(config.new_client_from_config(config_file=str(plane.kubeconfig))) as api:
         report(f"kubelet (node {options.node})")
         kubelet.write_files(layout, options.kubelet_port, options.kubelet_healthz_port)
         host.create_cgroup_root()
@@ -215,7 +198,22 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
             process=plugin,
             timeout=options.timeout,
         )
-        api.close()
+    return plane, extender_url
+
+
+def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
+    """Start the sandbox; raises :class:`StartError` (after stopping what it started and cleaning the
+    host) on failure."""
+    layout = Layout(options.root)
+    found = preflight(options, layout)
+    if found:
+        raise StartError("cannot start the sandbox:\n  - " + "\n  - ".join(found))
+    began = time.monotonic()
+    layout.root.mkdir(parents=True, exist_ok=True)
+    host.take_snapshot(layout)
+    starting = _Starting()
+    try:
+        plane, extender_url = _start_all(options, layout, starting, report)
     except BaseException:
         starting.undo()
         host.restore_host(layout)
@@ -322,7 +320,7 @@ def add_node(root: Path, name: str, models: Sequence[str], timeout: float = 60.0
 POD_DRAIN_SECONDS = 60.0
 
 
-def _drain_pods(state: SandboxState, layout: Layout) -> None:
+def _drain_pods(state: SandboxState) -> None:
     api = api_client(state)
     try:
         core = client.CoreV1Api(api)
@@ -345,7 +343,7 @@ def down(root: Path, report: Callable[[str], None] = print) -> list[str]:
         if "kubelet" in names and alive(state.process("kubelet")):
             report("deleting pods")
             try:
-                _drain_pods(state, layout)
+                _drain_pods(state)
             except Exception as e:  # the apiserver may already be gone; the forced path follows
                 report(f"could not delete pods through the API ({e}); killing them instead")
         for process in reversed(state.processes):

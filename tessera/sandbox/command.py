@@ -55,6 +55,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"tessera sandbox up: {e}", file=sys.stderr)
         return 1
     print(f"sandbox ready in {state.ready_seconds:.1f}s: node {state.node}, apiserver {state.api_url}")
+    print(f"extender {state.extender_url}, logs in {args.dir / 'logs'}")
     print(f"export KUBECONFIG={state.kubeconfig}")
     print(f"export PATH={options.kubernetes_bin}:$PATH   # kubectl")
     return 0

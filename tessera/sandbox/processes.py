@@ -53,6 +53,14 @@ def alive(process: Started) -> bool:
     return _start_ticks(process.pid) == process.start_ticks and not _zombie(process.pid)
 
 
+def adopt(name: str, pid: int, log: Path, argv: Sequence[str]) -> Started:
+    """Record a process started elsewhere (the control plane, by tessera.localcluster)."""
+    ticks = _start_ticks(pid)
+    if ticks is None:
+        raise StartError(f"{name} (pid {pid}) is not running; see {log}")
+    return Started(name=name, pid=pid, start_ticks=ticks, log=str(log), argv=tuple(argv))
+
+
 def start(
     name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
 ) -> Started:
@@ -67,10 +75,7 @@ def start(
             cwd=cwd,
             start_new_session=True,
         )
-    ticks = _start_ticks(child.pid)
-    if ticks is None:
-        raise StartError(f"{name}: exited at once; see {log}")
-    return Started(name=name, pid=child.pid, start_ticks=ticks, log=str(log), argv=tuple(argv))
+    return adopt(name, child.pid, log, argv)
 
 
 def _reap(pid: int) -> None:
