@@ -1,0 +1,64 @@
+/* The hook's added cost, measured on the fake GPU (bench/hook_bench.py runs it hooked and not):
+ *   launch <n>          latency of n cuLaunchKernel calls (1 us kernels), one by one
+ *   alloc <n>           latency of n cuMemAlloc_v2 calls of 1 MiB (each freed, untimed)
+ *   startup <spawn ns>  CLOCK_MONOTONIC ns from the parent's spawn to the first allocation done
+ * Prints the latencies in ns, one per line (startup: one number). Linked with -lcuda. */
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static unsigned long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+}
+
+static void check(CUresult r, const char *what) {
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "%s failed: %d\n", what, (int)r);
+        exit(2);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr p;
+    check(cuInit(0), "cuInit");
+    check(cuDeviceGet(&dev, 0), "cuDeviceGet");
+    check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    if (!strcmp(argv[1], "startup")) {
+        check(cuMemAlloc(&p, 1 << 20), "cuMemAlloc");
+        printf("%llu\n", now_ns() - strtoull(argv[2], NULL, 10));
+        return 0;
+    }
+    long n = atol(argv[2]);
+    unsigned long long *ns = malloc(sizeof *ns * (size_t)n);
+    if (!strcmp(argv[1], "launch")) {
+        CUmodule m;
+        CUfunction f;
+        check(cuModuleLoadData(&m, "fake"), "cuModuleLoadData");
+        check(cuModuleGetFunction(&f, m, "sleep_us_1"), "cuModuleGetFunction");
+        for (long i = 0; i < n; i++) {
+            unsigned long long t0 = now_ns();
+            CUresult r = cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+            ns[i] = now_ns() - t0;
+            check(r, "cuLaunchKernel");
+        }
+        check(cuCtxSynchronize(), "cuCtxSynchronize");
+    } else {
+        for (long i = 0; i < n; i++) {
+            unsigned long long t0 = now_ns();
+            CUresult r = cuMemAlloc(&p, 1 << 20);
+            ns[i] = now_ns() - t0;
+            check(r, "cuMemAlloc");
+            check(cuMemFree(p), "cuMemFree");
+        }
+    }
+    for (long i = 0; i < n; i++) printf("%llu\n", ns[i]);
+    return 0;
+}
