@@ -132,7 +132,7 @@ def node_fragmentation(node: NodeState, targets: tuple[TargetShape, ...]) -> flo
     return total
 
 
-def _gpu_signature(gpu: GpuState) -> tuple[object, ...]:
+def _gpu_signature(gpu: GpuState) -> tuple[str, int, int, bool, int, int, int]:
     return (
         gpu.model,
         gpu.memory_mib,
@@ -147,7 +147,7 @@ def _gpu_signature(gpu: GpuState) -> tuple[object, ...]:
 def _node_signature(node: NodeState) -> tuple[object, ...]:
     # GPU order inside a node does not change its fragmentation; nodes in equal states share a value.
     free_cpu = None if node.cpu_milli is None else node.cpu_milli - node.used_cpu_milli
-    return (free_cpu, tuple(sorted((_gpu_signature(g) for g in node.gpus), key=repr)))
+    return (free_cpu, tuple(sorted(_gpu_signature(g) for g in node.gpus)))
 
 
 class Fragmentation(PlacementPolicy):

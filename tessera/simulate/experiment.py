@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from enum import StrEnum
@@ -13,6 +13,7 @@ from typing import TextIO
 
 from tessera.placement import SpeedProfiles
 from tessera.simulate.inputs import Inputs
+from tessera.simulate.model import Progress
 from tessera.simulate.packing import PackingResult, arrival_order, run_packing
 from tessera.simulate.scheduler import SimScheduler, System, system_named
 from tessera.simulate.timeline import GAVEL_COLOCATION_THROUGHPUT, TimeResult, run_time
@@ -38,9 +39,6 @@ class SystemResult:
     packing: PackingResult | None
     time: TimeResult | None
     seconds: float
-
-
-Progress = Callable[[int], None]
 
 
 def run_system(

@@ -7,6 +7,7 @@ read nothing else.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Whole-GPU thousandths, the unit of the Alibaba trace's `gpu_milli` and of the FGD paper's metrics.
@@ -31,6 +32,10 @@ GPU_MEMORY_MIB: dict[str, int] = {
     "G2": 16384,
     "G3": 16384,
 }
+
+
+# Called with the number of pod decisions made since the last call.
+Progress = Callable[[int], None]
 
 
 class InputError(ValueError):

@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tessera.placement import ClusterContext, NodeState
 from tessera.placement.fragmentation import Fragmentation, free_share
-from tessera.simulate.model import MILLI_PER_GPU, Cluster, SimPod, Workload
+from tessera.simulate.model import MILLI_PER_GPU, Cluster, Progress, SimPod, Workload
 from tessera.simulate.scheduler import Request, SimScheduler, System, pod_shape, shape_mix
 
 REPORTED_LOADS = (90, 95, 100)
-FRAGMENTATION_LOADS = (50, 75, 90, 100, 130)
-
-Progress = Callable[[int], None]
+FRAGMENTATION_LOADS = (50, 75, 90, 95, 100)
 
 
 def arrival_order(workload: Workload, cluster: Cluster, seed: int, inflation: float) -> list[SimPod]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from tessera.simulate.experiment import Options, SystemResult
 from tessera.simulate.inputs import Inputs
-from tessera.simulate.packing import FRAGMENTATION_LOADS, REPORTED_LOADS
+from tessera.simulate.packing import REPORTED_LOADS
 
 FRAGMENTATION_SHOWN = 90
 
@@ -187,7 +187,6 @@ def to_json(inputs: Inputs, options: Options, results: Sequence[SystemResult]) -
                 "fragmentation": {
                     str(x): {"amount_percent": round(a, 3), "ratio_percent": round(b, 3)}
                     for x, (a, b) in p.fragmentation.items()
-                    if x in FRAGMENTATION_LOADS
                 },
                 "allocation_by_arrived_load": {str(k): round(v, 3) for k, v in p.allocation.items()},
                 "mean_decision_ms": round(p.mean_decision_ms, 4),

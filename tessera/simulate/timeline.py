@@ -23,12 +23,12 @@ import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tessera.contract import MAX_CORES
 from tessera.placement import NodeFit, PodShape, SpeedProfiles
-from tessera.simulate.model import MILLI_PER_GPU, Cluster, SimPod, Workload
+from tessera.simulate.model import MILLI_PER_GPU, Cluster, Progress, SimPod, Workload
 from tessera.simulate.scheduler import MILLI_PER_CORE, SimScheduler
 
 # Gavel (OSDI '20), Fig. 2 / Table 2 pairs on V100: median throughput kept when sharing a GPU.
@@ -38,18 +38,15 @@ CURVE_POINTS = 200
 # A pod of duration 0 in a trace still occupies its GPU for a moment.
 MIN_DURATION_S = 1.0
 
-Progress = Callable[[int], None]
 GpuKey = tuple[str, int]
 
 
 @dataclass(slots=True)
 class _Job:
     pod: SimPod
-    shape: PodShape
     fit: NodeFit
     gpus: tuple[GpuKey, ...]
     speed: float
-    started: float
     remaining: float  # seconds of work at rate 1
     rate: float = 0.0
     updated: float = 0.0
@@ -119,7 +116,7 @@ class _Simulation:
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, job id, version)
         self.sequence = 0
         self.jobs: dict[int, _Job] = {}
-        self.started = 0
+        self.last_id = 0
         self.on_gpu: dict[GpuKey, set[int]] = {}
         self.asked: dict[GpuKey, int] = {}  # compute asked on a GPU, thousandths
         self.allocated = 0
@@ -148,8 +145,8 @@ class _Simulation:
             default=1.0,
         )
         work = max(MIN_DURATION_S, pod.duration or 0.0)
-        job_id = self.started = self.started + 1
-        job = _Job(pod, self.scheduler.shape(pod), fit, gpus, speed, self.now, work, updated=self.now)
+        job_id = self.last_id = self.last_id + 1
+        job = _Job(pod, fit, gpus, speed, work, updated=self.now)
         self.jobs[job_id] = job
         self.result.queueing.append(self.now - pod.arrival)
         self._occupy(job_id, job, +1)
