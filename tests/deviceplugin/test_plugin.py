@@ -252,6 +252,10 @@ def test_kubelet_restart_leads_to_a_new_registration_within_5s(node: Node) -> No
     kubelet.wait_for(lambda k: len(k.devices()) == 40)
 
 
+# A mount namespace for the "container", in a user namespace so that mounting needs no root.
+NAMESPACES = ("unshare", "--user", "--map-root-user", "--mount", "--propagation", "private")
+
+
 def start_in_container(response: Any, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     """Starts ``argv`` as a container would see the Allocate answer: in a private mount namespace with
     the answer's mounts under /run (read-only where the answer says so), its environment, and the
@@ -272,7 +276,7 @@ def start_in_container(response: Any, argv: list[str], env: dict[str, str]) -> s
     (library,) = [m.host_path for m in response.mounts if m.container_path == CONTAINER_HOOK_LIBRARY]
     script.append(f'LD_PRELOAD={library} exec "$@"')
     return subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script), "container", *argv],
+        [*NAMESPACES, "sh", "-c", "\n".join(script), "container", *argv],
         env={**env, **dict(response.envs)},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
