@@ -40,6 +40,8 @@ MILLI_PER_PERCENT = 10
 SIGMOID_SCALE_MILLI = 1000
 # The paper's score is int64(100 * sigmoid): whole percents.
 SCORE_STEPS = 100
+# Target weights are rounded to this many digits, so a slowly moving mix keeps its memoized values.
+WEIGHT_DIGITS = 3
 # Memoized fragmentation values kept before the memo is cleared.
 MEMO_LIMIT = 200_000
 
@@ -74,7 +76,7 @@ def target_workload(mix: ShapeMix) -> tuple[TargetShape, ...]:
         kept.append((key, n))
         covered += n
     return tuple(
-        TargetShape(containers, models, exclude, cpu, n / covered)
+        TargetShape(containers, models, exclude, cpu, round(n / covered, WEIGHT_DIGITS))
         for (containers, models, exclude, cpu), n in kept
     )
 
@@ -161,12 +163,20 @@ class Fragmentation(PlacementPolicy):
         self._gpu_memo: dict[tuple[object, ...], float] = {}
 
     def _targets_for(self, context: ClusterContext) -> tuple[TargetShape, ...]:
-        if context.version != self._version or len(self._node_memo) + len(self._gpu_memo) > MEMO_LIMIT:
+        if context.version != self._version:
             self._version = context.version
-            self._targets = target_workload(context.shape_mix)
-            self._node_memo.clear()
-            self._gpu_memo.clear()
+            targets = target_workload(context.shape_mix)
+            # A mix that moved by a pod or two usually keeps the same rounded target: memos stay.
+            if targets != self._targets:
+                self._targets = targets
+                self._clear_memos()
+        if len(self._node_memo) + len(self._gpu_memo) > MEMO_LIMIT:
+            self._clear_memos()
         return self._targets
+
+    def _clear_memos(self) -> None:
+        self._node_memo.clear()
+        self._gpu_memo.clear()
 
     def fragmentation(self, node: NodeState, context: ClusterContext) -> float:
         """``node_fragmentation`` against the context's target workload, memoized per node state."""
