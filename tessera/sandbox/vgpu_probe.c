@@ -6,12 +6,15 @@
  * how many succeeded. Everything is freed before exit, so the probe can run again in the same
  * container. Output is one "key=value" line per fact, for tests and for people.
  *
- * Usage: vgpu-probe [CHUNK_MIB]   (default 256)
+ * Usage: vgpu-probe [CHUNK_MIB [HOLD_SECONDS]]   (default 256, 0)
+ * HOLD_SECONDS keeps the blocks allocated that long before freeing them, so that the GPU's memory
+ * use can be watched from outside (NVML, the device plugin's metrics).
  * Exit status: 0 when the driver refused an allocation with out-of-memory, 1 otherwise.
  */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -54,6 +57,11 @@ int main(int argc, char **argv) {
         printf("error=CHUNK_MIB must be a positive number of MiB, got %s\n", argv[1]);
         return 1;
     }
+    long hold_seconds = argc > 2 ? strtol(argv[2], NULL, 10) : 0;
+    if (hold_seconds < 0) {
+        printf("error=HOLD_SECONDS must not be negative, got %s\n", argv[2]);
+        return 1;
+    }
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
     if (lib == NULL) {
         printf("error=dlopen libcuda.so.1: %s\n", dlerror());
@@ -94,6 +102,9 @@ int main(int argc, char **argv) {
     printf("chunk_mib=%ld\n", chunk_mib);
     printf("allocations_ok=%d\n", ok);
     printf("refused_with=%d\n", rc);
+    fflush(stdout);
+    if (hold_seconds > 0)
+        sleep((unsigned)hold_seconds);
     for (int i = 0; i < ok; i++)
         cu.mem_free(blocks[i]);
     cu.ctx_destroy(ctx);
