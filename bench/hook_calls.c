@@ -1,5 +1,6 @@
 /* The hook's added cost, measured on the fake GPU (bench/hook_bench.py runs it hooked and not):
- *   launch <n>          latency of n cuLaunchKernel calls (1 us kernels), one by one
+ *   launch <n>          latency of n cuLaunchKernel calls (1 us kernels), one by one; the context is
+ *                       synchronised (untimed) every 64 launches so the fake's queue never fills
  *   alloc <n>           latency of n cuMemAlloc_v2 calls of 1 MiB (each freed, untimed)
  *   startup <spawn ns>  CLOCK_MONOTONIC ns from the parent's spawn to the first allocation done
  * Prints the latencies in ns, one per line (startup: one number). Linked with -lcuda. */
@@ -48,6 +49,7 @@ int main(int argc, char **argv) {
             CUresult r = cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
             ns[i] = now_ns() - t0;
             check(r, "cuLaunchKernel");
+            if (i % 64 == 63) check(cuCtxSynchronize(), "cuCtxSynchronize");
         }
         check(cuCtxSynchronize(), "cuCtxSynchronize");
     } else {
