@@ -4,8 +4,6 @@
 
 #include "vgpu.h"
 
-void vgpu_devices_after_fork_child(void);
-
 static void after_fork_child(void) {
     vgpu_region_after_fork_child();
     vgpu_devices_after_fork_child();

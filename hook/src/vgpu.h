@@ -7,7 +7,8 @@
  *   memory.c    memory wrappers (quota)
  *   nvml.c      NVML memory wrappers
  *   compute.c   launch wrappers (SM time-slice quota)
- *   monitor.c   background thread: dead processes, elastic neighbours
+ *   monitor.c   background thread: dead processes, elastic neighbours; the clock
+ *   process.c   fork handlers
  *   snapshot.c  the read-only region reader exported to Python
  *   log.c       messages on stderr */
 #ifndef VGPU_H
@@ -67,6 +68,7 @@ const struct vgpu_device *vgpu_device_of(CUdevice cu, CUresult *err);
 /* Ordinal in this process of the GPU with this UUID, enumerating CUDA if needed; -1 if none. */
 int vgpu_ordinal_of_uuid(const char *uuid);
 void vgpu_format_uuid(const CUuuid *uuid, char out[VGPU_UUID_LEN]);
+void vgpu_devices_after_fork_child(void);
 
 /* tracking.c */
 enum vgpu_kind { VGPU_KIND_POINTER, VGPU_KIND_HANDLE, VGPU_KIND_ARRAY, VGPU_KIND_MIPMAP };
