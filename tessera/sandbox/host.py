@@ -291,7 +291,7 @@ def is_component(args: Sequence[str], root: str) -> bool:
     return program.startswith("python") and any(m in args for m in COMPONENT_MODULES)
 
 
-def processes_using(layout: Layout) -> set[int]:
+def component_processes(layout: Layout) -> set[int]:
     """The sandbox's component processes still running (containerd, kubelet, shims, ...)."""
     root = str(layout.root)
     found = set()
@@ -367,7 +367,7 @@ def _remove_own_entries(layout: Layout) -> None:
 def restore_host(layout: Layout) -> None:
     """Everything after the processes are gone: mounts, devices, cgroups, host dirs, sysctls."""
     kill_all(cgroup_pids())
-    kill_all(processes_using(layout))
+    kill_all(component_processes(layout))
     unmount(mount_points([layout.root, HOST_CONTAINERD_RUN, HOST_KUBELET_DIR]))
     for device in network_devices():
         subprocess.run(["ip", "link", "delete", device], capture_output=True, check=False)
@@ -386,7 +386,7 @@ def leftovers(layout: Layout) -> list[str]:
     """What the sandbox left on the host; empty after a clean `down`."""
     found = [
         f"process {pid}: {' '.join(_cmdline(pid))[:120]}"
-        for pid in sorted(processes_using(layout) | cgroup_pids())
+        for pid in sorted(component_processes(layout) | cgroup_pids())
     ]
     found += [f"mount {p}" for p in mount_points([layout.root, HOST_CONTAINERD_RUN, HOST_KUBELET_DIR])]
     found += [f"cgroup {d}" for d in cgroup_dirs()]
