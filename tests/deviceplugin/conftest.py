@@ -137,8 +137,14 @@ def start_plugin(
     """Starts ``tessera-device-plugin`` for a node with the given environment and extra flags."""
     started: list[ManagedProcess] = []
 
-    def start(node: str, env: dict[str, str], *flags: str, kubeconfig: Path | None = None) -> PluginProcess:
-        state_dir = tmp_path / f"state-{len(started)}"
+    def start(
+        node: str,
+        env: dict[str, str],
+        *flags: str,
+        kubeconfig: Path | None = None,
+        state_dir: Path | None = None,
+    ) -> PluginProcess:
+        state_dir = state_dir or tmp_path / f"state-{len(started)}"
         process = ManagedProcess(
             f"device-plugin-{len(started)}",
             [

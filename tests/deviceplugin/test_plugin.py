@@ -60,9 +60,11 @@ class Node:
     namespace: str
     start_plugin: Callable[..., PluginProcess]
 
-    def start(self, *flags: str, devices: int = 40) -> PluginProcess:
+    def start(self, *flags: str, devices: int = 40, state_dir: Path | None = None) -> PluginProcess:
         """The plugin started and registered, its full list received."""
-        plugin = self.start_plugin(self.name, self.gpus.env(), f"--hook-library={HOOK_LIBRARY}", *flags)
+        plugin = self.start_plugin(
+            self.name, self.gpus.env(), f"--hook-library={HOOK_LIBRARY}", *flags, state_dir=state_dir
+        )
         self.kubelet.wait_for(lambda k: bool(k.registrations and len(k.devices()) == devices))
         return plugin
 
@@ -497,3 +499,23 @@ def test_equal_key_pods_admitted_out_of_bind_order_end_up_under_their_own_names(
     assert Path(late_state).is_dir()
     record = json.loads((Path(late_state).parent / "allocation.json").read_text())
     assert (record["pod"], record["pod_uid"]) == ("late", late.metadata.uid)
+
+
+def test_a_restart_of_the_agent_loses_nothing(node: Node) -> None:
+    """Between the two containers of a pod the agent restarts: the first is not served again, the
+    second gets its own GPUs and quotas, and the pod ends up allocated."""
+    kubelet, core, namespace, g = node.kubelet, node.core, node.namespace, node.gpus.uuids
+    first = node.start()
+    create_pod(core, namespace, "two", node.name, {"a": [(g[0], 1024, 10)], "b": [(g[3], 8192, 60)]})
+    _, answer = kubelet.admit_container(1)
+    assert limits_of(answer.container_responses[0]) == {g[0]: (1024 * MIB, 10)}
+    assert phase_of(core, namespace, "two") == Phase.ALLOCATING
+    first.process.stop()
+    kubelet.wait_for(lambda k: k.current.stream_ended)
+
+    before = len(kubelet.registrations)
+    node.start(state_dir=first.state_dir)
+    kubelet.wait_for(lambda k: len(k.registrations) > before and len(k.devices()) == 40)
+    _, answer = kubelet.admit_container(1)
+    assert limits_of(answer.container_responses[0]) == {g[3]: (8192 * MIB, 60)}
+    assert phase_of(core, namespace, "two") == Phase.ALLOCATED
