@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from tessera.contract import (
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
@@ -177,6 +178,12 @@ def test_registers_and_advertises_every_slice_and_the_inventory(node: Node) -> N
     devices = kubelet.devices()
     assert sorted(devices) == sorted(f"{u}::{n}" for u in fake_gpus.uuids for n in range(10))
     assert set(devices.values()) == {HEALTHY}
+    # Each slice carries its GPU's NUMA node, for the kubelet's topology manager.
+    stream = registration.stub.ListAndWatch(pb.Empty(), timeout=30)
+    first_list = next(stream)
+    stream.cancel()
+    numa = {d.ID.split("::")[0]: [n.ID for n in d.topology.nodes] for d in first_list.devices}
+    assert numa == {u: [i // 2] for i, u in enumerate(fake_gpus.uuids)}
 
     text = wait_until(lambda: node_inventory(core, gpu_node), what="inventory annotation")
     inventory = parse_inventory(text)
