@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint native k8s-binaries proto clean
+.PHONY: demo simulate test lint native k8s-binaries sandbox-deps clean
 
 # A virtual environment with the project and its test tools, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -21,15 +21,24 @@ native: $(STAMP)
 k8s-binaries:
 	hack/k8s-binaries.sh
 
+# containerd, runc and CNI plugins from Debian for the sandbox (root; installs only what is missing).
+sandbox-deps:
+	hack/install-sandbox-deps.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) native k8s-binaries lint
+test: $(STAMP) native k8s-binaries sandbox-deps lint
 	$(BIN)/pytest
 
-demo: $(STAMP)
+# The main job: the whole path on a local sandbox cluster (root): pods share a fake GPU, quotas hold.
+demo: $(STAMP) native k8s-binaries sandbox-deps
+	$(BIN)/tessera sandbox demo
+
+# The quick look that needs no root and no cluster: placement policies compared on a replayed fleet.
+simulate: $(STAMP)
 	$(BIN)/tessera simulate
 
 clean:
