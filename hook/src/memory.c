@@ -262,6 +262,39 @@ VGPU_API CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
     return r;
 }
 
+/* A primary context takes its allocations with it when it is reset, or released by its last user. */
+static CUresult primary_context_ends(CUresult (*fn)(CUdevice), CUdevice dev, int reset) {
+    if (!fn) return CUDA_ERROR_NOT_FOUND;
+    unsigned flags;
+    int active = 0;
+    CUcontext primary = NULL;
+    if (REAL(cuDevicePrimaryCtxGetState) && REAL(cuDevicePrimaryCtxRetain) && REAL(cuDevicePrimaryCtxRelease_v2) &&
+        REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS && active &&
+        REAL(cuDevicePrimaryCtxRetain)(&primary, dev) == CUDA_SUCCESS)
+        REAL(cuDevicePrimaryCtxRelease_v2)(dev); /* retained only to learn its handle */
+    CUresult r = fn(dev);
+    if (r == CUDA_SUCCESS && primary &&
+        (reset || REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) != CUDA_SUCCESS || !active))
+        vgpu_track_drop_context(primary);
+    return r;
+}
+
+VGPU_API CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    return primary_context_ends(REAL(cuDevicePrimaryCtxRelease_v2), dev, 0);
+}
+
+VGPU_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+    return primary_context_ends(REAL(cuDevicePrimaryCtxRelease), dev, 0);
+}
+
+VGPU_API CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    return primary_context_ends(REAL(cuDevicePrimaryCtxReset_v2), dev, 1);
+}
+
+VGPU_API CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
+    return primary_context_ends(REAL(cuDevicePrimaryCtxReset), dev, 1);
+}
+
 /* The quota is the GPU's size inside the container. */
 VGPU_API CUresult CUDAAPI cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     REQUIRE(cuMemGetInfo_v2);

@@ -30,6 +30,10 @@
     X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0, VGPU_LIB_CUDA)                                   \
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0, VGPU_LIB_CUDA)                           \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0, VGPU_LIB_CUDA)                                   \
+    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0, VGPU_LIB_CUDA)            \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0, VGPU_LIB_CUDA)        \
+    X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, 0, VGPU_LIB_CUDA)                \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0, VGPU_LIB_CUDA)            \
     X(cuLaunchKernel, "cuLaunchKernel", 4000, 0, VGPU_LIB_CUDA)                                  \
     X(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, 1, VGPU_LIB_CUDA)                             \
     X(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, 0, VGPU_LIB_CUDA)                             \
@@ -49,6 +53,8 @@
     Y(cuDeviceGetUuid_v2, VGPU_LIB_CUDA)                \
     Y(cuCtxGetDevice, VGPU_LIB_CUDA)                    \
     Y(cuCtxGetCurrent, VGPU_LIB_CUDA)                   \
+    Y(cuDevicePrimaryCtxRetain, VGPU_LIB_CUDA)          \
+    Y(cuDevicePrimaryCtxGetState, VGPU_LIB_CUDA)        \
     Y(cuEventCreate, VGPU_LIB_CUDA)                     \
     Y(cuEventRecord, VGPU_LIB_CUDA)                     \
     Y(cuEventQuery, VGPU_LIB_CUDA)                      \

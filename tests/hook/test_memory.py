@@ -201,3 +201,14 @@ def test_accounting_follows_the_physical_gpu_under_cuda_visible_devices(
     # A process that sees all GPUs in order shares that usage on the same physical GPU.
     other = processes.run([clients.dynamic, "dlsym", "info"], two_gpus.env(TESSERA_LIMITS_FILE=str(limits)))
     assert other.lines == [f"info {GIB} {GIB}"]  # its ordinal 0 is physical GPU 0: untouched
+
+
+@pytest.mark.parametrize("mode", ["link", "dlsym", "proc"])
+def test_destroying_a_context_returns_its_allocations(
+    mode: str, gpu: FakeGpus, clients: Clients, processes: Processes
+) -> None:
+    script = ["alloc", "512m", "release-primary", "info", "alloc", "512m", "reset-primary", "info"]
+    result = processes.run([clients.for_mode(mode), mode, *script], gpu.env(TESSERA_MEMORY_LIMIT="1g"))
+    assert result.lines == ["ok 0", "ok", f"info {GIB} {GIB}", "ok 0", "ok", f"info {GIB} {GIB}"], (
+        result.stderr
+    )

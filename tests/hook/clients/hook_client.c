@@ -16,6 +16,7 @@
  *                                      every 100 ms while launching
  *   launch-ex, launch-coop: the same through cuLaunchKernelEx, cuLaunchCooperativeKernel
  *   graph <kernel> <count>             (one-kernel graph, launched count times)
+ *   release-primary, reset-primary: cuDevicePrimaryCtxRelease_v2 / _Reset_v2, then retain it again
  *   fork <command>... end : runs the commands in a forked child (no exec), waits -> "child <exit status>"
  *   stress <threads> <iterations> <max bytes> <seed>  (random allocations and frees; -> "stress <ooms>")
  */
@@ -38,6 +39,8 @@ typedef CUresult (*legacy_proc_fn)(const char *, void **, int, cuuint64_t);
     X(cuDeviceGet, 2000)                           \
     X(cuDevicePrimaryCtxRetain, 7000)              \
     X(cuCtxSetCurrent, 4000)                       \
+    X(cuDevicePrimaryCtxRelease_v2, 11000)         \
+    X(cuDevicePrimaryCtxReset_v2, 11000)           \
     X(cuMemAlloc_v2, 3020)                         \
     X(cuMemFree_v2, 3020)                          \
     X(cuMemAllocManaged, 6000)                     \
@@ -282,6 +285,13 @@ int main(int argc, char **argv) {
             printf("holding\n");
             fflush(stdout);
             for (;;) pause();
+        } else if (!strcmp(cmd, "release-primary") || !strcmp(cmd, "reset-primary")) {
+            check(cmd[2] == 'l' ? api.cuDevicePrimaryCtxRelease_v2(device) : api.cuDevicePrimaryCtxReset_v2(device),
+                  cmd);
+            check(api.cuDevicePrimaryCtxRetain(&ctx, device), "cuDevicePrimaryCtxRetain");
+            check(api.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+            nallocations = 0;
+            printf("ok\n");
         } else if (!strcmp(cmd, "fork")) {
             fflush(stdout);
             pid_t child = fork();
