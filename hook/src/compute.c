@@ -184,6 +184,8 @@ static void collect(struct vgpu_region *r, int oldest, const struct signature *o
         }
     }
     pthread_mutex_unlock(&compute_lock);
+    /* Another thread is settling the one we were to wait for: let it finish. */
+    if ((oldest || of) && waited < 0) sleep_ns(MIN_SLEEP_NS);
     for (int i = 0; i < ndone; i++) {
         int complete = i != waited || REAL(cuEventSynchronize)(done[i].end) == CUDA_SUCCESS;
         settle(r, &done[i], complete);
@@ -222,6 +224,9 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
         if (start) REAL(cuEventDestroy_v2)(start);
         if (end) REAL(cuEventDestroy_v2)(end);
         start = end = NULL;
+        static int told;
+        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+            vgpu_log("cannot record CUDA events on a stream; its launches are not charged to the compute quota");
     }
     CUresult rc = go(args);
     int measured = start && rc == CUDA_SUCCESS && REAL(cuEventRecord)(end, stream) == CUDA_SUCCESS;
