@@ -25,6 +25,7 @@ thing requested (memory-only sharing), then counts as it should.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -97,11 +98,17 @@ def _takes(gpu: GpuState, container: ContainerShape) -> bool:
     )
 
 
+@functools.cache
+def _allowed(model: str, models: tuple[str, ...], excluded: tuple[str, ...]) -> bool:
+    # Memoized: the measure asks it for every GPU and target shape, over a handful of models.
+    return model_allowed(model, models, excluded)
+
+
 def _gpu_unusable(gpu: GpuState, target: TargetShape) -> bool:
     """Whether none of the target's containers could use this GPU (its free share is then a fragment)."""
     return not (
         target.containers
-        and model_allowed(gpu.model, target.models, target.models_exclude)
+        and _allowed(gpu.model, target.models, target.models_exclude)
         and any(_takes(gpu, c) for c in target.containers)
     )
 
@@ -119,7 +126,7 @@ def node_fragmentation(node: NodeState, targets: tuple[TargetShape, ...]) -> flo
             total += target.weight * idle
             continue
         allowed = [
-            i for i, g in enumerate(node.gpus) if model_allowed(g.model, target.models, target.models_exclude)
+            i for i, g in enumerate(node.gpus) if _allowed(g.model, target.models, target.models_exclude)
         ]
         useful: set[int] = set()
         runs = True
