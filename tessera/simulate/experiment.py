@@ -39,6 +39,7 @@ class SystemResult:
     packing: PackingResult | None
     time: TimeResult | None
     seconds: float
+    cpu_seconds: float
 
 
 def run_system(
@@ -48,7 +49,7 @@ def run_system(
     profiles: SpeedProfiles,
     progress: Progress | None = None,
 ) -> SystemResult:
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     packing = timed = None
     if Experiment.PACKING in options.experiments:
         scheduler = SimScheduler(inputs.cluster, system, profiles, inputs.workload.pods, options.seed)
@@ -71,7 +72,9 @@ def run_system(
             colocation=options.colocation,
             progress=progress,
         )
-    return SystemResult(system, packing, timed, time.perf_counter() - started)
+    return SystemResult(
+        system, packing, timed, time.perf_counter() - started, time.process_time() - cpu_started
+    )
 
 
 def work_units(inputs: Inputs, options: Options) -> int:

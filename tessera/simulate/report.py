@@ -170,6 +170,7 @@ def to_json(inputs: Inputs, options: Options, results: Sequence[SystemResult]) -
             "description": r.system.description,
             "request": r.system.request.value,
             "seconds": round(r.seconds, 3),
+            "cpu_seconds": round(r.cpu_seconds, 3),
         }
         if r.packing is not None:
             p = r.packing

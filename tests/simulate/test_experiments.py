@@ -162,7 +162,11 @@ def small_inputs(tmp_path: Path) -> Inputs:
 
 def without_timings(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if k not in ("seconds", "mean_decision_ms")}
+        return {
+            k: without_timings(v)
+            for k, v in value.items()
+            if k not in ("seconds", "cpu_seconds", "mean_decision_ms")
+        }
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     return value
