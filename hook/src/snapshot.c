@@ -23,14 +23,23 @@ VGPU_API int vgpu_region_read(const char *path, struct vgpu_device_usage *out, i
         result = -errno;
         goto out;
     }
+    *live = 0;
+    if (st.st_size == 0) {
+        result = 0; /* just created: its first process is initialising it */
+        goto out;
+    }
     if ((size_t)st.st_size < sizeof *r) goto out;
     r = mmap(NULL, sizeof *r, PROT_READ, MAP_SHARED, fd, 0);
     if (r == MAP_FAILED) {
         result = -errno;
         goto out;
     }
-    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != VGPU_REGION_MAGIC || r->version != VGPU_REGION_VERSION)
+    uint64_t magic = __atomic_load_n(&r->magic, __ATOMIC_ACQUIRE);
+    if (magic == 0) {
+        result = 0; /* sized, not initialised yet */
         goto out;
+    }
+    if (magic != VGPU_REGION_MAGIC || r->version != VGPU_REGION_VERSION) goto out;
     uint32_t devices = __atomic_load_n(&r->devices, __ATOMIC_ACQUIRE);
     uint32_t procs = __atomic_load_n(&r->procs_hw, __ATOMIC_ACQUIRE);
     int n = (int)devices < capacity ? (int)devices : capacity;

@@ -18,7 +18,8 @@ struct vgpu_device_usage {
 };
 
 /* Fills out[0..capacity) with the region's GPUs; returns how many, or -errno (-EPROTO: not a
- * region of this version). *live receives the number of live processes attached. */
+ * region of this version). *live receives the number of live processes attached. A region still
+ * being created reads as no GPUs and no processes. */
 int vgpu_region_read(const char *path, struct vgpu_device_usage *out, int capacity, int *live);
 uint32_t vgpu_device_usage_size(void);
 

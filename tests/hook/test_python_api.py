@@ -10,7 +10,7 @@ import pytest
 
 from hook._library import load_library
 from hook.limits import CONTAINER_REGION_FILE, DeviceLimit, render_limits, write_limits
-from hook.region import RegionError, _DeviceUsageC, device_usage_size, read_region
+from hook.region import RegionError, RegionUsage, _DeviceUsageC, device_usage_size, read_region
 from tessera.contract import CONTAINER_LIMITS_FILE, ContractError, GpuGrant
 from tests.hook.conftest import GIB, MIB, Clients, FakeGpus, Processes
 
@@ -108,6 +108,12 @@ def test_read_region_reports_typed_usage_of_live_processes(
     Processes.stop(holder)
     after = read_region(region)
     assert (after.live_processes, after.devices[0].memory_used_bytes, after.devices[0].processes) == (0, 0, 0)
+
+
+def test_a_region_being_created_reads_as_empty(tmp_path: Path, clients: Clients) -> None:
+    fresh = tmp_path / "fresh"
+    fresh.touch()
+    assert read_region(fresh) == RegionUsage(devices=(), live_processes=0)
 
 
 def test_read_region_errors_name_the_path(tmp_path: Path, clients: Clients) -> None:
