@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from deviceplugin.config import Config
 from deviceplugin.devices import GpuHealth, VirtualDevice, virtual_devices, with_health
 from deviceplugin.identity import corrected_records
-from deviceplugin.kube import Kube
+from deviceplugin.kube import Kube, KubeUnavailableError
 from deviceplugin.matching import (
     AllocationError,
     BrokenPod,
@@ -103,8 +103,15 @@ class Agent:
     # Kubelet calls
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        """The slices to steer the kubelet to; without the API, distinct GPUs (an error here would
+        fail the pod's admission, while Allocate can still decide once the API is back)."""
+        try:
+            pods = self.kube.pending_pods()
+        except KubeUnavailableError as e:
+            log.warning("GetPreferredAllocation without the pods: %s", e)
+            pods = []
         state = snapshot(
-            self.kube.pending_pods(),
+            pods,
             keys=self.config.keys,
             node=self.config.node_name,
             node_gpus=self._uuids,
@@ -253,7 +260,7 @@ class Agent:
                     next_tidy = time.monotonic() + TIDY_SECONDS
             except Exception as e:  # the API may be down for a while; keep trying, say so once
                 if str(e) != last_error:
-                    log.warning("cannot update node %s (retrying): %s", self.config.node_name, e)
+                    log.warning("node %s: API call failed (retrying): %s", self.config.node_name, e)
                     last_error = str(e)
                 stop.wait(2.0)
                 continue

@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 
 from deviceplugin.matching import GpuContainer, PodView
@@ -22,6 +23,10 @@ COMPONENT = "tessera-device-plugin"
 
 class KubeConfigError(RuntimeError):
     """No usable credentials; the message names the source."""
+
+
+class KubeUnavailableError(RuntimeError):
+    """The API server did not answer; the message says what was asked."""
 
 
 def load_api(kubeconfig: Path | None) -> client.ApiClient:
@@ -85,9 +90,13 @@ class Kube:
 
     def pending_pods(self) -> list[PodView]:
         """Pods on this node that the kubelet may still admit: pending and not being deleted."""
+        try:
+            pods = self._pods_on_node()
+        except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise KubeUnavailableError(f"cannot list the pods on node {self.node}: {e}") from None
         return [
             pod_view(p, self.keys)
-            for p in self._pods_on_node()
+            for p in pods
             if (p.get("status") or {}).get("phase", "Pending") == "Pending"
             and not p["metadata"].get("deletionTimestamp")
         ]

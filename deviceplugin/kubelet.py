@@ -16,6 +16,7 @@ import grpc
 from deviceplugin.agent import Agent
 from deviceplugin.config import Config
 from deviceplugin.devices import VirtualDevice
+from deviceplugin.kube import KubeUnavailableError
 from deviceplugin.matching import AllocationError
 from deviceplugin.response import ContainerAnswer
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
@@ -93,6 +94,8 @@ class DevicePluginService:
             answers = self._agent.allocate([list(r.devices_ids) for r in request.container_requests])
         except AllocationError as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, e.message)
+        except KubeUnavailableError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.AllocateResponse(container_responses=[_container_response(a) for a in answers])
 
     def PreStartContainer(  # noqa: N802 (the gRPC method name)

@@ -13,6 +13,7 @@ import pytest
 
 from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
+from deviceplugin.kube import KubeUnavailableError
 from deviceplugin.matching import AllocationError, GpuContainer, PodView
 from deviceplugin.statedir import StateDir
 from tessera.contract import (
@@ -202,3 +203,15 @@ def test_state_of_containers_whose_pods_are_gone_is_removed(tmp_path: Path) -> N
     agent.tidy_state()  # no kubelet pod-resources socket here: records stay as they are
     assert sorted(p.name for p in containers.iterdir()) == ["uid-a", "uid-c"]
     assert agent.state.served() == {("uid-a", "main"), ("uid-c", "main")}
+
+
+def test_without_the_api_preferred_spreads_and_allocate_says_why(tmp_path: Path) -> None:
+    agent, kube = make_agent(tmp_path, [in_flight_pod("p", {"main": [("GPU-2", 1024, 10)]})])
+
+    def down() -> list[PodView]:
+        raise KubeUnavailableError("cannot list the pods on node n1: connection refused")
+
+    kube.pending_pods = down  # type: ignore[method-assign]
+    assert agent.preferred(["GPU-0::0", "GPU-0::1", "GPU-3::0"], [], 2) == ["GPU-0::0", "GPU-3::0"]
+    with pytest.raises(KubeUnavailableError, match="connection refused"):
+        agent.allocate([["GPU-2::0"]])
