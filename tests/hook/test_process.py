@@ -68,3 +68,14 @@ def test_a_forked_child_killed_while_holding_memory_never_blocks_the_parent(
     assert lines[0] == "child 137", err
     status, taken = lines[1].split()
     assert status == "free" and float(taken) < 1.0
+
+
+def test_exec_returns_the_memory_of_the_replaced_program(
+    gpu: FakeGpus, clients: Clients, processes: Processes
+) -> None:
+    script = ["alloc", "768m", "exec", "await-free", "1g", "2", "alloc", "1g"]
+    result = processes.run([clients.dynamic, "dlsym", *script], gpu.env(TESSERA_MEMORY_LIMIT="1g"))
+    assert result.lines[0] == "ok 0", result.stderr
+    status, taken = result.lines[1].split()
+    assert status == "free" and float(taken) < 1.0
+    assert result.lines[2] == "ok 0"

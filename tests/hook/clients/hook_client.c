@@ -17,6 +17,7 @@
  *   launch-ex, launch-coop: the same through cuLaunchKernelEx, cuLaunchCooperativeKernel
  *   graph <kernel> <count>             (one-kernel graph, launched count times)
  *   release-primary, reset-primary: cuDevicePrimaryCtxRelease_v2 / _Reset_v2, then retain it again
+ *   exec <command>...: replaces this process (same mode) by one running the commands
  *   fork <command>... end : runs the commands in a forked child (no exec), waits -> "child <exit status>"
  *   stress <threads> <iterations> <max bytes> <seed>  (random allocations and frees; -> "stress <ooms>")
  */
@@ -292,6 +293,14 @@ int main(int argc, char **argv) {
             check(api.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
             nallocations = 0;
             printf("ok\n");
+        } else if (!strcmp(cmd, "exec")) {
+            char **next = calloc((size_t)(argc - i + 2), sizeof *next);
+            next[0] = argv[0];
+            next[1] = argv[1];
+            for (int k = i + 1; k < argc; k++) next[k - i + 1] = argv[k];
+            fflush(stdout);
+            execv(argv[0], next);
+            die("execv");
         } else if (!strcmp(cmd, "fork")) {
             fflush(stdout);
             pid_t child = fork();
