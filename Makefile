@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo simulate test lint native k8s-binaries sandbox-deps clean
+.PHONY: demo simulate test lint native proto k8s-binaries sandbox-deps clean
 
 # A virtual environment with the project and its test tools, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 native: $(STAMP)
 	$(MAKE) -C hook PYTHON=$(abspath $(BIN)/python)
 	$(MAKE) -C tests/fakegpu PYTHON=$(abspath $(BIN)/python)
+
+# Regenerate the gRPC stubs under proto/ from the .proto files (tests fail when they are stale).
+proto: $(STAMP)
+	$(MAKE) -C proto PYTHON=$(abspath $(BIN)/python)
 
 k8s-binaries:
 	hack/k8s-binaries.sh
