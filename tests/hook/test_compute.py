@@ -5,10 +5,12 @@ kernels it completed times N over the wall time it took."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.hook.conftest import Clients, FakeGpus, Processes
+from hook.limits import DeviceLimit, write_limits
+from tests.hook.conftest import GIB, Clients, FakeGpus, Processes
 
 KERNEL = "sleep_us_1000"
 KERNEL_SECONDS = 1e-3
@@ -90,7 +92,7 @@ def test_without_a_quota_a_client_uses_the_whole_gpu(
 
 
 def test_two_containers_at_30_and_60_percent_on_one_gpu(
-    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: pytest.TempPathFactory
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
 ) -> None:
     small = processes.start(
         launch(clients, "dlsym", "launch", 10),
@@ -105,7 +107,7 @@ def test_two_containers_at_30_and_60_percent_on_one_gpu(
 
 
 def test_elastic_container_uses_an_idle_gpu_and_gives_it_back_within_a_second(
-    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: pytest.TempPathFactory
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
 ) -> None:
     elastic = processes.start(
         launch(clients, "dlsym", "launch", 8),
@@ -126,3 +128,25 @@ def test_elastic_container_uses_an_idle_gpu_and_gives_it_back_within_a_second(
     assert share_between(alone, 1.5, neighbour_started) >= 90
     assert 25 <= share_between(alone, neighbour_started + 1.0, neighbour_started + 3.5) <= 35
     assert 55 <= share_between(hard_ticks, 1.0, 3.9) <= 65
+
+
+def test_processes_of_one_container_share_its_share(
+    gpu: FakeGpus, clients: Clients, processes: Processes
+) -> None:
+    env = gpu.env(TESSERA_CORES="30")
+    both = [processes.start(launch(clients, "dlsym", "launch", 5), env) for _ in range(2)]
+    assert 25 <= sum(share_of(finish(p)) for p in both) <= 35
+
+
+@pytest.mark.parametrize("source", ["limits file", "per-device variable"])
+def test_compute_share_from_each_configuration_source(
+    source: str, gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
+) -> None:
+    if source == "limits file":
+        limits = tmp_path / "limits"
+        write_limits(limits, [DeviceLimit(gpu.uuids[0], GIB, 30)], region=str(tmp_path / "container-region"))
+        env = gpu.env(TESSERA_LIMITS_FILE=str(limits), TESSERA_CORES="100")
+    else:
+        env = gpu.env(TESSERA_CORES="90", TESSERA_CORES_0="30")
+    out = finish(processes.start(launch(clients, "dlsym", "launch", 4), env))
+    assert 25 <= share_of(out) <= 35
