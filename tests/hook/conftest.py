@@ -26,6 +26,7 @@ HOOK_LIBRARY = ROOT / "hook" / "build" / "libvgpu.so"
 CLIENT_SOURCE = Path(__file__).resolve().parent / "clients" / "hook_client.c"
 BINDINGS_CLIENT = Path(__file__).resolve().parent / "clients" / "bindings_client.py"
 NVML_CLIENT = Path(__file__).resolve().parent / "clients" / "nvml_client.py"
+NVML_WATCH = Path(__file__).resolve().parent / "clients" / "nvml_watch.py"
 GIB = 2**30
 MIB = 2**20
 RUN_TIMEOUT = 120

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import random
 import signal
+import sys
 import threading
 import time
 
 from hook.region import read_region
-from tests.hook.conftest import GIB, MIB, Clients, FakeGpus, Processes
+from tests.hook.conftest import GIB, MIB, NVML_WATCH, Clients, FakeGpus, Processes
 
 OOM = "error CUDA_ERROR_OUT_OF_MEMORY"
 
@@ -30,6 +31,9 @@ def test_concurrent_allocations_never_exceed_the_quota(
 
     observer = threading.Thread(target=observe)
     observer.start()
+    # The driver's own view, from a process without the hook.
+    driver = processes.start([sys.executable, NVML_WATCH], gpu.env(hooked=False))
+    assert driver.stdout is not None and driver.stdout.readline().strip() == "watching"
     try:
         workers = [
             processes.start([clients.dynamic, "dlsym", "stress", "8", "10000", "64m", str(seed)], env)
@@ -46,6 +50,9 @@ def test_concurrent_allocations_never_exceed_the_quota(
     assert len(seen) > 10
     assert max(seen) <= GIB
     assert max(seen) > GIB // 2
+    driver_used, samples = map(int, driver.communicate(input="stop\n", timeout=60)[0].split())
+    assert samples > 10
+    assert GIB // 2 < driver_used <= GIB
     usage = read_region(gpu.region)
     assert usage.devices[0].memory_used_bytes == 0
     assert usage.live_processes == 0
