@@ -66,6 +66,7 @@ static pthread_mutex_t compute_lock = PTHREAD_MUTEX_INITIALIZER;
 static int throttling; /* 0 = not known yet, 1 = no GPU has a compute quota, 2 = some has */
 
 static int throttling_configured(void) {
+    /* Racing first callers compute the same answer from the same configuration: no lock needed. */
     int t = __atomic_load_n(&throttling, __ATOMIC_RELAXED);
     if (t) return t == 2;
     const struct vgpu_config *c = vgpu_config();

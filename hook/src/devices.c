@@ -49,6 +49,8 @@ out:
 }
 
 const struct vgpu_device *vgpu_device_of(CUdevice cu, CUresult *err) {
+    /* devices_ready is stored (release) after the table is complete and never cleared while other
+     * threads run (only in a fork child), so an acquire load that sees it sees the table. */
     if (!__atomic_load_n(&devices_ready, __ATOMIC_ACQUIRE) && (*err = enumerate()) != CUDA_SUCCESS) return NULL;
     for (int i = 0; i < device_count; i++)
         if (devices[i].cu == cu) return &devices[i];

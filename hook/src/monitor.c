@@ -99,6 +99,7 @@ static void *monitor(void *unused) {
 
 void vgpu_monitor_ensure(void) {
     pid_t pid = getpid();
+    /* Double-checked: the pid is stored (release) after the thread started, under monitor_lock. */
     if (__atomic_load_n(&monitor_pid, __ATOMIC_ACQUIRE) == pid) return;
     pthread_mutex_lock(&monitor_lock);
     if (monitor_pid != pid) {

@@ -146,6 +146,8 @@ static int claim_slot(struct vgpu_region *r) {
 
 struct vgpu_region *vgpu_region_attach(void) {
     pid_t pid = getpid();
+    /* Double-checked: attached_pid is stored (release) under attach_lock after region is set, and
+     * differs from getpid() in a fork child, which therefore attaches anew. */
     if (__atomic_load_n(&attached_pid, __ATOMIC_ACQUIRE) == pid) return region;
     pthread_mutex_lock(&attach_lock);
     if (attached_pid != pid) {
