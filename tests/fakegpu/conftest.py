@@ -99,12 +99,17 @@ class Processes:
         assert line.startswith(prefix), f"expected {prefix!r} from {process.args!r}, got {line!r}"
         return line
 
+    @staticmethod
+    def stop(process: subprocess.Popen[str]) -> None:
+        """Kills the process's whole group and waits for it."""
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=TIMEOUT)
+
     def stop_all(self) -> None:
         for process in self.started:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=TIMEOUT)
+            self.stop(process)
             for stream in (process.stdin, process.stdout, process.stderr):
                 if stream:
                     stream.close()

@@ -228,3 +228,29 @@ def test_a_missing_config_is_reported(gpus: Gpus, procs: Processes) -> None:
     done = procs.run([BUILD_DIR / "cuclient", "info"], env)
     assert done.stdout.strip() == "init result=CUDA_ERROR_NO_DEVICE"
     assert "FAKEGPU_CONFIG is not set" in done.stderr
+
+
+NEW_PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+@pytest.mark.sandbox  # needs root for PID namespaces, as containers sharing a fake GPU have
+def test_processes_in_other_pid_namespaces_are_accounted(gpus: Gpus, procs: Processes) -> None:
+    # Both clients are pid 1 in their own namespace, as in two containers sharing the state dir.
+    holder = procs.start(
+        [*NEW_PID_NAMESPACE, BUILD_DIR / "cuclient", "--device", "1", "alloc", "mem", "512m", "1", "hold"],
+        gpus.env(),
+    )
+    procs.expect(holder, "alloc kind=mem size=536870912 index=0 result=CUDA_SUCCESS")
+    procs.expect(holder, "hold ready")
+    other = procs.run(
+        [*NEW_PID_NAMESPACE, BUILD_DIR / "cuclient", "--device", "1", "alloc", "mem", "512m", "2"], gpus.env()
+    )
+    assert [fields(line)["result"] for line in other.stdout.splitlines()] == [
+        "CUDA_SUCCESS",
+        "CUDA_ERROR_OUT_OF_MEMORY",
+    ]
+    procs.stop(holder)
+    after = procs.run(
+        [*NEW_PID_NAMESPACE, BUILD_DIR / "cuclient", "--device", "1", "alloc", "mem", "1g", "1"], gpus.env()
+    )
+    assert fields(after.stdout.splitlines()[0])["result"] == "CUDA_SUCCESS"

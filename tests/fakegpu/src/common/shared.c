@@ -13,14 +13,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FG_PAGE_MAGIC 0x3150474b454b4146ULL /* "FAKEGPU1" */
+#define FG_PAGE_MAGIC 0x3250474b454b4146ULL /* "FAKEGPU2" */
 #define FG_MAX_PROCS 256
 #define FG_RING 16384
+#define FG_SLOT_BITS 8 /* an owner id is generation << FG_SLOT_BITS | slot */
+#define FG_GENERATION_MASK 0x7fffffu
 
+/* One process using the GPU. Liveness is an OFD lock the owner holds on byte (sizeof page + slot)
+ * of the state file while it lives: the kernel drops it when the process dies, however it dies, and
+ * it works across PID namespaces (containers sharing the state dir), where pids mean nothing. */
 struct fg_proc_slot {
-    int32_t pid;
+    int32_t used;
+    int32_t pid; /* as the process sees itself, for NVML; may repeat across PID namespaces */
     int32_t contexts;
-    uint64_t start_time; /* /proc/<pid>/stat field 22: tells a reused pid from the original */
+    uint32_t generation; /* bumped at each claim, so an owner id names one process */
     uint64_t mem_used;
 };
 
@@ -28,7 +34,7 @@ struct fg_busy {
     uint64_t start_ns;
     uint64_t end_ns;
     int32_t pid;
-    int32_t unused;
+    int32_t owner;
 };
 
 struct fg_page {
@@ -43,11 +49,16 @@ struct fg_page {
     struct fg_busy ring[FG_RING];
 };
 
+#define FG_LOCK_BASE ((off_t)sizeof(struct fg_page))
+
 struct fg_shared {
     struct fg_page *page;
+    char path[PATH_MAX + 64];
     uint64_t total;
     int slot;       /* this process's slot, -1 until it charges memory or holds a context */
-    pid_t slot_pid; /* the pid that owns `slot` (a forked child must find its own) */
+    pid_t slot_pid; /* the pid that claimed `slot` (a forked child claims its own) */
+    int lock_fd;    /* this process's own open file description of the state file */
+    pid_t lock_pid;
 };
 
 static struct fg_shared g_shared[FG_MAX_GPUS];
@@ -81,90 +92,94 @@ static void page_unlock(struct fg_page *p)
     pthread_mutex_unlock(&p->lock);
 }
 
-/* Start time of a live (not zombie) process, 0 if it is gone. */
-static uint64_t process_start_time(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
-    if (!p || p[1] != ' ')
-        return 0;
-    char state = p[2];
-    if (state == 'Z' || state == 'X')
-        return 0;
-    /* Fields after the command: 3 is the state, 22 the start time. */
-    p += 2;
-    for (int field = 3; field < 22; field++) {
-        p = strchr(p, ' ');
-        if (!p)
-            return 0;
-        p++;
-    }
-    unsigned long long start = 0;
-    if (sscanf(p, "%llu", &start) != 1)
-        return 0;
-    return start + 1; /* never 0 for a live process */
-}
-
-static void reap_dead(struct fg_page *p)
-{
-    for (int i = 0; i < FG_MAX_PROCS; i++) {
-        struct fg_proc_slot *slot = &p->procs[i];
-        if (slot->pid == 0 || process_start_time(slot->pid) == slot->start_time)
-            continue;
-        p->mem_used -= slot->mem_used;
-        memset(slot, 0, sizeof *slot);
-    }
-}
-
-/* Finds or makes this process's slot; caller holds the page lock. NULL if the table is full. */
-static struct fg_proc_slot *own_slot(struct fg_shared *s)
+/* The OFD of this process (a forked child must not use its parent's: it would see the parent's
+ * locks as its own). Caller holds the page lock. */
+static int lock_fd(struct fg_shared *s)
 {
     pid_t pid = getpid();
-    if (s->slot >= 0 && s->slot_pid == pid)
-        return &s->page->procs[s->slot];
-    uint64_t start = process_start_time(pid);
-    int free_slot = -1;
-    for (int pass = 0; pass < 2 && free_slot < 0; pass++) {
-        if (pass == 1)
-            reap_dead(s->page);
-        for (int i = 0; i < FG_MAX_PROCS; i++) {
-            struct fg_proc_slot *slot = &s->page->procs[i];
-            if (slot->pid == pid && slot->start_time == start) {
-                free_slot = i;
-                break;
-            }
-            if (slot->pid == 0 && free_slot < 0)
-                free_slot = i;
-        }
-    }
-    if (free_slot < 0) {
-        fprintf(stderr, "fakegpu: more than %d processes on one gpu\n", FG_MAX_PROCS);
-        return NULL;
-    }
-    struct fg_proc_slot *slot = &s->page->procs[free_slot];
-    if (slot->pid != pid) {
-        memset(slot, 0, sizeof *slot);
-        slot->pid = pid;
-        slot->start_time = start;
-    }
-    s->slot = free_slot;
-    s->slot_pid = pid;
-    return slot;
+    if (s->lock_fd >= 0 && s->lock_pid == pid)
+        return s->lock_fd;
+    if (s->lock_fd >= 0)
+        close(s->lock_fd); /* the inherited copy: the parent's locks live on through its own */
+    s->lock_fd = open(s->path, O_RDWR | O_CLOEXEC);
+    s->lock_pid = pid;
+    if (s->lock_fd < 0)
+        fprintf(stderr, "fakegpu: cannot open %s: %s\n", s->path, strerror(errno));
+    return s->lock_fd;
 }
 
-static struct fg_page *map_page(const struct fg_config *cfg, const struct fg_gpu_spec *gpu)
+static int own_slot_index(const struct fg_shared *s)
 {
-    char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/%s.gpu", cfg->state_dir, gpu->uuid);
+    return s->slot >= 0 && s->slot_pid == getpid() ? s->slot : -1;
+}
+
+static int slot_alive(struct fg_shared *s, int i)
+{
+    if (i == own_slot_index(s))
+        return 1;
+    int fd = lock_fd(s);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = FG_LOCK_BASE + i, .l_len = 1};
+    if (fd < 0 || fcntl(fd, F_OFD_GETLK, &fl) != 0)
+        return 1; /* cannot tell: keep it */
+    return fl.l_type != F_UNLCK;
+}
+
+static int owner_alive(struct fg_shared *s, int32_t owner)
+{
+    int i = owner & (FG_MAX_PROCS - 1);
+    const struct fg_proc_slot *slot = &s->page->procs[i];
+    return slot->used && (int32_t)(slot->generation << FG_SLOT_BITS | (uint32_t)i) == owner && slot_alive(s, i);
+}
+
+static void reap_dead(struct fg_shared *s)
+{
+    struct fg_page *p = s->page;
+    for (int i = 0; i < FG_MAX_PROCS; i++) {
+        struct fg_proc_slot *slot = &p->procs[i];
+        if (!slot->used || slot_alive(s, i))
+            continue;
+        p->mem_used -= slot->mem_used;
+        *slot = (struct fg_proc_slot){.generation = slot->generation};
+    }
+}
+
+/* Finds or claims this process's slot; caller holds the page lock. NULL if none can be had. */
+static struct fg_proc_slot *own_slot(struct fg_shared *s)
+{
+    int own = own_slot_index(s);
+    if (own >= 0)
+        return &s->page->procs[own];
+    int fd = lock_fd(s);
+    if (fd < 0)
+        return NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            reap_dead(s);
+        for (int i = 0; i < FG_MAX_PROCS; i++) {
+            struct fg_proc_slot *slot = &s->page->procs[i];
+            struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = FG_LOCK_BASE + i, .l_len = 1};
+            /* A slot freed by an exiting process may stay locked until it is gone: skip it. */
+            if (slot->used || fcntl(fd, F_OFD_SETLK, &fl) != 0)
+                continue;
+            uint32_t generation = (slot->generation + 1) & FG_GENERATION_MASK;
+            *slot = (struct fg_proc_slot){.used = 1, .pid = getpid(), .generation = generation ? generation : 1};
+            s->slot = i;
+            s->slot_pid = getpid();
+            return slot;
+        }
+    }
+    fprintf(stderr, "fakegpu: more than %d processes on one gpu\n", FG_MAX_PROCS);
+    return NULL;
+}
+
+static int32_t own_owner(struct fg_shared *s)
+{
+    struct fg_proc_slot *slot = own_slot(s);
+    return slot ? (int32_t)(slot->generation << FG_SLOT_BITS | (uint32_t)s->slot) : 0;
+}
+
+static struct fg_page *map_page(const char *path)
+{
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
         fprintf(stderr, "fakegpu: cannot open %s: %s\n", path, strerror(errno));
@@ -214,9 +229,11 @@ struct fg_shared *fg_shared_get(const struct fg_config *cfg, int gpu)
     struct fg_shared *s = &g_shared[gpu];
     pthread_mutex_lock(&g_shared_mutex);
     if (!s->page) {
-        s->page = map_page(cfg, &cfg->gpus[gpu]);
+        snprintf(s->path, sizeof s->path, "%s/%s.gpu", cfg->state_dir, cfg->gpus[gpu].uuid);
         s->total = cfg->gpus[gpu].memory_bytes;
         s->slot = -1;
+        s->lock_fd = -1;
+        s->page = map_page(s->path);
     }
     pthread_mutex_unlock(&g_shared_mutex);
     return s->page ? s : NULL;
@@ -228,7 +245,7 @@ int fg_mem_charge(struct fg_shared *s, uint64_t bytes)
     page_lock(s->page);
     struct fg_proc_slot *slot = own_slot(s);
     if (slot && s->page->mem_used + bytes > s->total)
-        reap_dead(s->page);
+        reap_dead(s);
     if (slot && bytes <= s->total && s->page->mem_used + bytes <= s->total) {
         s->page->mem_used += bytes;
         slot->mem_used += bytes;
@@ -253,7 +270,7 @@ void fg_mem_uncharge(struct fg_shared *s, uint64_t bytes)
 uint64_t fg_mem_used(struct fg_shared *s)
 {
     page_lock(s->page);
-    reap_dead(s->page);
+    reap_dead(s);
     uint64_t used = s->page->mem_used;
     page_unlock(s->page);
     return used;
@@ -272,10 +289,10 @@ int fg_procs(struct fg_shared *s, struct fg_proc_info *out, int max)
 {
     int n = 0;
     page_lock(s->page);
-    reap_dead(s->page);
+    reap_dead(s);
     for (int i = 0; i < FG_MAX_PROCS; i++) {
         const struct fg_proc_slot *slot = &s->page->procs[i];
-        if (slot->pid == 0 || (slot->contexts == 0 && slot->mem_used == 0))
+        if (!slot->used || (slot->contexts == 0 && slot->mem_used == 0))
             continue;
         if (n < max)
             out[n] = (struct fg_proc_info){.pid = slot->pid, .mem_used = slot->mem_used};
@@ -287,13 +304,14 @@ int fg_procs(struct fg_shared *s, struct fg_proc_info *out, int max)
 
 /* A real GPU drops the queued work of a process that died. The fake can only drop it while it is
  * the last work queued (later work of others was placed after it already); caller holds the lock. */
-static void drop_dead_tail(struct fg_page *p, int32_t self, uint64_t now)
+static void drop_dead_tail(struct fg_shared *s, int32_t self, uint64_t now)
 {
+    struct fg_page *p = s->page;
     int dropped = 0;
     while (p->ring_count > 0) {
         uint32_t last = (p->ring_next + FG_RING - 1) % FG_RING;
         struct fg_busy *b = &p->ring[last];
-        if (b->end_ns <= now || b->pid == self || process_start_time(b->pid) != 0)
+        if (b->end_ns <= now || b->owner == self || owner_alive(s, b->owner))
             break;
         dropped = 1;
         if (b->start_ns < now) {
@@ -312,21 +330,22 @@ static void drop_dead_tail(struct fg_page *p, int32_t self, uint64_t now)
 uint64_t fg_timeline_submit(struct fg_shared *s, uint64_t not_before_ns, uint64_t duration_ns)
 {
     struct fg_page *p = s->page;
-    int32_t pid = (int32_t)getpid();
     uint64_t now = fg_now_ns();
     page_lock(p);
+    int32_t owner = own_owner(s);
     if (p->busy_until_ns > now)
-        drop_dead_tail(p, pid, now);
+        drop_dead_tail(s, owner, now);
     uint64_t start = not_before_ns > now ? not_before_ns : now;
     if (p->busy_until_ns > start)
         start = p->busy_until_ns;
     uint64_t end = start + duration_ns;
     p->busy_until_ns = end;
     uint32_t last = (p->ring_next + FG_RING - 1) % FG_RING;
-    if (p->ring_count > 0 && p->ring[last].pid == pid && p->ring[last].end_ns == start) {
+    if (p->ring_count > 0 && p->ring[last].owner == owner && p->ring[last].end_ns == start) {
         p->ring[last].end_ns = end; /* back-to-back work of one process: one record */
     } else {
-        p->ring[p->ring_next] = (struct fg_busy){.start_ns = start, .end_ns = end, .pid = pid};
+        p->ring[p->ring_next] =
+            (struct fg_busy){.start_ns = start, .end_ns = end, .pid = (int32_t)getpid(), .owner = owner};
         p->ring_next = (p->ring_next + 1) % FG_RING;
         if (p->ring_count < FG_RING)
             p->ring_count++;
@@ -335,7 +354,7 @@ uint64_t fg_timeline_submit(struct fg_shared *s, uint64_t not_before_ns, uint64_
     return end;
 }
 
-uint64_t fg_timeline_busy(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, pid_t pid,
+uint64_t fg_timeline_busy(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, int32_t owner,
                           uint64_t *covered_from)
 {
     struct fg_page *p = s->page;
@@ -347,7 +366,7 @@ uint64_t fg_timeline_busy(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns,
             break;
         if (k == FG_RING - 1 && b->start_ns > from_ns)
             covered = b->start_ns; /* the ring dropped older records inside the window */
-        if (pid > 0 && b->pid != pid)
+        if (owner != 0 && b->owner != owner)
             continue;
         uint64_t a = b->start_ns > from_ns ? b->start_ns : from_ns;
         uint64_t e = b->end_ns < to_ns ? b->end_ns : to_ns;
@@ -360,7 +379,7 @@ uint64_t fg_timeline_busy(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns,
     return busy;
 }
 
-int fg_timeline_pids(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, pid_t *out, int max)
+int fg_timeline_owners(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, struct fg_owner *out, int max)
 {
     struct fg_page *p = s->page;
     int n = 0;
@@ -373,10 +392,10 @@ int fg_timeline_pids(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, pid_
             continue;
         int seen = 0;
         for (int i = 0; i < n && i < max; i++)
-            seen |= out[i] == b->pid;
+            seen |= out[i].owner == b->owner;
         if (!seen) {
             if (n < max)
-                out[n] = b->pid;
+                out[n] = (struct fg_owner){.owner = b->owner, .pid = b->pid};
             n++;
         }
     }
@@ -387,17 +406,16 @@ int fg_timeline_pids(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, pid_
 /* A real driver frees a process's memory when it exits; do it at once rather than when reaped. */
 __attribute__((destructor)) static void release_process(void)
 {
-    pid_t pid = getpid();
     for (int g = 0; g < FG_MAX_GPUS; g++) {
         struct fg_shared *s = &g_shared[g];
-        if (!s->page || s->slot < 0 || s->slot_pid != pid)
+        int own = s->page ? own_slot_index(s) : -1;
+        if (own < 0)
             continue;
         page_lock(s->page);
-        struct fg_proc_slot *slot = &s->page->procs[s->slot];
-        if (slot->pid == pid) {
-            s->page->mem_used -= slot->mem_used;
-            memset(slot, 0, sizeof *slot);
-        }
+        struct fg_proc_slot *slot = &s->page->procs[own];
+        s->page->mem_used -= slot->mem_used;
+        *slot = (struct fg_proc_slot){.generation = slot->generation};
+        s->slot = -1;
         page_unlock(s->page);
     }
 }

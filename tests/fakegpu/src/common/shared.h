@@ -1,5 +1,6 @@
 /* Per-GPU state shared by every process using one fake GPU: a mapped file `<state dir>/<uuid>.gpu`
- * holding memory usage per process and the device timeline (when the GPU is busy, and for whom). */
+ * holding memory usage per process and the device timeline (when the GPU is busy, and for whom).
+ * Processes may live in different PID namespaces (containers sharing the state dir). */
 #ifndef FAKEGPU_SHARED_H
 #define FAKEGPU_SHARED_H
 
@@ -33,13 +34,20 @@ int fg_procs(struct fg_shared *s, struct fg_proc_info *out, int max);
  * (CLOCK_MONOTONIC) and after all work already queued by any process. Returns its end. */
 uint64_t fg_timeline_submit(struct fg_shared *s, uint64_t not_before_ns, uint64_t duration_ns);
 
-/* Nanoseconds the GPU was busy within [from_ns, to_ns]; for one process if pid > 0. `covered_from`
+/* A process that put work on the timeline: `owner` names it uniquely (pids may repeat across PID
+ * namespaces), `pid` is what it calls itself. */
+struct fg_owner {
+    int32_t owner;
+    pid_t pid;
+};
+
+/* Nanoseconds the GPU was busy within [from_ns, to_ns]; for one owner if owner != 0. `covered_from`
  * receives the start of the span the records still cover (>= from_ns when old records were dropped). */
-uint64_t fg_timeline_busy(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, pid_t pid,
+uint64_t fg_timeline_busy(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, int32_t owner,
                           uint64_t *covered_from);
 
 /* Processes that ran work within [from_ns, to_ns]; returns how many (may exceed `max`). */
-int fg_timeline_pids(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, pid_t *out, int max);
+int fg_timeline_owners(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, struct fg_owner *out, int max);
 
 uint64_t fg_now_ns(void);
 void fg_sleep_until(uint64_t deadline_ns);

@@ -57,8 +57,8 @@ FG_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
     uint64_t from = now - window_ns();
     if (lastSeenTimeStamp && lastSeenTimeStamp < now_us && (now_us - lastSeenTimeStamp) * 1000ULL < window_ns())
         from = now - (now_us - lastSeenTimeStamp) * 1000ULL;
-    pid_t pids[FG_MAX_PIDS];
-    int n = fg_timeline_pids(device->shared, from, now, pids, FG_MAX_PIDS);
+    struct fg_owner owners[FG_MAX_PIDS];
+    int n = fg_timeline_owners(device->shared, from, now, owners, FG_MAX_PIDS);
     if (n > FG_MAX_PIDS)
         n = FG_MAX_PIDS;
     if (n == 0)
@@ -69,10 +69,10 @@ FG_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
     }
     for (int i = 0; i < n; i++) {
         uint64_t covered;
-        uint64_t busy = fg_timeline_busy(device->shared, from, now, pids[i], &covered);
+        uint64_t busy = fg_timeline_busy(device->shared, from, now, owners[i].owner, &covered);
         unsigned p = percent(busy, now - covered);
         utilization[i] = (nvmlProcessUtilizationSample_t){
-            .pid = (unsigned)pids[i], .timeStamp = now_us, .smUtil = p, .memUtil = p};
+            .pid = (unsigned)owners[i].pid, .timeStamp = now_us, .smUtil = p, .memUtil = p};
     }
     *processSamplesCount = (unsigned)n;
     return NVML_SUCCESS;
