@@ -130,16 +130,15 @@ static void read_limits_file(FILE *f) {
         } else if (!strcmp(tok[0], "elastic") && ntok == 2) {
             config.elastic = parse_int(tok[1], 0, 1);
             if (config.elastic < 0) {
+                config.elastic = 0;
                 refuse("%s: elastic %s is not 0 or 1", where, tok[1]);
                 return;
             }
         } else if (!strcmp(tok[0], "device")) {
             if (parse_device_line(tok, ntok, where)) return;
         } else {
-            {
-                refuse("%s: unknown line starting with %s", where, tok[0]);
-                return;
-            }
+            refuse("%s: unknown line starting with %s", where, tok[0]);
+            return;
         }
     }
     if (version != 1) refuse("limits file %s: no `version 1` line", limits_path);
@@ -172,7 +171,10 @@ static void read_environment(void) {
         }
     }
     value = getenv("TESSERA_ELASTIC");
-    if (value && (config.elastic = parse_int(value, 0, 1)) < 0) refuse("TESSERA_ELASTIC=%s is not 0 or 1", value);
+    if (value && (config.elastic = parse_int(value, 0, 1)) < 0) {
+        config.elastic = 0;
+        refuse("TESSERA_ELASTIC=%s is not 0 or 1", value);
+    }
     value = getenv("TESSERA_REGION");
     if (value && snprintf(config.region, sizeof config.region, "%s", value) >= (int)sizeof config.region)
         refuse("TESSERA_REGION=%s is too long", value);
@@ -182,15 +184,18 @@ static void load(void) {
     snprintf(limits_path, sizeof limits_path, "%s", VGPU_LIMITS_FILE);
     if (access(VGPU_LIMITS_FILE, F_OK) != 0 && errno == ENOENT) {
         const char *override = getenv("TESSERA_LIMITS_FILE");
-        if (!override || !*override) return read_environment();
+        if (!override || !*override) {
+            read_environment();
+            return;
+        }
         snprintf(limits_path, sizeof limits_path, "%s", override);
     }
     config.from_file = 1;
     FILE *f = fopen(limits_path, "re");
     if (!f) {
-                refuse("limits file %s: %s", limits_path, strerror(errno));
-                return;
-            }
+        refuse("limits file %s: %s", limits_path, strerror(errno));
+        return;
+    }
     read_limits_file(f);
     fclose(f);
 }
