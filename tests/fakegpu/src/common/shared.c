@@ -158,9 +158,14 @@ static struct fg_proc_slot *own_slot(struct fg_shared *s)
         for (int i = 0; i < FG_MAX_PROCS; i++) {
             struct fg_proc_slot *slot = &s->page->procs[i];
             struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = FG_LOCK_BASE + i, .l_len = 1};
-            /* A slot freed by an exiting process may stay locked until it is gone: skip it. */
-            if (slot->used || fcntl(fd, F_OFD_SETLK, &fl) != 0)
+            if (slot->used)
                 continue;
+            if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
+                if (errno == EAGAIN || errno == EACCES)
+                    continue; /* freed by a process that is still exiting: it holds the lock */
+                fprintf(stderr, "fakegpu: cannot lock %s: %s\n", s->path, strerror(errno));
+                return NULL;
+            }
             uint32_t generation = (slot->generation + 1) & FG_GENERATION_MASK;
             *slot = (struct fg_proc_slot){.used = 1, .pid = getpid(), .generation = generation ? generation : 1};
             s->slot = i;
@@ -417,5 +422,7 @@ __attribute__((destructor)) static void release_process(void)
         *slot = (struct fg_proc_slot){.generation = slot->generation};
         s->slot = -1;
         page_unlock(s->page);
+        close(s->lock_fd); /* the slot is free for others at once, even if the library is reloaded */
+        s->lock_fd = -1;
     }
 }
