@@ -82,8 +82,9 @@ void fg_ctx_init(struct CUctx_st *ctx, CUdevice dev, unsigned flags, int primary
 struct CUfunc_st {
     uint32_t magic;
     struct CUmod_st *mod;
-    uint64_t fixed_ns; /* "sleep_us_<N>": the whole launch takes N us */
-    uint64_t wave_ns;  /* otherwise each wave of blocks over the SMs takes this long */
+    int fixed;         /* "sleep_us_<N>": the whole launch takes fixed_ns = N us */
+    uint64_t fixed_ns;
+    uint64_t wave_ns; /* otherwise each wave of blocks over the SMs takes this long */
     struct CUfunc_st *next;
     char name[128];
 };

@@ -6,7 +6,7 @@
 
 uint64_t fg_kernel_ns(CUfunction f, const unsigned grid[3], CUdevice dev)
 {
-    if (f->fixed_ns)
+    if (f->fixed)
         return f->fixed_ns;
     uint64_t blocks = (uint64_t)grid[0] * grid[1] * grid[2];
     uint64_t sms = (uint64_t)fg_spec(dev)->sm_count;

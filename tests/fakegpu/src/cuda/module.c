@@ -95,8 +95,8 @@ static void set_duration(struct CUfunc_st *f)
     char tail;
     f->wave_ns = FG_DEFAULT_WAVE_US * 1000ULL;
     if (sscanf(f->name, "sleep_us_%llu%c", &n, &tail) == 1) {
+        f->fixed = 1;
         f->fixed_ns = n * 1000ULL;
-        f->wave_ns = 0;
     } else if (sscanf(f->name, "wave_us_%llu%c", &n, &tail) == 1) {
         f->wave_ns = n * 1000ULL;
     }
