@@ -117,18 +117,25 @@ class KubeApi:
         result: JsonObject = self._call("GET", _pod_path(namespace, name))
         return result
 
-    def patch_pod(self, namespace: str, name: str, patch: JsonObject) -> JsonObject:
-        """JSON merge patch (RFC 7386); a ``metadata.resourceVersion`` in it is a precondition."""
-        result: JsonObject = self._call(
-            "PATCH", _pod_path(namespace, name), body=patch, content_type="application/merge-patch+json"
-        )
-        return result
-
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        resource_version: str,
+        node: str,
+        annotations: dict[str, str],
+    ) -> None:
+        """Create the pod's Binding. The API server checks ``uid`` and ``resource_version`` (when not
+        empty) as preconditions and copies ``annotations`` onto the pod in the same write."""
+        metadata: JsonObject = {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         self._call("POST", _pod_path(namespace, name) + "/binding", body=body)

@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="in-flight pods bound longer ago than this are ignored by the in-flight rule (default 300)",
     )
     parser.add_argument(
+        "--inflight-wait",
+        type=_seconds,
+        default=timedelta(seconds=2),
+        metavar="SECONDS",
+        help="how long a bind waits for other pods in flight on its node to be served before it fails "
+        "(default 2; kube-scheduler gives a bind its httpTimeout, 5 s by default)",
+    )
+    parser.add_argument(
         "--domain",
         default=None,
         help=f"resource and annotation domain (default ${DOMAIN_ENV} or {DEFAULT_DOMAIN})",
@@ -104,7 +112,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = ClusterState(engine, keys, heartbeat_timeout=args.heartbeat_timeout)
     kube = KubeApi(load_client(args.kubeconfig))
     metrics = Metrics()
-    extender = Extender(state, kube, keys, metrics, inflight_timeout=args.inflight_timeout, clock=now)
+    extender = Extender(
+        state,
+        kube,
+        keys,
+        metrics,
+        inflight_timeout=args.inflight_timeout,
+        clock=now,
+        inflight_wait=args.inflight_wait,
+    )
     app = create_app(extender, Watcher(kube, state, clock=now))
     host, port = args.listen
     log.info("serving on %s:%d, policy %s, domain %s", host, port, args.policy, keys.domain)

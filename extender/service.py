@@ -7,6 +7,7 @@ answering in kube-scheduler's terms, the in-flight rule, and the bind's writes t
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,8 +26,18 @@ from tessera.contract import (
     format_time,
     parse_allocation,
     parse_pod_request,
+    parse_time,
 )
-from tessera.placement import NodeFit, Shortfall, inflight_conflict, score_fits, shape_of, to_allocation
+from tessera.placement import (
+    NodeFit,
+    PlacementPolicy,
+    PodShape,
+    Shortfall,
+    fit_keeping_inflight_rule,
+    score_fits,
+    shape_of,
+    to_allocation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +56,16 @@ class FilterAnswer:
     unresolvable: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class _Filtered:
+    """A pod's last filter answer: the names passed, their fits in the same order."""
+
+    passed: list[str]
+    kept: list[NodeFit]
+    container_names: tuple[str, ...]
+    pod: JsonObject  # as kube-scheduler sent it: bind starts from this copy
+
+
 def pod_key(pod: JsonObject) -> str:
     metadata = pod.get("metadata") or {}
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
@@ -60,14 +81,16 @@ class Extender:
         *,
         inflight_timeout: timedelta,
         clock: Callable[[], datetime],
+        inflight_wait: timedelta = timedelta(seconds=2),
     ) -> None:
         self.state = state
         self.kube = kube
         self.keys = keys
         self.metrics = metrics
         self.inflight_timeout = inflight_timeout
+        self.inflight_wait = inflight_wait
         self.clock = clock
-        self._filtered: OrderedDict[str, tuple[list[str], list[NodeFit]]] = OrderedDict()
+        self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
 
     # ----------------------------------------------------------------------------------------------
     # filter
@@ -90,20 +113,26 @@ class Extender:
             checked = self.state.engine.evaluate(shape, sorted(inflight)).fits if inflight else []
         answer = FilterAnswer(passed=[])
         kinds: dict[str, int] = {}
-        refused: dict[str, str] = {}
+        # In-flight nodes: the fit to keep (the cached one, or one joining the in-flight key), or
+        # None when the rule refuses the pod there for now.
+        adjusted: dict[str, NodeFit | None] = {}
         if checked:
             now = self.clock()
             for fit in checked:
-                conflict = self._inflight_conflict(fit, request, uid, now)
-                if conflict is not None:
-                    refused[fit.name] = conflict
+                kept_fit = self._keeping_inflight_rule(fit, shape, evaluation.policy, uid, now)
+                if isinstance(kept_fit, str):
+                    adjusted[fit.name] = None
+                    answer.failed[fit.name] = kept_fit
+                elif kept_fit is not fit:
+                    adjusted[fit.name] = kept_fit
         kept = evaluation.fits
-        if refused:
-            kept = [f for f in kept if f.name not in refused]
-            for fit in evaluation.fits:
-                if fit.name in refused:
-                    answer.failed[fit.name] = refused[fit.name]
-                    kinds[Shortfall.INFLIGHT.value] = kinds.get(Shortfall.INFLIGHT.value, 0) + 1
+        if adjusted:
+            kept = [f for f in (adjusted.get(f.name, f) for f in kept) if f is not None]
+            wanted = set(names)
+            for name in [n for n in answer.failed if n not in wanted]:
+                del answer.failed[name]
+            if answer.failed:
+                kinds[Shortfall.INFLIGHT.value] = len(answer.failed)
         answer.passed = [f.name for f in kept]
         for rejection in evaluation.rejections:
             (answer.unresolvable if rejection.unresolvable else answer.failed)[rejection.node] = (
@@ -114,16 +143,40 @@ class Extender:
         self.metrics.pods_filtered.labels("feasible" if kept else "infeasible").inc()
         if uid:
             # kept[i] is the fit of passed[i]: prioritize scores them without looking up names.
-            self._filtered[uid] = (answer.passed, kept)
+            remembered = _Filtered(answer.passed, kept, tuple(c.name for c in request.containers), pod)
+            self._filtered[uid] = remembered
             self._filtered.move_to_end(uid)
             if len(self._filtered) > REMEMBERED_FILTERS:
                 self._filtered.popitem(last=False)
+            if len(kept) == 1:  # kube-scheduler binds without calling prioritize
+                self._reserve(pod, remembered, kept[0])
         return answer
 
-    def _inflight_conflict(self, fit: NodeFit, request: PodRequest, uid: str, now: datetime) -> str | None:
-        allocation = to_allocation(fit.node, fit.placement, (c.name for c in request.containers))
+    def _reserve(self, pod: JsonObject, remembered: _Filtered, fit: NodeFit) -> None:
+        allocation = to_allocation(fit.node, fit.placement, remembered.container_names)
+        metadata = pod.get("metadata") or {}
+        record = PodAllocation(
+            uid=str(metadata.get("uid")),
+            namespace=str(metadata.get("namespace", "")),
+            name=str(metadata.get("name", "")),
+            allocation=allocation,
+            phase=None,
+            bind_time=self.clock(),  # the in-flight rule's timeout runs from the reservation
+        )
+        self.state.reserve(record, self.clock())
+
+    def _keeping_inflight_rule(
+        self, fit: NodeFit, shape: PodShape, policy: PlacementPolicy, uid: str, now: datetime
+    ) -> NodeFit | str:
         others = self.state.inflight_on(fit.name, now, self.inflight_timeout, exclude_uid=uid)
-        return inflight_conflict(allocation, others) if others else None
+        return fit_keeping_inflight_rule(
+            fit,
+            shape,
+            profiles=self.state.engine.profiles,
+            policy=policy,
+            context=self.state.engine.context,
+            inflight=others,
+        )
 
     # ----------------------------------------------------------------------------------------------
     # prioritize
@@ -131,9 +184,14 @@ class Extender:
     def prioritize(self, pod: JsonObject, names: Sequence[str]) -> list[tuple[str, int]]:
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         remembered = self._filtered.get(uid)
-        if remembered is not None and remembered[0] == names:
-            # The usual call: the survivors of this pod's filter, in the same order.
-            return list(zip(names, score_fits(remembered[1]), strict=True))
+        if remembered is not None and remembered.passed == names:
+            # The usual call: the survivors of this pod's filter, in the same order. The best of
+            # them is where kube-scheduler will most likely bind the pod: reserve it there.
+            scores = score_fits(remembered.kept)
+            if scores:
+                best = max(range(len(scores)), key=scores.__getitem__)
+                self._reserve(pod, remembered, remembered.kept[best])
+            return list(zip(names, scores, strict=True))
         try:
             request = parse_pod_request(pod, self.keys)
         except ContractError:
@@ -142,8 +200,8 @@ class Extender:
             return [(n, 0) for n in names]
         with self.state.lock:
             fits = self.state.engine.evaluate(shape_of(request), names).fits
-        scores = dict(zip((f.name for f in fits), score_fits(fits), strict=True))
-        return [(n, scores.get(n, 0)) for n in names]
+        by_name = dict(zip((f.name for f in fits), score_fits(fits), strict=True))
+        return [(n, by_name.get(n, 0)) for n in names]
 
     # ----------------------------------------------------------------------------------------------
     # bind
@@ -151,33 +209,40 @@ class Extender:
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Place and bind the pod on ``node``; returns "" on success, else the error for kube-scheduler."""
         error = "no attempt made"
+        # First from the copy kube-scheduler sent to filter; after a conflict, read afresh.
+        remembered = self._filtered.get(uid)
+        pod = remembered.pod if remembered is not None else None
         for _ in range(BIND_ATTEMPTS):
-            error, retry = self._bind_once(namespace, name, uid, node)
+            error, retry = self._bind_once(namespace, name, uid, node, pod)
             if not retry:
                 break
+            pod = None
         self.metrics.binds.labels("bound" if not error else "failed").inc()
         if error:
             log.info("bind %s/%s on %s refused: %s", namespace, name, node, error)
         return error
 
-    def _bind_once(self, namespace: str, name: str, uid: str, node: str) -> tuple[str, bool]:
-        """(error, worth retrying at once)."""
+    def _bind_once(
+        self, namespace: str, name: str, uid: str, node: str, pod: JsonObject | None
+    ) -> tuple[str, bool]:
+        """(error, worth retrying at once with the pod read afresh).
+
+        One write: a Binding whose annotations (allocation, phase allocating, bind time) the API
+        server copies onto the pod together with the node name, under the pod's UID and
+        resourceVersion as preconditions. The pod is never bound without its allocation, and a
+        failure leaves nothing to roll back on the pod.
+        """
         assert self.kube is not None, "bind needs the Kubernetes API"
         key = f"{namespace}/{name}"
-        try:
-            pod = self.kube.get_pod(namespace, name)
-        except ApiError as e:
-            return self._fail("api", f"pod {key}: cannot read it: {e}"), False
+        if pod is None:
+            try:
+                pod = self.kube.get_pod(namespace, name)
+            except ApiError as e:
+                return self._fail("api", f"pod {key}: cannot read it: {e}"), False
+            done = self._already_bound(pod, uid, node)
+            if done is not None:
+                return done, False
         metadata = pod.get("metadata") or {}
-        if uid and metadata.get("uid") != uid:
-            return self._fail("gone", f"pod {key} is now UID {metadata.get('uid')}, not {uid}"), False
-        annotations = metadata.get("annotations") or {}
-        current = self._current_allocation(annotations, key)
-        bound_to = (pod.get("spec") or {}).get("nodeName")
-        if bound_to:
-            if bound_to == node and current is not None and current.node == node:
-                return "", False
-            return self._fail("bound", f"pod {key} is already bound to node {bound_to}"), False
         try:
             request = parse_pod_request(pod, self.keys)
         except ContractError as e:
@@ -188,51 +253,76 @@ class Extender:
         decided = self._decide(pod, request, node, now)
         if isinstance(decided, str):
             return decided, False
-        allocation = decided
-        record_patch: JsonObject = {
-            "metadata": {
-                "resourceVersion": metadata.get("resourceVersion"),
-                "annotations": {
-                    self.keys.allocation: allocation.model_dump_json(),
-                    self.keys.allocation_phase: Phase.ALLOCATING.value,
-                    self.keys.bind_time: format_time(now),
-                },
-            }
+        annotations = {
+            self.keys.allocation: decided.model_dump_json(),
+            self.keys.allocation_phase: Phase.ALLOCATING.value,
+            self.keys.bind_time: format_time(now),
         }
+        pod_uid = str(metadata.get("uid") or uid)
         try:
-            self.kube.patch_pod(namespace, name, record_patch)
+            self.kube.bind_pod(
+                namespace,
+                name,
+                uid=pod_uid,
+                resource_version=str(metadata.get("resourceVersion") or ""),
+                node=node,
+                annotations=annotations,
+            )
         except ApiError as e:
-            self.state.forget(str(metadata.get("uid")), allocation)
+            self.state.forget(pod_uid, decided)
             if e.status == 409:
+                # Changed under us, or bound by an earlier attempt whose answer was lost: read again.
                 return self._fail("conflict", f"pod {key} changed while binding: {e.message}"), True
-            return self._fail("api", f"pod {key}: cannot write the allocation: {e}"), False
-        try:
-            self.kube.bind_pod(namespace, name, str(metadata.get("uid")), node)
-        except ApiError as e:
-            if self._bound_to(namespace, name) == node:
-                return "", False  # the binding went through (an earlier attempt, or a lost answer)
-            self._roll_back(namespace, name, str(metadata.get("uid")), allocation)
             return self._fail("api", f"pod {key}: binding to {node} failed: {e}"), False
         with self.state.lock:
             self.state.engine.context.shape_mix.record(shape_of(request))
         return "", False
+
+    def _already_bound(self, pod: JsonObject, uid: str, node: str) -> str | None:
+        """None if the pod (read from the API) still needs binding; "" if it is bound to ``node`` with
+        an allocation there (a retry of a bind that went through); else the error."""
+        metadata = pod.get("metadata") or {}
+        key = pod_key(pod)
+        if uid and metadata.get("uid") != uid:
+            return self._fail("gone", f"pod {key} is now UID {metadata.get('uid')}, not {uid}")
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if not bound_to:
+            return None
+        current = self._current_allocation(metadata.get("annotations") or {}, key)
+        if bound_to == node and current is not None and current.node == node:
+            bind_time = (metadata.get("annotations") or {}).get(self.keys.bind_time)
+            self.state.assume(
+                self._record(
+                    pod, current, parse_time(bind_time, field="bind time") if bind_time else self.clock()
+                )
+            )
+            return ""
+        return self._fail("bound", f"pod {key} is already bound to node {bound_to}")
 
     def _decide(self, pod: JsonObject, request: PodRequest, node: str, now: datetime) -> Allocation | str:
         """The allocation on ``node`` against the current state, assumed at once; or the error."""
         metadata = pod.get("metadata") or {}
         uid = str(metadata.get("uid"))
         key = pod_key(pod)
+        shape = shape_of(request)
+        deadline = time.monotonic() + self.inflight_wait.total_seconds()
         with self.state.lock:
-            evaluation = self.state.engine.evaluate(shape_of(request), [node])
-            if not evaluation.fits:
-                reason = evaluation.rejections[0].reason
-                return self._fail("no_fit", f"pod {key} no longer fits on node {node}: {reason}")
-            fit = evaluation.fits[0]
-            allocation = to_allocation(fit.node, fit.placement, (c.name for c in request.containers))
-            others = self.state.inflight_on(node, now, self.inflight_timeout, exclude_uid=uid)
-            conflict = inflight_conflict(allocation, others)
-            if conflict is not None:
-                return self._fail("inflight", conflict)
+            self.state.unreserve(uid)  # the pod's own reservation must not stand in its way
+            while True:
+                evaluation = self.state.engine.evaluate(shape, [node])
+                if not evaluation.fits:
+                    reason = evaluation.rejections[0].reason
+                    return self._fail("no_fit", f"pod {key} no longer fits on node {node}: {reason}")
+                fit = self._keeping_inflight_rule(evaluation.fits[0], shape, evaluation.policy, uid, now)
+                if not isinstance(fit, str):
+                    break
+                # Other pods are being admitted on this node: the device plugin usually serves them
+                # within a second; waiting here beats failing the bind into kube-scheduler's backoff.
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return self._fail("inflight", fit)
+                self.state.pods_changed.wait(remaining)
+            allocation = to_allocation(fit.node, fit.placement, [c.name for c in request.containers])
             self.state.assume(self._record(pod, allocation, now))
         return allocation
 
@@ -255,34 +345,6 @@ class Extender:
             return parse_allocation(text, pod=key)
         except ContractError:
             return None
-
-    def _bound_to(self, namespace: str, name: str) -> str | None:
-        assert self.kube is not None
-        try:
-            node: str | None = (self.kube.get_pod(namespace, name).get("spec") or {}).get("nodeName")
-        except ApiError:
-            return None
-        return node
-
-    def _roll_back(self, namespace: str, name: str, uid: str, allocation: Allocation) -> None:
-        self.state.forget(uid, allocation)
-        assert self.kube is not None
-        cleared: JsonObject = {
-            "metadata": {
-                "annotations": {
-                    self.keys.allocation: None,
-                    self.keys.allocation_phase: None,
-                    self.keys.bind_time: None,
-                }
-            }
-        }
-        try:
-            self.kube.patch_pod(namespace, name, cleared)
-        except ApiError as e:
-            # The next bind of this pod reuses or replaces the allocation; deletion releases it.
-            log.warning(
-                "pod %s/%s: could not remove the allocation after a failed bind: %s", namespace, name, e
-            )
 
     def _fail(self, reason: str, message: str) -> str:
         self.metrics.bind_failures.labels(reason).inc()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,7 +32,7 @@ from tessera.contract import (
     parse_inventory,
     parse_time,
 )
-from tessera.placement import PlacementEngine, build_node
+from tessera.placement import InflightKey, PlacementEngine, allocation_keys, build_node
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,11 @@ class PodAllocation:
     allocation: Allocation
     phase: str | None
     bind_time: datetime | None
+    # The in-flight rule's container keys, computed once.
+    keys: tuple[InflightKey, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", tuple(allocation_keys(self.allocation)))
 
     @property
     def key(self) -> str:
@@ -71,16 +76,22 @@ class ClusterState:
         engine: PlacementEngine,
         keys: ContractKeys,
         heartbeat_timeout: timedelta,
+        reservation_ttl: timedelta = timedelta(seconds=10),
     ) -> None:
         self.engine = engine
         self.keys = keys
         self.heartbeat_timeout = heartbeat_timeout
+        self.reservation_ttl = reservation_ttl
         self.lock = threading.RLock()
+        # Notified (under the lock) whenever a pod's allocation or phase changes.
+        self.pods_changed = threading.Condition(self.lock)
         self._nodes: dict[str, _Node] = {}
         self._observed: dict[str, PodAllocation] = {}
         self._assumed: dict[str, PodAllocation] = {}
+        # Assumptions that are reservations (see reserve), by pod UID: when made.
+        self._reserved_at: dict[str, datetime] = {}
         self._pods_on: dict[str, set[str]] = {}
-        self._inflight_nodes: set[str] = set()
+        self._inflight: dict[str, list[PodAllocation]] = {}
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -209,6 +220,7 @@ class ClusterState:
                 # the API server's word now holds.
                 if uid in self._assumed:
                     del self._assumed[uid]
+                    self._reserved_at.pop(uid, None)
             self._reindex(uid, touched)
 
     def delete_pod(self, uid: str) -> None:
@@ -216,6 +228,7 @@ class ClusterState:
             touched = self._nodes_of(uid)
             self._observed.pop(uid, None)
             self._assumed.pop(uid, None)
+            self._reserved_at.pop(uid, None)
             self._reindex(uid, touched)
 
     def replace_pods(self, pods: Iterable[JsonObject]) -> None:
@@ -234,7 +247,37 @@ class ClusterState:
         with self.lock:
             touched = self._nodes_of(record.uid)
             self._assumed[record.uid] = record
+            self._reserved_at.pop(record.uid, None)
             self._reindex(record.uid, touched)
+
+    def reserve(self, record: PodAllocation, now: datetime) -> None:
+        """Count ``record`` for a pod kube-scheduler is about to bind (it was scored best), until its
+        bind decides for real or ``reservation_ttl`` passes.
+
+        kube-scheduler filters the next pod before the previous one's bind arrives; without the
+        reservation, pods of one shape would all pick the node the previous pod is filling, and
+        all but one would fail at bind when it fills up.
+        """
+        with self.lock:
+            if record.uid in self._assumed and record.uid not in self._reserved_at:
+                return  # a bind already decided
+            touched = self._nodes_of(record.uid)
+            self._assumed[record.uid] = record
+            self._reserved_at[record.uid] = now
+            self._reindex(record.uid, touched)
+
+    def unreserve(self, uid: str) -> None:
+        with self.lock:
+            if self._reserved_at.pop(uid, None) is not None:
+                touched = self._nodes_of(uid)
+                del self._assumed[uid]
+                self._reindex(uid, touched)
+
+    def expire_reservations(self, now: datetime) -> None:
+        with self.lock:
+            for uid, since in list(self._reserved_at.items()):
+                if now - since > self.reservation_ttl:
+                    self.unreserve(uid)
 
     def forget(self, uid: str, allocation: Allocation) -> None:
         """Undo :meth:`assume` of ``allocation`` after a failed bind (and the observed copy of it)."""
@@ -242,6 +285,7 @@ class ClusterState:
             touched = self._nodes_of(uid)
             if uid in self._assumed and self._assumed[uid].allocation == allocation:
                 del self._assumed[uid]
+                self._reserved_at.pop(uid, None)
             if uid in self._observed and self._observed[uid].allocation == allocation:
                 del self._observed[uid]
             self._reindex(uid, touched)
@@ -257,21 +301,21 @@ class ClusterState:
 
     def inflight_on(
         self, node: str, now: datetime, timeout: timedelta, exclude_uid: str
-    ) -> dict[str, Allocation]:
-        """Pods in flight on ``node`` (phase allocating, bound less than ``timeout`` ago), by name."""
-        return {
-            p.key: p.allocation
-            for p in self.pods_on(node)
-            if p.uid != exclude_uid
-            and p.phase == Phase.ALLOCATING
-            and p.bind_time is not None
-            and now - p.bind_time <= timeout
-        }
+    ) -> dict[str, tuple[InflightKey, ...]]:
+        """Container keys of the pods in flight on ``node`` (phase allocating, bound less than
+        ``timeout`` ago), by pod name."""
+        with self.lock:
+            return {
+                p.key: p.keys
+                for p in self._inflight.get(node, ())
+                if p.uid != exclude_uid and p.bind_time is not None and now - p.bind_time <= timeout
+            }
 
     def nodes_with_inflight(self) -> set[str]:
-        """Nodes with a pod in phase allocating (however old): where filter checks the rule."""
+        """Nodes with a pod in phase allocating (however old) or reserved: where filter checks the
+        in-flight rule."""
         with self.lock:
-            return set(self._inflight_nodes)
+            return set(self._inflight)
 
     def _nodes_of(self, uid: str) -> set[str]:
         return {p.allocation.node for p in (self._assumed.get(uid), self._observed.get(uid)) if p is not None}
@@ -286,6 +330,7 @@ class ClusterState:
             self._pods_on.setdefault(node, set()).add(uid)
         for node in before | after:
             self._rebuild(node)
+        self.pods_changed.notify_all()
 
     def _rebuild(self, name: str) -> None:
         record = self._nodes.get(name)
@@ -293,10 +338,12 @@ class ClusterState:
             return
         pods = self.pods_on(name)
         allocations = [p.allocation for p in pods]
-        if any(p.phase == Phase.ALLOCATING for p in pods):
-            self._inflight_nodes.add(name)
+        # Reserved pods count as in flight: their bind is on its way.
+        inflight = [p for p in pods if p.phase == Phase.ALLOCATING or p.uid in self._reserved_at]
+        if inflight:
+            self._inflight[name] = inflight
         else:
-            self._inflight_nodes.discard(name)
+            self._inflight.pop(name, None)
         if record.inventory is None:
             reason = record.inventory_error or "no inventory"
             self.engine.set_node(build_node(name, (), schedulable=False, unschedulable_reason=reason))

@@ -111,6 +111,7 @@ class Watcher:
 
     def _sweep(self) -> None:
         while not self._stop.wait(self.sweep_every):
+            self.state.expire_reservations(self.clock())
             changed = self.state.sweep_heartbeats(self.clock())
             if changed:
                 log.info(

@@ -14,8 +14,16 @@ No I/O here. The extender (kube-scheduler adapter) and the simulator call the sa
 """
 
 from tessera.placement.engine import Evaluation, PlacementEngine
-from tessera.placement.fit import filter_node, find_placement
-from tessera.placement.inflight import container_key, inflight_conflict
+from tessera.placement.fit import filter_node, find_placement, make_fit
+from tessera.placement.inflight import (
+    InflightKey,
+    allocation_keys,
+    container_key,
+    fit_keeping_inflight_rule,
+    inflight_conflict,
+    keys_conflict,
+    placement_keys,
+)
 from tessera.placement.model import (
     ContainerShape,
     GpuState,
@@ -51,6 +59,7 @@ __all__ = [
     "Evaluation",
     "GpuState",
     "Grant",
+    "InflightKey",
     "NodeFit",
     "NodeOutcome",
     "NodeRejection",
@@ -62,14 +71,19 @@ __all__ = [
     "ShapeMix",
     "Shortfall",
     "SpeedProfiles",
+    "allocation_keys",
     "apply",
     "build_node",
     "choose",
     "container_key",
     "filter_node",
     "find_placement",
+    "fit_keeping_inflight_rule",
     "get_policy",
     "inflight_conflict",
+    "keys_conflict",
+    "make_fit",
+    "placement_keys",
     "placement_of",
     "policy_names",
     "register_policy",

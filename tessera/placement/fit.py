@@ -20,7 +20,7 @@ Rules (docs/placement.md has them with examples):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import combinations
 
@@ -122,8 +122,11 @@ def find_placement(
     eligible: Sequence[int],
     policy: PlacementPolicy,
     context: ClusterContext,
+    *,
+    pinned: Mapping[int, Sequence[int]] | None = None,
 ) -> Placement | None:
-    """The placement the policy prefers among those that fit, or None."""
+    """The placement the policy prefers among those that fit, or None. ``pinned`` limits containers
+    (by index in the shape) to some GPU positions (see :mod:`.inflight`)."""
     gpus = list(node.gpus)
     order = sorted(
         range(len(shape.containers)),
@@ -141,7 +144,10 @@ def find_placement(
         if step == len(order):
             return True
         container = shape.containers[order[step]]
-        candidates = [i for i in eligible if _fits(gpus[i], container)]
+        if pinned is not None and order[step] in pinned:
+            candidates = [i for i in pinned[order[step]] if i in eligible and _fits(gpus[i], container)]
+        else:
+            candidates = [i for i in eligible if _fits(gpus[i], container)]
         if len(candidates) < container.vgpu:
             return False
         candidates.sort(key=lambda i: policy.gpu_key(gpus[i], container, context))
@@ -191,6 +197,19 @@ def filter_node(
     placement = find_placement(node, shape, eligible, policy, context) if eligible else None
     if placement is None:
         return explain_rejection(node, shape, eligible, profiles)
+    return make_fit(node, shape, placement, profiles=profiles, policy=policy, context=context)
+
+
+def make_fit(
+    node: NodeState,
+    shape: PodShape,
+    placement: Placement,
+    *,
+    profiles: SpeedProfiles,
+    policy: PlacementPolicy,
+    context: ClusterContext,
+) -> NodeFit:
+    """The fit of ``placement`` with its policy score and speed gain."""
     workload = shape.preferences.workload
     # A pod asking no GPU (the simulator places CPU-only trace pods on GPU nodes) has no speed gain.
     gain = min((profiles.gain(node.gpus[g.gpu].model, workload) for g in placement.grants()), default=1.0)

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from tessera.contract import Allocation, ContainerAllocation, GpuGrant, Policy
 from tessera.placement import (
+    ClusterContext,
+    Grant,
+    NodeFit,
+    NodeState,
+    Placement,
     PlacementEngine,
+    PodShape,
     Shortfall,
     SpeedProfiles,
+    allocation_keys,
     apply,
     build_node,
     choose,
+    filter_node,
+    fit_keeping_inflight_rule,
+    get_policy,
     inflight_conflict,
+    placement_keys,
     placement_of,
     release,
     to_allocation,
@@ -118,3 +129,54 @@ def test_one_pods_own_containers_may_differ() -> None:
     mine = _alloc("n", (("G0", 4096, 30),), (("G1", 4096, 30),))
     assert inflight_conflict(mine, {}) is None
     assert inflight_conflict(mine, {"ns/o": _alloc("n", (("G0", 4096, 30),))}) is not None
+
+
+def _fit_on(n: NodeState, s: PodShape) -> NodeFit:
+    outcome = filter_node(n, s, SpeedProfiles(), get_policy("binpack"), ClusterContext())
+    assert isinstance(outcome, NodeFit)
+    return outcome
+
+
+def test_a_replica_joins_the_inflight_key_instead_of_being_refused() -> None:
+    n = node("n", count=2)
+    s = shape((1, 4096, 25))
+    # GPU 1 is partly used, so binpack prefers it; an in-flight replica sits on GPU 0.
+    n = apply(n, Placement("n", ((Grant(1, 2048, 10),),)))
+    inflight = {"ns/first": [(1, ("GPU-n-0",), ((4096, 25),))]}
+    fit = _fit_on(n, s)
+    assert fit.placement.containers[0][0].gpu == 1
+    kept = fit_keeping_inflight_rule(
+        fit,
+        s,
+        profiles=SpeedProfiles(),
+        policy=get_policy("binpack"),
+        context=ClusterContext(),
+        inflight=inflight,
+    )
+    assert isinstance(kept, NodeFit)
+    assert kept.placement.containers[0][0].gpu == 0
+
+
+def test_other_quotas_are_refused_with_the_reason() -> None:
+    n = node("n", count=2)
+    inflight = {"ns/first": [(1, ("GPU-n-0",), ((4096, 25),))]}
+    s = shape((1, 8192, 25))
+    refused = fit_keeping_inflight_rule(
+        _fit_on(n, s),
+        s,
+        profiles=SpeedProfiles(),
+        policy=get_policy("binpack"),
+        context=ClusterContext(),
+        inflight=inflight,
+    )
+    assert isinstance(refused, str)
+    assert refused.startswith(
+        "pod ns/first is still being admitted on node n with a 1-GPU container on GPU-n-0"
+    )
+
+
+def test_placement_keys_match_the_allocation_keys() -> None:
+    n = node("n")
+    s = shape((2, 4096, 25), (1, 1024, None))
+    fit = _fit_on(n, s)
+    assert placement_keys(n, fit.placement) == allocation_keys(to_allocation(n, fit.placement, ["a", "b"]))

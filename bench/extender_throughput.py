@@ -1,0 +1,240 @@
+"""Scheduling throughput through the real kube-scheduler on 1,000 fake nodes, with and without the
+extender, measured in one run.
+
+* without: kube-scheduler with no extender; pods ask ``tessera.io/vgpu: 1`` only (the in-tree fit
+  counts slices, the default binder binds).
+* with: deploy/scheduler-config.yaml (extender filter + prioritize + bind); pods ask
+  ``vgpu: 1, vgpu-memory: 4096, vgpu-cores: 20``.
+
+Each phase creates the pods at once (8 client threads) and times from the first create to the last
+pod seen bound (a watch on the namespace). A stand-in for the device plugin marks each bound pod
+``allocated`` as soon as the watch shows it (a kubelet would admit it, the device plugin serve it):
+without that, every pod would stay in flight and the in-flight rule would hold each node to one
+allocation key. Both schedulers get ``clientConnection.qps: 500`` so the
+client-side rate limiter (default 50/s, which the default binder goes through but the extender's own
+client does not) does not decide the comparison. Phases alternate for ``--rounds`` rounds.
+
+    .venv/bin/python bench/extender_throughput.py [--nodes 1000] [--pods 1000] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+from kubernetes.watch import Watch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tessera.contract import KEYS, GpuInfo, Phase, dump_inventory, format_time, now  # noqa: E402
+from tessera.localcluster import ControlPlane, ManagedProcess, fake_node_body, free_port  # noqa: E402
+
+GPUS, SPLIT = 8, 8
+MODELS = [("NVIDIA A100-SXM4-40GB", 40960), ("Tesla V100-SXM2-16GB", 16384), ("Tesla T4", 15360)]
+QPS = 500
+
+
+def make_nodes(core: client.CoreV1Api, count: int) -> None:
+    capacity = {KEYS.vgpu: str(GPUS * SPLIT), "cpu": "64", "memory": "512Gi", "pods": "250"}
+
+    def make(i: int) -> None:
+        name = f"bench-{i:04d}"
+        model, memory = MODELS[i % 3]
+        gpus = [
+            GpuInfo(
+                uuid=f"GPU-{name}-{g}",
+                index=g,
+                model=model,
+                memory_mib=memory,
+                sm_count=80,
+                compute_capability="8.0",
+                numa_node=g // 4,
+                split=SPLIT,
+            )
+            for g in range(GPUS)
+        ]
+        annotations = {KEYS.node_gpus: dump_inventory(gpus), KEYS.node_heartbeat: format_time(now())}
+        body = fake_node_body(name, capacity, annotations)
+        status = body.pop("status")
+        core.create_node(body)
+        core.patch_node_status(name, {"status": status})
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(make, range(count)))
+
+
+def scheduler_config(extender_url: str | None) -> str:
+    cfg = yaml.safe_load((REPO / "deploy" / "scheduler-config.yaml").read_text())
+    cfg["clientConnection"] = {"kubeconfig": "{kubeconfig}", "qps": QPS, "burst": 2 * QPS}
+    cfg["leaderElection"] = {"leaderElect": False}
+    if extender_url is None:
+        del cfg["extenders"]
+    else:
+        cfg["extenders"][0]["urlPrefix"] = extender_url
+    return str(yaml.safe_dump(cfg))
+
+
+def pod(name: str, with_quotas: bool) -> dict[str, Any]:
+    limits = {KEYS.vgpu: "1"}
+    if with_quotas:
+        limits |= {KEYS.vgpu_memory: "4096", KEYS.vgpu_cores: "20"}
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": "tessera-scheduler",
+            "containers": [{"name": "main", "image": "local/cuda:latest", "resources": {"limits": limits}}],
+        },
+    }
+
+
+def timed_phase(
+    api: client.ApiClient, namespace: str, count: int, with_quotas: bool, args_timeout: float = 600
+) -> float:
+    """Pods per second from the first create to the last bound."""
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    bound: set[str] = set()
+    done = threading.Event()
+    watch = Watch()
+
+    admitting = ThreadPoolExecutor(4)
+    served: set[str] = set()
+
+    def admit(name: str) -> None:
+        # What the device plugin does once the kubelet admits the pod and calls Allocate.
+        patch = {"metadata": {"annotations": {KEYS.allocation_phase: Phase.ALLOCATED.value}}}
+        core.patch_namespaced_pod(name, namespace, patch)
+
+    def follow() -> None:
+        for event in watch.stream(core.list_namespaced_pod, namespace, timeout_seconds=600):
+            obj = event["object"]
+            if not obj.spec.node_name:
+                continue
+            bound.add(obj.metadata.name)
+            phase = (obj.metadata.annotations or {}).get(KEYS.allocation_phase)
+            if phase == Phase.ALLOCATING and obj.metadata.name not in served:
+                served.add(obj.metadata.name)
+                admitting.submit(admit, obj.metadata.name)
+            if len(bound) >= count:
+                done.set()
+                return
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    time.sleep(0.5)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(
+                lambda i: core.create_namespaced_pod(namespace, pod(f"p-{i:05d}", with_quotas)), range(count)
+            )
+        )
+    if not done.wait(args_timeout):
+        listed = sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name)
+        print(f"{namespace}: the API server lists {listed} pods bound", file=sys.stderr)
+        raise RuntimeError(f"{namespace}: only {len(bound)} of {count} pods bound after {args_timeout:.0f} s")
+    elapsed = time.perf_counter() - started
+    watch.stop()
+    admitting.shutdown(wait=True)
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    return count / elapsed
+
+
+def start_extender(plane: ControlPlane) -> tuple[ManagedProcess, str]:
+    port = free_port()
+    process = ManagedProcess(
+        "tessera-extender",
+        [
+            sys.executable,
+            "-m",
+            "extender.main",
+            f"--listen=127.0.0.1:{port}",
+            f"--kubeconfig={plane.kubeconfig}",
+            f"--speed-profiles={REPO / 'deploy' / 'speed-profiles.yaml'}",
+            "--heartbeat-timeout=3600",
+            "--log-level=warning",
+        ],
+        plane.work_dir / "logs" / "tessera-extender.log",
+    )
+    plane.processes.append(process)
+    process.start()
+    url = f"http://127.0.0.1:{port}"
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as response:
+                if response.status == 200:
+                    return process, url
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"extender not ready:\n{process.log_tail()}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="tessera-bench-") as work,
+        ControlPlane(work_dir=Path(work)) as plane,
+    ):
+        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
+        core = client.CoreV1Api(api)
+        started = time.perf_counter()
+        make_nodes(core, args.nodes)
+        print(
+            f"{args.nodes} nodes x {GPUS} GPUs created in {time.perf_counter() - started:.0f} s", flush=True
+        )
+        _, extender_url = start_extender(plane)
+        rows = []
+        for round_ in range(args.rounds):
+            rates = {}
+            for label, url in (("without", None), ("with", extender_url)):
+                scheduler = plane.start_scheduler(scheduler_config(url), name=f"sched-{label}-{round_}")
+                try:
+                    rates[label] = timed_phase(
+                        api, f"{label}-{round_}", args.pods, with_quotas=url is not None
+                    )
+                finally:
+                    plane.stop_process(scheduler)
+                print(f"round {round_ + 1}, {label} extender: {rates[label]:.1f} pods/s", flush=True)
+            rows.append(rates)
+        with urllib.request.urlopen(f"{extender_url}/metrics", timeout=5) as response:
+            refused = [
+                line
+                for line in response.read().decode().splitlines()
+                if line.startswith(
+                    (
+                        "tessera_extender_bind_failures_total",
+                        "tessera_extender_binds_total",
+                        "tessera_extender_request_seconds_sum",
+                        "tessera_extender_request_seconds_count",
+                    )
+                )
+            ]
+        print("extender: " + "; ".join(refused))
+        print(f"\n{args.nodes} nodes, {args.pods} pods per phase")
+        print("| round | without extender, pods/s | with extender, pods/s | ratio |")
+        print("|---:|---:|---:|---:|")
+        for i, rates in enumerate(rows):
+            ratio = rates["with"] / rates["without"]
+            print(f"| {i + 1} | {rates['without']:.1f} | {rates['with']:.1f} | {ratio:.2f} |")
+        api.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
