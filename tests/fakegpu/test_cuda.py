@@ -254,3 +254,8 @@ def test_processes_in_other_pid_namespaces_are_accounted(gpus: Gpus, procs: Proc
         [*NEW_PID_NAMESPACE, BUILD_DIR / "cuclient", "--device", "1", "alloc", "mem", "1g", "1"], gpus.env()
     )
     assert fields(after.stdout.splitlines()[0])["result"] == "CUDA_SUCCESS"
+
+
+def test_a_child_forked_while_threads_allocate_never_hangs(gpus: Gpus, procs: Processes) -> None:
+    lines = procs.cuclient(gpus.env(), "forks", "300")
+    assert fields(lines[0]) == {"count": "300", "ok": "300"}

@@ -25,6 +25,8 @@
  *                                 CLOCK_MONOTONIC wall times (us) around it
  *   wait                          prints "wait ready" and reads one line from stdin (a start barrier)
  *   stress THREADS ITERS MAXSIZE  threads allocating/freeing random sizes; prints counts
+ *   forks COUNT                   forks COUNT children while two threads allocate and free; each
+ *                                 child allocates once; prints how many finished in time
  *   sleep MS
  *   hold                          prints "hold ready" and waits until stdin closes
  */
@@ -36,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* name (as cuGetProcAddress knows it), ABI symbol, pointer type */
@@ -465,6 +468,48 @@ static void *stress_thread(void *arg)
     return NULL;
 }
 
+static volatile int churning;
+
+static void *churn_thread(void *arg)
+{
+    CUcontext ctx = arg;
+    CUdeviceptr p;
+    api.cuCtxSetCurrent(ctx);
+    while (__atomic_load_n(&churning, __ATOMIC_RELAXED))
+        if (api.cuMemAlloc(&p, 4096) == CUDA_SUCCESS)
+            api.cuMemFree(p);
+    return NULL;
+}
+
+/* Forks COUNT children while two threads allocate and free; each child allocates and frees once
+ * and must finish within 10 s (a lock inherited held would hang it). */
+static void step_forks(CUcontext ctx, int count)
+{
+    pthread_t tids[2];
+    __atomic_store_n(&churning, 1, __ATOMIC_RELAXED);
+    for (int t = 0; t < 2; t++)
+        pthread_create(&tids[t], NULL, churn_thread, ctx);
+    int ok = 0;
+    for (int i = 0; i < count; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(10);
+            CUdeviceptr p;
+            CUresult rc = api.cuMemAlloc(&p, 4096);
+            if (rc == CUDA_SUCCESS)
+                rc = api.cuMemFree(p);
+            _exit(rc == CUDA_SUCCESS ? 0 : 1);
+        }
+        int status = 0;
+        if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+            ok++;
+    }
+    __atomic_store_n(&churning, 0, __ATOMIC_RELAXED);
+    for (int t = 0; t < 2; t++)
+        pthread_join(tids[t], NULL);
+    printf("forks count=%d ok=%d\n", count, ok);
+}
+
 static void step_stress(int threads, int iters, size_t max_size)
 {
     pthread_t tids[64];
@@ -569,6 +614,8 @@ int main(int argc, char **argv)
         } else if (strcmp(step, "stress") == 0) {
             step_stress(atoi(need(argc, argv, i)), atoi(need(argc, argv, i + 1)), parse_size(need(argc, argv, i + 2)));
             i += 3;
+        } else if (strcmp(step, "forks") == 0) {
+            step_forks(ctx, atoi(need(argc, argv, i++)));
         } else if (strcmp(step, "sleep") == 0) {
             usleep((useconds_t)atoi(need(argc, argv, i++)) * 1000);
         } else if (strcmp(step, "wait") == 0) {

@@ -64,6 +64,14 @@ struct fg_shared {
 static struct fg_shared g_shared[FG_MAX_GPUS];
 static pthread_mutex_t g_shared_mutex = PTHREAD_MUTEX_INITIALIZER;
 
+void fg_shared_fork_lock(int lock)
+{
+    if (lock)
+        pthread_mutex_lock(&g_shared_mutex);
+    else
+        pthread_mutex_unlock(&g_shared_mutex);
+}
+
 uint64_t fg_now_ns(void)
 {
     struct timespec ts;

@@ -49,6 +49,9 @@ uint64_t fg_timeline_busy(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns,
 /* Processes that ran work within [from_ns, to_ns]; returns how many (may exceed `max`). */
 int fg_timeline_owners(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, struct fg_owner *out, int max);
 
+/* fork(): hold (lock != 0) or release this library's lock of the mapped files, last in lock order. */
+void fg_shared_fork_lock(int lock);
+
 uint64_t fg_now_ns(void);
 void fg_sleep_until(uint64_t deadline_ns);
 

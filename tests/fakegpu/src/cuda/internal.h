@@ -116,6 +116,10 @@ int fg_addr_valid(CUdeviceptr ptr, size_t len);
 /* 1 if ptr lies inside any allocation or mapping (device or host). */
 int fg_addr_known(CUdeviceptr ptr);
 CUresult fg_charge(CUdevice dev, size_t bytes);
+/* fork(): hold (lock != 0) or release the process-local locks, so a child never inherits one held by
+ * a thread it does not have. Lock order: fg_lock, the VMM lock, the address map lock. */
+void fg_memory_fork_lock(int lock);
+void fg_vmm_fork_lock(int lock);
 void fg_uncharge(CUdevice dev, size_t bytes);
 
 /* launch.c */

@@ -21,6 +21,14 @@ static struct fg_region *g_regions;
 static size_t g_region_count, g_region_cap;
 static pthread_mutex_t g_regions_lock = PTHREAD_MUTEX_INITIALIZER;
 
+void fg_memory_fork_lock(int lock)
+{
+    if (lock)
+        pthread_mutex_lock(&g_regions_lock);
+    else
+        pthread_mutex_unlock(&g_regions_lock);
+}
+
 CUresult fg_charge(CUdevice dev, size_t bytes)
 {
     return fg_mem_charge(fg_devices[dev].shared, bytes) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;

@@ -29,6 +29,14 @@ static struct fg_span g_reserved[1024], g_mapped[4096];
 static int g_reserved_count, g_mapped_count;
 static pthread_mutex_t g_vmm_lock = PTHREAD_MUTEX_INITIALIZER;
 
+void fg_vmm_fork_lock(int lock)
+{
+    if (lock)
+        pthread_mutex_lock(&g_vmm_lock);
+    else
+        pthread_mutex_unlock(&g_vmm_lock);
+}
+
 static CUresult check_prop(const CUmemAllocationProp *prop)
 {
     struct fg_device *d;

@@ -20,6 +20,24 @@ static const struct {
 #include "nvml_errors.inc"
 };
 
+/* fork(): a child never inherits a lock held by a thread it does not have. */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&g_init_lock);
+    fg_shared_fork_lock(1);
+}
+
+static void fork_done(void)
+{
+    fg_shared_fork_lock(0);
+    pthread_mutex_unlock(&g_init_lock);
+}
+
+__attribute__((constructor)) static void register_fork_handlers(void)
+{
+    pthread_atfork(fork_prepare, fork_done, fork_done);
+}
+
 FG_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
     (void)flags;
