@@ -35,13 +35,14 @@ static int config_error(const char *path, int line, const char *fmt, ...)
     return -1;
 }
 
-static int parse_u64(const char *text, uint64_t *out)
+/* Decimal, or hexadecimal with 0x where `base` is 0. */
+static int parse_u64(const char *text, int base, uint64_t *out)
 {
     char *end;
     if (!isdigit((unsigned char)text[0]))
         return -1;
     errno = 0;
-    unsigned long long v = strtoull(text, &end, 0);
+    unsigned long long v = strtoull(text, &end, base);
     if (errno || *end)
         return -1;
     *out = v;
@@ -201,7 +202,7 @@ static int parse_gpu_field(struct fg_config *cfg, struct fg_gpu_spec *gpu, struc
                                 value);
     } else if (strcmp(key, "sms") == 0) {
         *seen |= SEEN_SMS;
-        if (parse_u64(value, &n) != 0 || n == 0 || n > 100000)
+        if (parse_u64(value, 10, &n) != 0 || n == 0 || n > 100000)
             return config_error(path, line, "field 'sms': bad value '%s' (want 1 to 100000)", value);
         gpu->sm_count = (int)n;
     } else if (strcmp(key, "cc") == 0) {
@@ -218,12 +219,12 @@ static int parse_gpu_field(struct fg_config *cfg, struct fg_gpu_spec *gpu, struc
         if (fg_parse_pci(value, &gpu->pci_domain, &gpu->pci_bus, &gpu->pci_device) != 0)
             return config_error(path, line, "field 'pci': bad value '%s' (want dddd:bb:dd.f)", value);
     } else if (strcmp(key, "pci_device_id") == 0) {
-        if (parse_u64(value, &n) != 0 || n > 0xffffffffULL)
+        if (parse_u64(value, 0, &n) != 0 || n > 0xffffffffULL)
             return config_error(path, line, "field 'pci_device_id': bad value '%s' (want a 32-bit number)",
                                 value);
         gpu->pci_device_id = (unsigned)n;
     } else if (strcmp(key, "numa") == 0) {
-        if (parse_u64(value, &n) != 0 || n > 1023)
+        if (parse_u64(value, 10, &n) != 0 || n > 1023)
             return config_error(path, line, "field 'numa': bad value '%s' (want 0 to 1023)", value);
         gpu->numa_node = (int)n;
     } else if (strcmp(key, "nvlink") == 0) {
@@ -280,11 +281,11 @@ static int parse_driver_line(struct fg_config *cfg, int line, char *rest)
                 return config_error(cfg->path, line, "field 'version': bad value '%s'", value);
             strcpy(cfg->driver_version, value);
         } else if (strcmp(key, "cuda") == 0) {
-            if (parse_u64(value, &n) != 0 || n < 1000 || n > 99999)
+            if (parse_u64(value, 10, &n) != 0 || n < 1000 || n > 99999)
                 return config_error(cfg->path, line, "field 'cuda': bad value '%s' (want e.g. 13000)", value);
             cfg->cuda_version = (int)n;
         } else if (strcmp(key, "util_window_ms") == 0) {
-            if (parse_u64(value, &n) != 0 || n < 10 || n > 10000)
+            if (parse_u64(value, 10, &n) != 0 || n < 10 || n > 10000)
                 return config_error(cfg->path, line, "field 'util_window_ms': bad value '%s' (want 10 to 10000)",
                                     value);
             cfg->util_window_ms = (unsigned)n;
