@@ -42,6 +42,7 @@ from tessera.localcluster import ControlPlane, ManagedProcess, fake_node_body, f
 GPUS, SPLIT = 8, 8
 MODELS = [("NVIDIA A100-SXM4-40GB", 40960), ("Tesla V100-SXM2-16GB", 16384), ("Tesla T4", 15360)]
 QPS = 500
+EXTRA: list[str] = []
 
 
 def make_nodes(core: client.CoreV1Api, count: int) -> None:
@@ -116,18 +117,22 @@ def timed_phase(
         core.patch_namespaced_pod(name, namespace, patch)
 
     def follow() -> None:
-        for event in watch.stream(core.list_namespaced_pod, namespace, timeout_seconds=600):
-            obj = event["object"]
-            if not obj.spec.node_name:
-                continue
-            bound.add(obj.metadata.name)
-            phase = (obj.metadata.annotations or {}).get(KEYS.allocation_phase)
-            if phase == Phase.ALLOCATING and obj.metadata.name not in served:
-                served.add(obj.metadata.name)
-                admitting.submit(admit, obj.metadata.name)
-            if len(bound) >= count:
-                done.set()
-                return
+        while not done.is_set():  # a watch the server ends early starts again (from a fresh list)
+            try:
+                for event in watch.stream(core.list_namespaced_pod, namespace, timeout_seconds=600):
+                    obj = event["object"]
+                    if not obj.spec.node_name:
+                        continue
+                    bound.add(obj.metadata.name)
+                    phase = (obj.metadata.annotations or {}).get(KEYS.allocation_phase)
+                    if phase == Phase.ALLOCATING and obj.metadata.name not in served:
+                        served.add(obj.metadata.name)
+                        admitting.submit(admit, obj.metadata.name)
+                    if len(bound) >= count:
+                        done.set()
+                        return
+            except Exception as e:
+                print(f"{namespace}: watch ended ({e}); watching again", file=sys.stderr)
 
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
@@ -163,6 +168,7 @@ def start_extender(plane: ControlPlane) -> tuple[ManagedProcess, str]:
             f"--speed-profiles={REPO / 'deploy' / 'speed-profiles.yaml'}",
             "--heartbeat-timeout=3600",
             "--log-level=warning",
+            *EXTRA,
         ],
         plane.work_dir / "logs" / "tessera-extender.log",
     )
