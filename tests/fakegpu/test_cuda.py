@@ -200,6 +200,12 @@ def test_cu_get_proc_address_honours_the_abi_version(built: object) -> None:
         ),
         ("gpu name=x uuid=GPU-00000000-0000-4000-8000-000000000000 memory=1GiB cc=8.0 pci=0:1:0.0", "'sms'"),
         ("gpu name=x colour=red", "unknown gpu field 'colour'"),
+        ("driver util_window_ms=5", "field 'util_window_ms': bad value '5'"),
+        (
+            "gpu name=x uuid=GPU-00000000-0000-4000-8000-000000000000 memory=1GiB sms=1 cc=8.0 pci=0:1:0.0 "
+            "nvlink=GPU-00000009-0000-4000-8000-000000000009",
+            "field 'nvlink': bad value 'GPU-00000009-0000-4000-8000-000000000009' (not the uuid of another gpu)",
+        ),
         ("gpus name=x", "line must start with 'gpu' or 'driver'"),
     ],
 )
@@ -211,6 +217,12 @@ def test_a_bad_config_names_the_field_and_the_value(
     assert done.stdout.strip() == "init result=CUDA_ERROR_NO_DEVICE"
     assert f"{gpus.config}:1: " in done.stderr
     assert message in done.stderr
+
+
+def test_a_bad_nvidia_visible_devices_is_reported(gpus: Gpus, procs: Processes) -> None:
+    done = procs.run([BUILD_DIR / "cuclient", "info"], gpus.env(NVIDIA_VISIBLE_DEVICES="0,GPU-nope"))
+    assert done.stdout.strip() == "init result=CUDA_ERROR_NO_DEVICE"
+    assert "NVIDIA_VISIBLE_DEVICES: bad value 'GPU-nope' (no such gpu)" in done.stderr
 
 
 def test_config_round_trips_through_write_config(gpus: Gpus, procs: Processes) -> None:
