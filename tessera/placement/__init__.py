@@ -13,6 +13,9 @@ No I/O here. The extender (kube-scheduler adapter) and the simulator call the sa
 * :mod:`.inflight`: the in-flight rule checked at bind.
 """
 
+# Imported for its effect: it registers the fragmentation policy (it builds on .policies, so
+# .policies cannot import it).
+import tessera.placement.fragmentation  # noqa: F401
 from tessera.placement.engine import Evaluation, PlacementEngine
 from tessera.placement.fit import filter_node, find_placement, make_fit
 from tessera.placement.inflight import (

@@ -13,7 +13,8 @@ caches then also key on ``context.version``.
 
 Policies are registered by name (:func:`register_policy`) so that a pod's ``<domain>/policy``
 annotation or the extender's ``--policy`` flag can name them. ``binpack`` and ``spread`` are built
-in; ``fragmentation`` registers itself from :mod:`tessera.placement.fragmentation`.
+in; ``fragmentation`` registers itself from :mod:`tessera.placement.fragmentation`, which the
+package imports.
 """
 
 from __future__ import annotations
@@ -127,7 +128,6 @@ def register_policy(policy: PlacementPolicy) -> None:
 
 def get_policy(name: str) -> PlacementPolicy:
     """The policy called ``name``; ValueError listing the known ones otherwise."""
-    _load_optional_policies()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -135,20 +135,7 @@ def get_policy(name: str) -> PlacementPolicy:
 
 
 def policy_names() -> list[str]:
-    _load_optional_policies()
     return sorted(_REGISTRY)
-
-
-def _load_optional_policies() -> None:
-    # Policies in their own modules register on import; importing here keeps callers from
-    # having to know which module holds which policy.
-    import importlib  # noqa: PLC0415
-
-    try:
-        importlib.import_module("tessera.placement.fragmentation")
-    except ModuleNotFoundError as e:
-        if e.name != "tessera.placement.fragmentation":
-            raise
 
 
 register_policy(Binpack())

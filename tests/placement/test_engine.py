@@ -63,6 +63,7 @@ def test_pod_policy_annotation_overrides_the_default() -> None:
     engine = engine_with("a")
     assert engine.policy_for(shape((1, 1024, None))).name == "binpack"
     assert engine.policy_for(shape((1, 1024, None), policy=Policy.SPREAD)).name == "spread"
+    assert engine.policy_for(shape((1, 1024, None), policy=Policy.FRAGMENTATION)).name == "fragmentation"
 
 
 def test_commit_records_the_shape_mix() -> None:
