@@ -22,9 +22,9 @@ def elapsed_ms(lines: list[str]) -> float:
     return float(fields(line)["elapsed_ms"])
 
 
-# A 30 ms kernel first: the start event then completes 30 ms ahead and every measured launch queues
-# behind it, so a client stalled by the machine's load leaves no gap in what the events measure.
-BLOCKER = ("launch", "sleep_us_30000", "1", "1")
+# A 100 ms kernel first: the start event then completes 100 ms ahead and every measured launch
+# queues behind it, so a client stalled by the machine's load leaves no gap in what events measure.
+BLOCKER = ("launch", "sleep_us_100000", "1", "1")
 
 
 def test_events_measure_the_simulated_duration(gpus: Gpus, procs: Processes) -> None:
@@ -64,21 +64,14 @@ def test_every_launch_api_and_graphs_take_device_time(gpus: Gpus, procs: Process
 
 
 def test_two_processes_on_one_gpu_serialise(gpus: Gpus, procs: Processes) -> None:
-    clients = [
-        procs.start([CUCLIENT, "wait", "events", "sleep_us_1000", "1", "100"], gpus.env()) for _ in range(2)
-    ]
-    for client in clients:
-        procs.expect(client, "wait ready")
-    for client in clients:  # a start barrier: both submit their work at about the same time
-        assert client.stdin is not None
-        client.stdin.write("go\n")
-        client.stdin.flush()
-    results = [fields(procs.expect(client, "events")) for client in clients]
-    # 200 ms of kernels on one GPU cannot complete in less than 200 ms, whatever the load.
-    span_us = max(float(r["wall_end_us"]) for r in results) - min(float(r["wall_start_us"]) for r in results)
-    assert span_us >= 199_000
-    # The process that queued second waited for the other's kernels (alone it measures 100 ms).
-    assert max(float(r["elapsed_ms"]) for r in results) >= 130.0
+    first = procs.start([CUCLIENT, "launch", "sleep_us_1000", "1", "1000", "hold"], gpus.env())  # 1 s queued
+    queued = fields(procs.expect(first, "launch"))
+    second = procs.run([CUCLIENT, "events", "sleep_us_1000", "1", "100"], gpus.env())
+    measured = fields(second.stdout.splitlines()[0])
+    # The second process's 100 ms of kernels run after the first's second of them: its sync cannot
+    # return before both are done, however late it started.
+    assert float(measured["wall_end_us"]) >= float(queued["wall_start_us"]) + 1_100_000
+    assert float(measured["elapsed_ms"]) >= 100.0
 
 
 def test_processes_on_different_gpus_do_not_wait_for_each_other(gpus: Gpus, procs: Processes) -> None:
@@ -141,7 +134,7 @@ library = ok(d.cuLibraryLoadData(b"any image", None, None, 0, None, None, 0))
 from_library = ok(d.cuKernelGetFunction(ok(d.cuLibraryGetKernel(library, b"sleep_us_10000"))))
 stream = ok(d.cuStreamCreate(0))
 start, end = ok(d.cuEventCreate(0)), ok(d.cuEventCreate(0))
-ok(d.cuLaunchKernel(ok(d.cuModuleGetFunction(module, b"sleep_us_30000")), 1, 1, 1, 1, 1, 1, 0, stream, 0, 0))
+ok(d.cuLaunchKernel(ok(d.cuModuleGetFunction(module, b"sleep_us_100000")), 1, 1, 1, 1, 1, 1, 0, stream, 0, 0))
 ok(d.cuEventRecord(start, stream))
 for f in (from_module, from_library):
     ok(d.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0))
