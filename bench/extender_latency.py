@@ -284,8 +284,8 @@ def main() -> int:
         print("| nodes | p50 ms | p99 ms |")
         print("|---:|---:|---:|")
         for nodes in args.nodes:
-            r = run_http = http_round_trip(nodes, 500, args.seed)
-            print(f"| {nodes:,} | {run_http['p50']:.2f} | {r['p99']:.2f} |", flush=True)
+            r = http_round_trip(nodes, 500, args.seed)
+            print(f"| {nodes:,} | {r['p50']:.2f} | {r['p99']:.2f} |", flush=True)
     return 0
 
 

@@ -1,0 +1,139 @@
+"""ClusterState: what counts against a GPU, from Node and Pod objects and from the extender's own
+decisions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from extender.state import ClusterState, PodAllocation
+from tessera.contract import KEYS, Allocation, ContainerAllocation, GpuGrant, Phase, format_time
+from tessera.placement import PlacementEngine, SpeedProfiles
+from tests.extender.helpers import inventory, node_object
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def state() -> ClusterState:
+    s = ClusterState(PlacementEngine(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(seconds=60))
+    s.replace_nodes([node_object("n", inventory("n", "Tesla T4", 15360), NOW)], NOW)
+    s.replace_pods([])
+    return s
+
+
+def allocation(memory: int = 4096, gpu: int = 0) -> Allocation:
+    return Allocation(
+        node="n",
+        containers=(
+            ContainerAllocation(
+                name="main", gpus=(GpuGrant(uuid=f"GPU-n-{gpu}", memory_mib=memory, cores=30),)
+            ),
+        ),
+    )
+
+
+def pod(
+    uid: str, *, bound: bool, phase: str = "allocating", status: str = "Pending", memory: int = 4096
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": uid,
+            "namespace": "ns",
+            "uid": uid,
+            "annotations": {
+                KEYS.allocation: allocation(memory).model_dump_json(),
+                KEYS.allocation_phase: phase,
+                KEYS.bind_time: format_time(NOW),
+            },
+        },
+        "spec": {"nodeName": "n"} if bound else {},
+        "status": {"phase": status},
+    }
+
+
+def used(state: ClusterState) -> int:
+    return state.engine.nodes["n"].gpus[0].used_memory_mib
+
+
+def record(uid: str, memory: int = 4096) -> PodAllocation:
+    return PodAllocation(uid, "ns", uid, allocation(memory), Phase.ALLOCATING.value, NOW)
+
+
+def test_bound_pods_count_unbound_and_finished_ones_do_not(state: ClusterState) -> None:
+    state.upsert_pod(pod("a", bound=True))
+    assert used(state) == 4096
+    state.upsert_pod(pod("b", bound=False))  # a bind that died half-way holds nothing
+    assert used(state) == 4096
+    state.upsert_pod(pod("a", bound=True, status="Succeeded"))
+    assert used(state) == 0
+
+
+def test_an_assumption_counts_until_the_watch_shows_the_pod_bound(state: ClusterState) -> None:
+    state.assume(record("a"))
+    assert used(state) == 4096
+    state.upsert_pod(pod("a", bound=False))  # an older version of the pod: the assumption stays
+    assert used(state) == 4096
+    state.upsert_pod(pod("a", bound=True))
+    state.delete_pod("a")
+    assert used(state) == 0
+
+
+def test_forget_undoes_an_assumption(state: ClusterState) -> None:
+    state.assume(record("a"))
+    state.forget("a", allocation())
+    assert used(state) == 0
+
+
+def test_reservations_count_as_in_flight_and_expire(state: ClusterState) -> None:
+    state.reserve(record("a"), NOW)
+    assert used(state) == 4096
+    assert state.nodes_with_inflight() == {"n"}
+    assert state.inflight_on("n", NOW, timedelta(minutes=5), exclude_uid="other") == {
+        "ns/a": ((1, ("GPU-n-0",), ((4096, 30),)),)
+    }
+    state.expire_reservations(NOW + timedelta(seconds=5))
+    assert used(state) == 4096
+    state.expire_reservations(NOW + timedelta(seconds=11))
+    assert used(state) == 0
+    assert state.nodes_with_inflight() == set()
+
+
+def test_a_bind_decision_replaces_the_reservation(state: ClusterState) -> None:
+    state.reserve(record("a", memory=2048), NOW)
+    state.unreserve("a")
+    state.assume(record("a"))
+    state.expire_reservations(NOW + timedelta(minutes=1))  # not a reservation any more
+    assert used(state) == 4096
+
+
+def test_inflight_ignores_old_binds_and_served_pods(state: ClusterState) -> None:
+    state.upsert_pod(pod("a", bound=True))
+    assert state.inflight_on("n", NOW + timedelta(minutes=6), timedelta(minutes=5), exclude_uid="x") == {}
+    state.upsert_pod(pod("a", bound=True, phase="allocated"))
+    assert state.nodes_with_inflight() == set()
+
+
+def test_stale_heartbeat_makes_the_node_unschedulable_and_back(state: ClusterState) -> None:
+    assert state.sweep_heartbeats(NOW + timedelta(seconds=61)) == ["n"]
+    node = state.engine.nodes["n"]
+    assert not node.schedulable
+    assert node.unschedulable_reason == "Tessera device plugin heartbeat is 61 s old (timeout 60 s)"
+    state.upsert_node(
+        node_object("n", inventory("n", "Tesla T4", 15360), NOW + timedelta(seconds=61)),
+        NOW + timedelta(seconds=61),
+    )
+    assert state.engine.nodes["n"].schedulable
+
+
+def test_unreadable_inventory_is_a_reason_and_no_inventory_is_no_node(state: ClusterState) -> None:
+    broken = node_object("n", None, NOW)
+    broken["metadata"]["annotations"][KEYS.node_gpus] = "[{}]"
+    state.upsert_node(broken, NOW)
+    assert state.engine.nodes["n"].unschedulable_reason.startswith(
+        f"node 'n': annotation {KEYS.node_gpus}: 0.uuid"
+    )
+    state.upsert_node(node_object("n", None, NOW), NOW)
+    assert "n" not in state.engine.nodes
