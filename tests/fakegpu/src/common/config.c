@@ -430,7 +430,9 @@ static void load_config(void)
     } else {
         snprintf(cfg->state_dir, sizeof cfg->state_dir, "%s.state", path);
     }
-    if (mkdir(cfg->state_dir, 0777) != 0 && errno != EEXIST) {
+    if (mkdir(cfg->state_dir, 0777) == 0) {
+        chmod(cfg->state_dir, 01777); /* shared by every user of the GPUs, like /tmp */
+    } else if (errno != EEXIST) {
         config_error(path, 0, "cannot create state dir '%s': %s", cfg->state_dir, strerror(errno));
         return;
     }

@@ -204,8 +204,8 @@ static struct fg_page *map_page(const char *path)
     struct fg_page *p = MAP_FAILED;
     int ok = fstat(fd, &st) == 0;
     int fresh = ok && st.st_size == 0;
-    if (fresh)
-        ok = ftruncate(fd, (off_t)sizeof(struct fg_page)) == 0;
+    if (fresh) /* readable and writable by every user, as a GPU's device node is */
+        ok = fchmod(fd, 0666) == 0 && ftruncate(fd, (off_t)sizeof(struct fg_page)) == 0;
     else if (ok && st.st_size != (off_t)sizeof(struct fg_page)) {
         fprintf(stderr, "fakegpu: %s has another layout; remove the state dir\n", path);
         ok = 0;
