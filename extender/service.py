@@ -100,7 +100,7 @@ class Extender:
             request = parse_pod_request(pod, self.keys)
         except ContractError as e:
             # The pod itself is wrong: no node can take it, and kubectl describe should say why.
-            self.metrics.count_rejections({Shortfall.NODE.value: len(names)})
+            self.metrics.count_rejections({Shortfall.NODE: len(names)})
             return FilterAnswer(passed=[], unresolvable=dict.fromkeys(names, f"pod {pod_key(pod)}: {e}"))
         if not request.wants_gpu:
             return FilterAnswer(passed=list(names))
@@ -132,13 +132,13 @@ class Extender:
             for name in [n for n in answer.failed if n not in wanted]:
                 del answer.failed[name]
             if answer.failed:
-                kinds[Shortfall.INFLIGHT.value] = len(answer.failed)
+                kinds[Shortfall.INFLIGHT] = len(answer.failed)
         answer.passed = [f.name for f in kept]
         for rejection in evaluation.rejections:
             (answer.unresolvable if rejection.unresolvable else answer.failed)[rejection.node] = (
                 rejection.reason
             )
-            kinds[rejection.shortfall.value] = kinds.get(rejection.shortfall.value, 0) + 1
+            kinds[rejection.shortfall] = kinds.get(rejection.shortfall, 0) + 1
         self.metrics.count_rejections(kinds)
         self.metrics.pods_filtered.labels("feasible" if kept else "infeasible").inc()
         if uid:

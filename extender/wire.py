@@ -143,15 +143,17 @@ class HostPriorityWriter:
 
     def write(self, scores: Iterable[tuple[str, int]]) -> bytes:
         prefixes = self._prefixes
-        parts = []
-        for host, score in scores:
-            prefix = prefixes.get(host)
-            if prefix is None:
-                if len(prefixes) >= self._limit:
-                    prefixes.clear()
-                prefix = prefixes[host] = '{"Host":' + json.dumps(host) + ',"Score":'
-            parts.append(prefix + (_SCORE_TEXT.get(score) or f"{score}}}"))
+        parts = [
+            (prefixes.get(host) or self._prefix(host)) + (_SCORE_TEXT.get(score) or f"{score}}}")
+            for host, score in scores
+        ]
         return ("[" + ",".join(parts) + "]").encode()
+
+    def _prefix(self, host: str) -> str:
+        if len(self._prefixes) >= self._limit:
+            self._prefixes.clear()
+        prefix = self._prefixes[host] = '{"Host":' + json.dumps(host) + ',"Score":'
+        return prefix
 
 
 _SCORE_TEXT = {score: f"{score}}}" for score in range(11)}

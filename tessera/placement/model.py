@@ -217,10 +217,11 @@ class NodeRejection:
     node: str
     reason: str
     shortfall: Shortfall
+    # Derived once (a field, not a property): filters read it for thousands of rejections.
+    unresolvable: bool = field(init=False)
 
-    @property
-    def unresolvable(self) -> bool:
-        return self.shortfall in UNRESOLVABLE
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "unresolvable", self.shortfall in UNRESOLVABLE)
 
 
 NodeOutcome = NodeFit | NodeRejection

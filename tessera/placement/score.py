@@ -24,13 +24,16 @@ def score_fits(fits: Sequence[NodeFit]) -> list[int]:
     """kube-scheduler scores (0..10) of the fits of one pod, scored together, in their order."""
     if not fits:
         return []
-    low = min(f.gain for f in fits)
-    spread = max(f.gain for f in fits) - low
+    gains = [f.gain for f in fits]
+    low = min(gains)
+    spread = max(gains) - low
     if spread < _GAIN_EPSILON:
         return [f.policy_points for f in fits]
     speed = MAX_SCORE * SPEED_WEIGHT / spread
     policy = MAX_SCORE * (1 - SPEED_WEIGHT)
-    return [round(speed * (f.gain - low) + policy * f.policy_share) for f in fits]
+    return [
+        round(speed * (gain - low) + policy * f.policy_share) for gain, f in zip(gains, fits, strict=True)
+    ]
 
 
 def score_nodes(fits: Sequence[NodeFit]) -> dict[str, int]:
