@@ -248,8 +248,8 @@ class Extender:
         except ContractError as e:
             return self._fail("invalid", f"pod {key}: {e}"), False
         now = self.clock()
-        # An allocation left on the pod by an earlier attempt holds nothing (the pod is not bound):
-        # decide afresh against the current state.
+        # Decide afresh against the current state (an allocation annotation on an unbound pod holds
+        # nothing).
         decided = self._decide(pod, request, node, now)
         if isinstance(decided, str):
             return decided, False

@@ -6,8 +6,8 @@
 * Pods: allocation annotations (``KEYS.allocation``) of pods bound and not finished, with their
   phase and bind time. An allocation decided at bind is *assumed* at once, before the API server
   echoes it back through the watch, so the next pod never sees the capacity as free; the assumption
-  ends when the watch shows the pod bound, when the pod goes, or when the bind rolls back. An
-  allocation on a pod that is not bound (its bind died half-way) holds nothing.
+  ends when the watch shows the pod bound, when the pod goes, or when the bind fails. An
+  allocation on a pod that is not bound holds nothing.
 
 Every change rebuilds only the node concerned (``tessera.placement.build_node``) and hands it to the
 engine. Thread-safe: watches, the heartbeat sweep and the HTTP handlers share one lock.
@@ -183,8 +183,8 @@ class ClusterState:
         if text is None or (pod.get("status") or {}).get("phase") in TERMINAL_POD_PHASES:
             return None
         if not (pod.get("spec") or {}).get("nodeName"):
-            # Not bound (a bind that died between writing the allocation and binding): it holds
-            # nothing; its next bind decides afresh.
+            # Not bound: it holds nothing (the extender writes allocations with the binding; one
+            # on an unbound pod was written by someone else, or is left from an older scheme).
             return None
         key = f"{metadata.get('namespace')}/{metadata.get('name')}"
         try:
