@@ -1,0 +1,164 @@
+"""/bind's decisions against a stand-in for the API server (the real one is in test_k8s.py): one
+write, preconditions, retries after a conflict, idempotence, nothing counted after a failure."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from extender.kube import ApiError, JsonObject
+from extender.metrics import Metrics
+from extender.service import Extender
+from extender.state import ClusterState
+from tessera.contract import KEYS, Phase, parse_allocation
+from tessera.placement import PlacementEngine, SpeedProfiles
+from tests.extender.helpers import gpu_pod, inventory, node_object
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+class FakeApi:
+    """The two calls bind makes, with the API server's preconditions and its binding rule."""
+
+    def __init__(self, pods: list[JsonObject]) -> None:
+        self.pods = {p["metadata"]["name"]: p for p in pods}
+        self.version = 100
+        self.binds = 0
+        self.fail_next_bind: ApiError | None = None
+
+    def get_pod(self, namespace: str, name: str) -> JsonObject:
+        if name not in self.pods:
+            raise ApiError(404, f'pods "{name}" not found')
+        return copy.deepcopy(self.pods[name])
+
+    def touch(self, name: str) -> None:
+        self.version += 1
+        self.pods[name]["metadata"]["resourceVersion"] = str(self.version)
+
+    def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        resource_version: str,
+        node: str,
+        annotations: dict[str, str],
+    ) -> None:
+        self.binds += 1
+        if self.fail_next_bind is not None:
+            error, self.fail_next_bind = self.fail_next_bind, None
+            raise error
+        pod = self.pods[name]
+        if pod["metadata"]["uid"] != uid or (
+            resource_version and pod["metadata"]["resourceVersion"] != resource_version
+        ):
+            raise ApiError(409, "Precondition failed")
+        if pod["spec"].get("nodeName"):
+            raise ApiError(409, f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+        pod["spec"]["nodeName"] = node
+        pod["metadata"]["annotations"].update(annotations)
+        self.touch(name)
+
+
+def api_pod(name: str, **kwargs: Any) -> JsonObject:
+    pod = gpu_pod(name, uid=f"uid-{name}", **kwargs)
+    pod["metadata"]["resourceVersion"] = "1"
+    return pod
+
+
+@pytest.fixture
+def state() -> ClusterState:
+    s = ClusterState(PlacementEngine(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(minutes=5))
+    s.replace_nodes([node_object("n", inventory("n", "Tesla T4", 15360, count=1, split=4), NOW)], NOW)
+    s.replace_pods([])
+    return s
+
+
+def extender(state: ClusterState, api: FakeApi) -> Extender:
+    return Extender(
+        state,
+        api,  # type: ignore[arg-type]
+        KEYS,
+        Metrics(),
+        inflight_timeout=timedelta(minutes=5),
+        clock=lambda: NOW,
+        inflight_wait=timedelta(milliseconds=50),
+    )
+
+
+def used(state: ClusterState) -> int:
+    return state.engine.nodes["n"].gpus[0].used_memory_mib
+
+
+def test_bind_writes_the_allocation_with_the_binding_and_counts_it_at_once(state: ClusterState) -> None:
+    api = FakeApi([api_pod("p")])
+    assert extender(state, api).bind("default", "p", "uid-p", "n") == ""
+    annotations = api.pods["p"]["metadata"]["annotations"]
+    assert parse_allocation(annotations[KEYS.allocation]).containers[0].gpus[0].uuid == "GPU-n-0"
+    assert annotations[KEYS.allocation_phase] == Phase.ALLOCATING
+    assert annotations[KEYS.bind_time] == "2026-01-01T12:00:00Z"
+    assert api.binds == 1
+    assert used(state) == 4096
+
+
+def test_a_conflict_is_retried_with_the_pod_read_again(state: ClusterState) -> None:
+    api = FakeApi([api_pod("p")])
+    ext = extender(state, api)
+    ext.filter(api.get_pod("default", "p"), ["n"])  # bind starts from filter's copy...
+    api.touch("p")  # ...which is now stale
+    assert ext.bind("default", "p", "uid-p", "n") == ""
+    assert api.binds == 2
+    assert used(state) == 4096
+
+
+def test_a_retried_bind_that_went_through_is_a_success(state: ClusterState) -> None:
+    api = FakeApi([api_pod("p")])
+    ext = extender(state, api)
+    assert ext.bind("default", "p", "uid-p", "n") == ""
+    state.delete_pod("uid-p")  # as if the extender restarted before the watch caught up
+    assert ext.bind("default", "p", "uid-p", "n") == ""
+    assert used(state) == 4096  # counted again from the pod's annotation
+
+
+def test_a_failed_bind_counts_nothing(state: ClusterState) -> None:
+    api = FakeApi([api_pod("p")])
+    api.fail_next_bind = ApiError(500, "etcd is down")
+    error = extender(state, api).bind("default", "p", "uid-p", "n")
+    assert error == "pod default/p: binding to n failed: HTTP 500: etcd is down"
+    assert used(state) == 0
+    assert "nodeName" not in api.pods["p"]["spec"]
+
+
+def test_refusals_name_the_reason(state: ClusterState) -> None:
+    api = FakeApi([api_pod("big", memory=16000), api_pod("other")])
+    ext = extender(state, api)
+    assert ext.bind("default", "big", "uid-big", "n") == (
+        "pod default/big no longer fits on node n: no GPU with 16000 MiB of memory; largest has 15360 MiB"
+    )
+    assert ext.bind("default", "gone", "uid-gone", "n").startswith(
+        "pod default/gone: cannot read it: HTTP 404"
+    )
+    assert (
+        ext.bind("default", "other", "uid-else", "n")
+        == "pod default/other is now UID uid-other, not uid-else"
+    )
+
+
+def test_the_inflight_rule_refuses_a_different_key_after_waiting(state: ClusterState) -> None:
+    api = FakeApi([api_pod("first"), api_pod("second", memory=2048)])
+    ext = extender(state, api)
+    assert ext.bind("default", "first", "uid-first", "n") == ""
+    # Echo the first pod as bound and in flight, as the watch would.
+    state.upsert_pod(api.get_pod("default", "first"))
+    error = ext.bind("default", "second", "uid-second", "n")
+    assert error.startswith("pod default/first is still being admitted on node n with a 1-GPU container")
+    # Served by the device plugin: the second one binds.
+    served = api.get_pod("default", "first")
+    served["metadata"]["annotations"][KEYS.allocation_phase] = Phase.ALLOCATED.value
+    state.upsert_pod(served)
+    assert ext.bind("default", "second", "uid-second", "n") == ""
+    assert used(state) == 4096 + 2048
