@@ -1,0 +1,73 @@
+"""The watch loop against a stand-in API: list, watch, list again on 410 Gone, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+from extender.kube import ApiError, JsonObject
+from extender.state import ClusterState
+from extender.watch import Watcher
+from tessera.contract import KEYS
+from tessera.placement import PlacementEngine, SpeedProfiles
+from tests.extender.helpers import inventory, node_object
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+class FakeKube:
+    """Nodes: the first watch says 410 Gone; the second list has a new node, whose watch then adds
+    a third before the server ends it. Pods: nothing."""
+
+    def __init__(self) -> None:
+        self.node_lists = 0
+        self.watches: list[tuple[str, str]] = []
+        self.third_added = threading.Event()
+
+    def list(self, path: str) -> tuple[list[JsonObject], str]:
+        if path == "/api/v1/pods":
+            return [], "1"
+        self.node_lists += 1
+        names = ["a"] if self.node_lists == 1 else ["a", "b"]
+        return [node_object(n, inventory(n, "Tesla T4", 15360), NOW) for n in names], str(
+            self.node_lists * 10
+        )
+
+    def watch(self, path: str, resource_version: str, timeout_seconds: int) -> Iterator[JsonObject]:
+        self.watches.append((path, resource_version))
+        if path == "/api/v1/pods":
+            time.sleep(0.05)
+            return
+        if resource_version == "10":
+            yield {
+                "type": "ERROR",
+                "object": {"kind": "Status", "code": 410, "message": "too old resource version"},
+            }
+            return
+        if resource_version == "20":
+            yield {"type": "ADDED", "object": node_object("c", inventory("c", "Tesla T4", 15360), NOW)}
+            yield {"type": "DELETED", "object": {"metadata": {"name": "a"}}}
+            self.third_added.set()
+            return
+        raise ApiError(500, "unexpected")
+
+
+def test_relists_after_410_and_applies_events() -> None:
+    state = ClusterState(PlacementEngine(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(minutes=5))
+    kube = FakeKube()
+    watcher = Watcher(kube, state, clock=lambda: NOW, sweep_every=0.05)  # type: ignore[arg-type]
+    watcher.start()
+    try:
+        assert kube.third_added.wait(10)
+        deadline = time.monotonic() + 5
+        while set(state.engine.nodes) != {"b", "c"} and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watcher.stop()
+    assert set(state.engine.nodes) == {"b", "c"}
+    assert kube.node_lists >= 2
+    assert ("/api/v1/nodes", "10") in kube.watches
+    assert ("/api/v1/nodes", "20") in kube.watches
+    assert state.synced
