@@ -240,3 +240,13 @@ def test_internal_failure_is_an_error_field_not_a_traceback(client: TestClient, 
     assert (
         json.loads(response.text)["Error"] == "tessera extender: filter failed: RuntimeError: engine exploded"
     )
+
+
+def test_every_policy_answers_through_the_extender(client: TestClient) -> None:
+    for policy in ("binpack", "spread", "fragmentation"):
+        pod = gpu_pod(f"p-{policy}", uid=f"u-{policy}", annotations={KEYS.policy: policy})
+        names = client.post("/filter", json=args(pod, ["t4", "v100", "a100"])).json()["NodeNames"]
+        assert names == ["t4", "v100", "a100"]
+        scores = client.post("/prioritize", json=args(pod, names)).json()
+        assert [s["Host"] for s in scores] == names
+        assert all(0 <= s["Score"] <= 10 for s in scores)
