@@ -20,6 +20,7 @@ client does not) does not decide the comparison. Phases alternate for ``--rounds
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -155,6 +156,13 @@ def timed_phase(
     return count / elapsed
 
 
+def cpu_seconds(process: ManagedProcess) -> float:
+    """User + system CPU time of a child process so far (Linux /proc)."""
+    assert process.popen is not None
+    fields = Path(f"/proc/{process.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_extender(plane: ControlPlane) -> tuple[ManagedProcess, str]:
     port = free_port()
     process = ManagedProcess(
@@ -204,19 +212,28 @@ def main() -> int:
         print(
             f"{args.nodes} nodes x {GPUS} GPUs created in {time.perf_counter() - started:.0f} s", flush=True
         )
-        _, extender_url = start_extender(plane)
+        extender, extender_url = start_extender(plane)
         rows = []
         for round_ in range(args.rounds):
             rates = {}
             for label, url in (("without", None), ("with", extender_url)):
                 scheduler = plane.start_scheduler(scheduler_config(url), name=f"sched-{label}-{round_}")
+                watched = (scheduler, extender)
+                before = [cpu_seconds(p) for p in watched]
                 try:
                     rates[label] = timed_phase(
                         api, f"{label}-{round_}", args.pods, with_quotas=url is not None
                     )
+                    used = [
+                        (cpu_seconds(p) - b) * 1000 / args.pods for p, b in zip(watched, before, strict=True)
+                    ]
                 finally:
                     plane.stop_process(scheduler)
-                print(f"round {round_ + 1}, {label} extender: {rates[label]:.1f} pods/s", flush=True)
+                print(
+                    f"round {round_ + 1}, {label} extender: {rates[label]:.1f} pods/s; CPU per pod: "
+                    f"kube-scheduler {used[0]:.1f} ms, extender {used[1]:.1f} ms",
+                    flush=True,
+                )
             rows.append(rates)
         with urllib.request.urlopen(f"{extender_url}/metrics", timeout=5) as response:
             refused = [

@@ -22,6 +22,7 @@ JsonObject = dict[str, Any]
 # Requests other than watches give up after this long (connect, read) in seconds.
 REQUEST_TIMEOUT = (5.0, 30.0)
 LIST_PAGE = 500
+CONNECTIONS = 48
 
 
 class ApiError(Exception):
@@ -35,13 +36,18 @@ class ApiError(Exception):
 
 def load_client(kubeconfig: str | None) -> client.ApiClient:
     """An API client from ``kubeconfig``, else the in-cluster service account, else ~/.kube/config."""
+    configuration = client.Configuration()
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    # kube-scheduler binds many pods at once; connections beyond the pool are opened and closed per
+    # request, each with a TLS handshake. Keep one per concurrent bind (Starlette's thread pool: 40).
+    configuration.connection_pool_maxsize = CONNECTIONS
+    return client.ApiClient(configuration)
 
 
 class KubeApi:
@@ -75,16 +81,20 @@ class KubeApi:
             body=serialized[3],
             _request_timeout=timeout,
         )
-        if not 200 <= response.status < 300:
+        if stream and 200 <= response.status < 300:
+            return response.response
+        try:
             data = response.read()
+        finally:
+            # Responses are not preloaded: give the connection back to the pool for the next call.
+            response.response.release_conn()
+        if not 200 <= response.status < 300:
             try:
                 message = json.loads(data).get("message", "")
             except (ValueError, AttributeError):
                 message = data.decode(errors="replace")[:300]
             raise ApiError(response.status, message)
-        if stream:
-            return response.response
-        return json.loads(response.read())
+        return json.loads(data)
 
     def list(self, path: str) -> tuple[list[JsonObject], str]:
         """Every item at ``path`` (paged) and the list's resourceVersion."""

@@ -211,6 +211,8 @@ class ClusterState:
         uid = str((pod.get("metadata") or {}).get("uid"))
         parsed = self._parse_pod(pod)
         with self.lock:
+            if uid not in self._assumed and self._observed.get(uid) == parsed:
+                return  # nothing that counts changed (most pod events: status, other annotations)
             touched = self._nodes_of(uid)
             if parsed is None:
                 self._observed.pop(uid, None)
