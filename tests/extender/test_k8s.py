@@ -68,9 +68,11 @@ def test_pods_land_where_the_rules_say(
         "training": (gpu_pod("training", annotations={KEYS.workload: "llm-training"}), "A100"),
         "inference": (gpu_pod("inference", annotations={KEYS.workload: "inference"}), "T4"),
     }
-    for pod, _ in cases.values():
-        create(core, namespace, pod)
-    for name, (_, model) in cases.items():
+    # One at a time, each served (phase allocated, as the device plugin does once the kubelet admits
+    # it) before the next: the in-flight rule would otherwise keep later pods off nodes where earlier
+    # ones are still being admitted, for as long as no device plugin serves them.
+    for name, (pod_body, model) in cases.items():
+        create(core, namespace, pod_body)
         node = wait_for(lambda n=name: node_of(core, namespace, n), what=f"pod {name} bound")
         assert model in gpu_cluster[node], f"{name} on {node} ({gpu_cluster[node]}), expected {model}"
         pod = core.read_namespaced_pod(name, namespace)
@@ -83,8 +85,11 @@ def test_pods_land_where_the_rules_say(
         assert container.name == "main"
         [grant] = container.gpus
         assert grant.uuid.startswith(f"GPU-{node}-")
+        served = {"metadata": {"annotations": {KEYS.allocation_phase: Phase.ALLOCATED.value}}}
+        core.patch_namespaced_pod(name, namespace, served)
 
-    # binpack: a second pod of the same shape joins the first one's GPU.
+    # binpack: a second pod of the same shape joins the first one's GPU, even while the first is
+    # still in flight (same GPU, same quotas: the same in-flight key).
     create(core, namespace, gpu_pod("pack-1", memory=2048, cores=10, annotations={KEYS.gpu_models: "v100"}))
     first = wait_for(lambda: node_of(core, namespace, "pack-1"), what="pack-1 bound")
     create(core, namespace, gpu_pod("pack-2", memory=2048, cores=10, annotations={KEYS.gpu_models: "v100"}))
