@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import uvicorn
+from kubernetes.config import ConfigException
 
 from extender.app import create_app
 from extender.kube import KubeApi, load_client
@@ -97,9 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # Bind and watch threads share the interpreter with the event loop answering filter and
-    # prioritize; a shorter switch interval (default 5 ms) keeps those answers from queueing.
-    sys.setswitchinterval(0.0005)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -113,7 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     engine = PlacementEngine(profiles, default_policy=args.policy)
     state = ClusterState(engine, keys, heartbeat_timeout=args.heartbeat_timeout)
-    kube = KubeApi(load_client(args.kubeconfig))
+    try:
+        kube = KubeApi(load_client(args.kubeconfig))
+    except (ConfigException, OSError) as e:
+        print(f"tessera-extender: cannot load the Kubernetes client configuration: {e}", file=sys.stderr)
+        return 2
     metrics = Metrics()
     extender = Extender(
         state,
@@ -127,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(extender, Watcher(kube, state, clock=now))
     host, port = args.listen
     log.info("serving on %s:%d, policy %s, domain %s", host, port, args.policy, keys.domain)
+    # Bind and watch threads share the interpreter with the event loop answering filter and
+    # prioritize; a shorter switch interval (default 5 ms) keeps those answers from queueing.
+    sys.setswitchinterval(0.0005)
     uvicorn.run(app, host=host, port=port, log_level=args.log_level, access_log=False)
     return 0
 

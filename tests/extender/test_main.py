@@ -1,0 +1,43 @@
+"""tessera-extender's command line refuses bad input with a message, not a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from extender.main import main
+
+
+def test_bad_speed_profiles_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text("models: {T4: fast}\n")
+    assert main(["--speed-profiles", str(profiles)]) == 2
+    assert (
+        capsys.readouterr().err
+        == "tessera-extender: speed profiles: models.T4: 'fast' is not a positive number\n"
+    )
+
+
+def test_unreadable_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "kubeconfig"
+    empty.write_text("")
+    assert main(["--kubeconfig", str(empty)]) == 2
+    assert capsys.readouterr().err.startswith(
+        "tessera-extender: cannot load the Kubernetes client configuration:"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--listen", "8888"], "argument --listen: '8888' is not HOST:PORT"),
+        (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: '0' must be more than 0 seconds"),
+        (["--policy", "random"], "argument --policy: invalid choice: 'random'"),
+    ],
+)
+def test_bad_flags(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
