@@ -110,6 +110,12 @@ def findings(results: Sequence[SystemResult]) -> list[str]:
                 f"capacity at 100% load; whole GPUs only (exclusive) "
                 f"{exclusive.packing.allocation_at(100):.1f}%."
             )
+    if exclusive and exclusive.time and fgd and fgd.time:
+        lines.append(
+            f"Time: whole GPUs make pods wait {_duration(exclusive.time.mean_queueing)} on average "
+            f"(fragmentation {_duration(fgd.time.mean_queueing)}), but shared pods run slower "
+            f"(mean JCT {_duration(exclusive.time.mean_jct)} vs {_duration(fgd.time.mean_jct)})."
+        )
     aware = by_name.get("speed-aware")
     if aware and aware.time and binpack and binpack.time:
         lines.append(
