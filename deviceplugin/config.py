@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from tessera.cliargs import port_or_zero, positive_int, seconds
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, ContractError, ContractKeys, keys_for
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -49,36 +50,6 @@ class Config:
         return self.plugin_dir / self.endpoint
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is outside 0..65535")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
-    return value
-
-
 def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     env = environ.get
     p = argparse.ArgumentParser(
@@ -95,7 +66,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--split",
-        type=_positive_int,
+        type=positive_int,
         default=env("TESSERA_SPLIT", "10"),
         help="slices advertised per GPU (env TESSERA_SPLIT, default 10)",
     )
@@ -123,7 +94,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port_or_zero,
         default=env("TESSERA_METRICS_PORT", "9401"),
         help="port of /metrics, 0 for any free port (env TESSERA_METRICS_PORT, default 9401)",
     )
@@ -135,19 +106,19 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--heartbeat-seconds",
-        type=_seconds,
+        type=seconds,
         default=env("TESSERA_HEARTBEAT_SECONDS", "30"),
         help="how often the node annotations are refreshed (default 30)",
     )
     p.add_argument(
         "--health-poll-seconds",
-        type=_seconds,
+        type=seconds,
         default=env("TESSERA_HEALTH_POLL_SECONDS", "5"),
         help="how often every GPU is checked for presence (default 5)",
     )
     p.add_argument(
         "--inflight-timeout-seconds",
-        type=_seconds,
+        type=seconds,
         default=env("TESSERA_INFLIGHT_TIMEOUT_SECONDS", "300"),
         help="pods bound longer ago than this come after fresh ones when matching (the extender's "
         "in-flight timeout; default 300)",

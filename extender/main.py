@@ -18,6 +18,7 @@ from extender.metrics import Metrics
 from extender.service import Extender
 from extender.state import ClusterState
 from extender.watch import Watcher
+from tessera.cliargs import seconds
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, keys_for, now
 from tessera.placement import PlacementEngine, SpeedProfiles, policy_names
 
@@ -29,16 +30,6 @@ def _listen(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
-
-
-def _seconds(text: str) -> timedelta:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
-    return timedelta(seconds=value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,22 +58,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--heartbeat-timeout",
-        type=_seconds,
-        default=timedelta(seconds=60),
+        type=seconds,
+        default=60.0,
         metavar="SECONDS",
         help="a node whose device-plugin heartbeat is older gets no new pods (default 60)",
     )
     parser.add_argument(
         "--inflight-timeout",
-        type=_seconds,
-        default=timedelta(minutes=5),
+        type=seconds,
+        default=300.0,
         metavar="SECONDS",
         help="in-flight pods bound longer ago than this are ignored by the in-flight rule (default 300)",
     )
     parser.add_argument(
         "--inflight-wait",
-        type=_seconds,
-        default=timedelta(seconds=2),
+        type=seconds,
+        default=2.0,
         metavar="SECONDS",
         help="how long a bind waits for other pods in flight on its node to be served before it fails "
         "(default 2; kube-scheduler gives a bind its httpTimeout, 5 s by default)",
@@ -110,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tessera-extender: {e}", file=sys.stderr)
         return 2
     engine = PlacementEngine(profiles, default_policy=args.policy)
-    state = ClusterState(engine, keys, heartbeat_timeout=args.heartbeat_timeout)
+    state = ClusterState(engine, keys, heartbeat_timeout=timedelta(seconds=args.heartbeat_timeout))
     try:
         kube = KubeApi(load_client(args.kubeconfig))
     except (ConfigException, OSError) as e:
@@ -122,9 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         kube,
         keys,
         metrics,
-        inflight_timeout=args.inflight_timeout,
+        inflight_timeout=timedelta(seconds=args.inflight_timeout),
         clock=now,
-        inflight_wait=args.inflight_wait,
+        inflight_wait=timedelta(seconds=args.inflight_wait),
     )
     app = create_app(extender, Watcher(kube, state, clock=now))
     host, port = args.listen

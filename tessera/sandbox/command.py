@@ -8,20 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tessera.cliargs import port
 from tessera.localcluster import ControlPlaneError
 from tessera.sandbox import cluster, demo, fakenode
 from tessera.sandbox.layout import DEFAULT_ROOT
 from tessera.sandbox.processes import StartError
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is outside 1..65535")
-    return value
 
 
 def _progress(message: str) -> None:
@@ -143,8 +134,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     def starting(sub: argparse.ArgumentParser) -> None:
         common(sub)
         sub.add_argument("--node", help="node name; must resolve to 127.0.0.1 (default: this host's name)")
-        sub.add_argument("--kubelet-port", type=_port, default=10250)
-        sub.add_argument("--kubelet-healthz-port", type=_port, default=10248)
+        sub.add_argument("--kubelet-port", type=port, default=10250)
+        sub.add_argument("--kubelet-healthz-port", type=port, default=10248)
         sub.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each component")
 
     up = commands.add_parser("up", help="start the sandbox and wait until the node is ready")

@@ -12,24 +12,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tessera.cliargs import positive_int, positive_number
+
 DEFAULT_OUT = Path("tessera-simulate-report")
 # deploy/speed-profiles.yaml of the checkout this package runs from (an editable install).
 REPO_SPEED_PROFILES = Path(__file__).resolve().parents[2] / "deploy" / "speed-profiles.yaml"
 POLICY_NAMES = ("exclusive", "gpushare", "hami", "binpack", "spread", "fragmentation", "speed-aware")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
-    return value
-
-
 def _fraction(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_number(text)
     if value > 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at most 1 (a share of solo throughput)")
     return value
@@ -42,16 +34,6 @@ def _policies(text: str) -> tuple[str, ...]:
         shown = ", ".join(map(repr, unknown)) or repr(text)
         raise argparse.ArgumentTypeError(f"unknown policy {shown}; choose from {', '.join(POLICY_NAMES)}")
     return names
-
-
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
 
 
 def register(subparsers: Any) -> None:
@@ -88,7 +70,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--inflation",
-        type=_positive_float,
+        type=positive_number,
         default=1.3,
         help="packing: add pods until this multiple of GPU capacity has arrived (default 1.3)",
     )
@@ -111,7 +93,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--jobs",
-        type=_jobs,
+        type=positive_int,
         default=min(2, os.cpu_count() or 1),
         help="worker processes, one policy each at a time (default: 2 or the CPU count if fewer)",
     )

@@ -1,0 +1,54 @@
+"""Argument types shared by Tessera's command lines: each refuses bad input with a message naming
+the value (argparse adds the option's name)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+Number = TypeVar("Number", int, float)
+
+
+def _parse(text: str, convert: Callable[[str], Number], what: str) -> Number:
+    try:
+        return convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def positive_int(text: str) -> int:
+    value = _parse(text, int, "an integer")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def positive_number(text: str) -> float:
+    value = _parse(text, float, "a number")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def seconds(text: str) -> float:
+    value = _parse(text, float, "a number of seconds")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    return value
+
+
+def _port_in(text: str, lowest: int) -> int:
+    value = _parse(text, int, "a port number")
+    if not lowest <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside {lowest}..65535")
+    return value
+
+
+def port(text: str) -> int:
+    return _port_in(text, 1)
+
+
+def port_or_zero(text: str) -> int:
+    """A port, or 0 for any free port."""
+    return _port_in(text, 0)
