@@ -3,18 +3,17 @@ client processes that are always stopped (process groups killed) when the test e
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.fakegpu import FakeGpuSpec, build, client_env, cuclient, example_gpu, gpu_uuid, write_config
+from tests.processes import Processes
 
 NVML_PROBE = Path(__file__).resolve().parent / "clients" / "nvml_probe.py"
 BINDINGS_PROBE = Path(__file__).resolve().parent / "clients" / "bindings_probe.py"
@@ -57,39 +56,18 @@ def fields(line: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
 
 
-class Processes:
-    """Client processes of one test, each in its own process group, all killed at the end."""
-
-    def __init__(self) -> None:
-        self.started: list[subprocess.Popen[str]] = []
-
-    def start(self, argv: Sequence[str | Path], env: dict[str, str]) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            [str(a) for a in argv],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        self.started.append(process)
-        return process
-
-    def run(self, argv: Sequence[str | Path], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        process = self.start(argv, env)
-        out, err = process.communicate(timeout=TIMEOUT)
-        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+class ClientProcesses(Processes):
+    """Processes of one test, with the fake GPU's own clients at hand."""
 
     def cuclient(self, env: dict[str, str], *steps: str) -> list[str]:
-        done = self.run([cuclient(), *steps], env)
+        done = self.run([cuclient(), *steps], env, timeout=TIMEOUT)
         assert done.returncode == 0, f"cuclient {steps} failed: {done.stdout}{done.stderr}"
-        return done.stdout.splitlines()
+        return done.lines
 
     def probe(self, env: dict[str, str], *commands: str) -> list[str]:
-        done = self.run([sys.executable, NVML_PROBE, *commands], env)
+        done = self.run([sys.executable, NVML_PROBE, *commands], env, timeout=TIMEOUT)
         assert done.returncode == 0, f"nvml_probe {commands} failed: {done.stdout}{done.stderr}"
-        return done.stdout.splitlines()
+        return done.lines
 
     @staticmethod
     def expect(process: subprocess.Popen[str], prefix: str) -> str:
@@ -99,25 +77,10 @@ class Processes:
         assert line.startswith(prefix), f"expected {prefix!r} from {process.args!r}, got {line!r}"
         return line
 
-    @staticmethod
-    def stop(process: subprocess.Popen[str]) -> None:
-        """Kills the process's whole group and waits for it."""
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=TIMEOUT)
-
-    def stop_all(self) -> None:
-        for process in self.started:
-            self.stop(process)
-            for stream in (process.stdin, process.stdout, process.stderr):
-                if stream:
-                    stream.close()
-
 
 @pytest.fixture
-def procs() -> Iterator[Processes]:
-    running = Processes()
+def procs() -> Iterator[ClientProcesses]:
+    running = ClientProcesses()
     try:
         yield running
     finally:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.fakegpu import BUILD_DIR, write_config
-from tests.fakegpu.conftest import BINDINGS_PROBE, Gpus, Processes, fields
+from tests.fakegpu.conftest import BINDINGS_PROBE, ClientProcesses, Gpus, fields
 
 MIB = 2**20
 GIB = 2**30
@@ -21,14 +21,14 @@ PATHS = ["linked", "dlopen", "procaddr", "procaddr-ptds"]
 KINDS = ["mem", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap"]
 
 
-def bindings_report(procs: Processes, env: dict[str, str], ordinal: int = 0) -> dict[str, object]:
+def bindings_report(procs: ClientProcesses, env: dict[str, str], ordinal: int = 0) -> dict[str, object]:
     done = procs.run([sys.executable, BINDINGS_PROBE, str(ordinal)], env)
     assert done.returncode == 0, done.stderr
     report: dict[str, object] = json.loads(done.stdout)
     return report
 
 
-def test_cuda_bindings_sees_the_configured_gpus(gpus: Gpus, procs: Processes) -> None:
+def test_cuda_bindings_sees_the_configured_gpus(gpus: Gpus, procs: ClientProcesses) -> None:
     report = bindings_report(procs, gpus.env())
     assert report["devices"] == [
         {
@@ -42,7 +42,7 @@ def test_cuda_bindings_sees_the_configured_gpus(gpus: Gpus, procs: Processes) ->
     ]
 
 
-def test_cuda_bindings_allocates_until_the_gpu_is_full(gpus: Gpus, procs: Processes) -> None:
+def test_cuda_bindings_allocates_until_the_gpu_is_full(gpus: Gpus, procs: ClientProcesses) -> None:
     report = bindings_report(procs, gpus.env(), ordinal=1)
     assert report["info_before"] == [GIB, GIB]
     assert report["allocated"] == 4
@@ -65,7 +65,7 @@ def test_cuda_bindings_allocates_until_the_gpu_is_full(gpus: Gpus, procs: Proces
     ],
 )
 def test_cuda_visible_devices_reorders_and_hides(
-    gpus: Gpus, procs: Processes, visible: str, names: list[str]
+    gpus: Gpus, procs: ClientProcesses, visible: str, names: list[str]
 ) -> None:
     report = bindings_report(procs, gpus.env(CUDA_VISIBLE_DEVICES=visible))
     devices = report["devices"]
@@ -75,12 +75,12 @@ def test_cuda_visible_devices_reorders_and_hides(
 
 @pytest.mark.parametrize("visible", ["", "7", "GPU-ffff"])
 def test_cuda_visible_devices_hiding_everything_leaves_no_device(
-    gpus: Gpus, procs: Processes, visible: str
+    gpus: Gpus, procs: ClientProcesses, visible: str
 ) -> None:
     assert bindings_report(procs, gpus.env(CUDA_VISIBLE_DEVICES=visible)) == {"error": "CUDA_ERROR_NO_DEVICE"}
 
 
-def test_runtime_visibility_applies_before_cuda_visible_devices(gpus: Gpus, procs: Processes) -> None:
+def test_runtime_visibility_applies_before_cuda_visible_devices(gpus: Gpus, procs: ClientProcesses) -> None:
     env = gpus.env(NVIDIA_VISIBLE_DEVICES=gpus.specs[1].uuid, CUDA_VISIBLE_DEVICES="0")
     devices = bindings_report(procs, env)["devices"]
     assert isinstance(devices, list)
@@ -90,7 +90,7 @@ def test_runtime_visibility_applies_before_cuda_visible_devices(gpus: Gpus, proc
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_allocation_api_and_path_stops_at_the_gpu_size(
-    gpus: Gpus, procs: Processes, path: str, kind: str
+    gpus: Gpus, procs: ClientProcesses, path: str, kind: str
 ) -> None:
     lines = procs.cuclient(
         gpus.env(), "--path", path, "--device", "1", "alloc", kind, "256m", "5", "info", "free", "info"
@@ -104,14 +104,14 @@ def test_every_allocation_api_and_path_stops_at_the_gpu_size(
 
 @pytest.mark.parametrize("path", PATHS)
 def test_the_old_32_bit_cuMemAlloc_is_served_below_version_3020(  # noqa: N802
-    gpus: Gpus, procs: Processes, path: str
+    gpus: Gpus, procs: ClientProcesses, path: str
 ) -> None:
     lines = procs.cuclient(gpus.env(), "--path", path, "--device", "1", "alloc", "mem32", "64m", "1", "info")
     assert fields(lines[0])["result"] == "CUDA_SUCCESS"
     assert int(fields(lines[1])["free"]) == GIB - 64 * MIB
 
 
-def test_processes_on_one_gpu_share_its_memory(gpus: Gpus, procs: Processes) -> None:
+def test_processes_on_one_gpu_share_its_memory(gpus: Gpus, procs: ClientProcesses) -> None:
     holder = procs.start(
         [BUILD_DIR / "cuclient", "--device", "1", "alloc", "mem", "768m", "1", "hold"], gpus.env()
     )
@@ -122,7 +122,7 @@ def test_processes_on_one_gpu_share_its_memory(gpus: Gpus, procs: Processes) -> 
     assert [fields(line)["result"] for line in lines[1:]] == ["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"]
 
 
-def test_memory_of_exited_and_killed_processes_returns(gpus: Gpus, procs: Processes) -> None:
+def test_memory_of_exited_and_killed_processes_returns(gpus: Gpus, procs: ClientProcesses) -> None:
     procs.cuclient(gpus.env(), "--device", "1", "alloc", "mem", "512m", "1")  # exits without freeing
     holder = procs.start(
         [BUILD_DIR / "cuclient", "--device", "1", "alloc", "mem", "512m", "1", "hold"], gpus.env()
@@ -135,7 +135,7 @@ def test_memory_of_exited_and_killed_processes_returns(gpus: Gpus, procs: Proces
     assert fields(lines[0])["result"] == "CUDA_SUCCESS"
 
 
-def test_destroying_a_context_frees_its_memory(gpus: Gpus, procs: Processes) -> None:
+def test_destroying_a_context_frees_its_memory(gpus: Gpus, procs: ClientProcesses) -> None:
     code = (
         "from cuda.bindings import driver as d\n"
         "d.cuInit(0); dev = d.cuDeviceGet(1)[1]\n"
@@ -211,7 +211,7 @@ def test_cu_get_proc_address_honours_the_abi_version(built: object) -> None:
     ],
 )
 def test_a_bad_config_names_the_field_and_the_value(
-    gpus: Gpus, procs: Processes, line: str, message: str
+    gpus: Gpus, procs: ClientProcesses, line: str, message: str
 ) -> None:
     gpus.config.write_text(line + "\n")
     done = procs.run([BUILD_DIR / "cuclient", "info"], gpus.env())
@@ -220,13 +220,13 @@ def test_a_bad_config_names_the_field_and_the_value(
     assert message in done.stderr
 
 
-def test_a_bad_nvidia_visible_devices_is_reported(gpus: Gpus, procs: Processes) -> None:
+def test_a_bad_nvidia_visible_devices_is_reported(gpus: Gpus, procs: ClientProcesses) -> None:
     done = procs.run([BUILD_DIR / "cuclient", "info"], gpus.env(NVIDIA_VISIBLE_DEVICES="0,GPU-nope"))
     assert done.stdout.strip() == "init result=CUDA_ERROR_NO_DEVICE"
     assert "NVIDIA_VISIBLE_DEVICES: bad value 'GPU-nope' (no such gpu)" in done.stderr
 
 
-def test_config_round_trips_through_write_config(gpus: Gpus, procs: Processes) -> None:
+def test_config_round_trips_through_write_config(gpus: Gpus, procs: ClientProcesses) -> None:
     write_config(gpus.config, gpus.specs, driver_version="575.1", cuda_version=12090)
     done = procs.run(
         [sys.executable, "-c", "from cuda.bindings import driver as d; print(d.cuDriverGetVersion()[1])"],
@@ -235,7 +235,7 @@ def test_config_round_trips_through_write_config(gpus: Gpus, procs: Processes) -
     assert done.stdout.strip() == "12090"
 
 
-def test_a_missing_config_is_reported(gpus: Gpus, procs: Processes) -> None:
+def test_a_missing_config_is_reported(gpus: Gpus, procs: ClientProcesses) -> None:
     env = gpus.env()
     del env["FAKEGPU_CONFIG"]
     done = procs.run([BUILD_DIR / "cuclient", "info"], env)
@@ -247,7 +247,7 @@ NEW_PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc"]
 
 
 @pytest.mark.sandbox  # needs root for PID namespaces, as containers sharing a fake GPU have
-def test_processes_in_other_pid_namespaces_are_accounted(gpus: Gpus, procs: Processes) -> None:
+def test_processes_in_other_pid_namespaces_are_accounted(gpus: Gpus, procs: ClientProcesses) -> None:
     # Both clients are pid 1 in their own namespace, as in two containers sharing the state dir.
     holder = procs.start(
         [*NEW_PID_NAMESPACE, BUILD_DIR / "cuclient", "--device", "1", "alloc", "mem", "512m", "1", "hold"],
@@ -274,6 +274,6 @@ def test_processes_in_other_pid_namespaces_are_accounted(gpus: Gpus, procs: Proc
     assert result == "CUDA_SUCCESS"
 
 
-def test_a_child_forked_while_threads_allocate_never_hangs(gpus: Gpus, procs: Processes) -> None:
+def test_a_child_forked_while_threads_allocate_never_hangs(gpus: Gpus, procs: ClientProcesses) -> None:
     lines = procs.cuclient(gpus.env(), "forks", "300")
     assert fields(lines[0]) == {"count": "300", "ok": "300"}

@@ -7,7 +7,7 @@ import json
 import sys
 
 from tests.fakegpu import BUILD_DIR, inject_xid, set_lost
-from tests.fakegpu.conftest import NVML_PROBE, Gpus, Processes
+from tests.fakegpu.conftest import NVML_PROBE, ClientProcesses, Gpus
 
 CUCLIENT = BUILD_DIR / "cuclient"
 MIB = 2**20
@@ -18,7 +18,7 @@ def nvml_bus_id(pci: str) -> str:
     return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
 
 
-def test_pynvml_reports_the_configured_gpus(gpus: Gpus, procs: Processes) -> None:
+def test_pynvml_reports_the_configured_gpus(gpus: Gpus, procs: ClientProcesses) -> None:
     report = json.loads(procs.probe(gpus.env(), "inventory")[0])
     assert report["driver"] == "580.95.05"
     assert report["cuda"] == 13000
@@ -51,7 +51,7 @@ def test_pynvml_reports_the_configured_gpus(gpus: Gpus, procs: Processes) -> Non
     ]
 
 
-def test_nvml_ignores_cuda_visible_devices_but_not_the_runtime(gpus: Gpus, procs: Processes) -> None:
+def test_nvml_ignores_cuda_visible_devices_but_not_the_runtime(gpus: Gpus, procs: ClientProcesses) -> None:
     names = [
         g["name"] for g in json.loads(procs.probe(gpus.env(CUDA_VISIBLE_DEVICES="1"), "inventory")[0])["gpus"]
     ]
@@ -60,7 +60,7 @@ def test_nvml_ignores_cuda_visible_devices_but_not_the_runtime(gpus: Gpus, procs
     assert [g["uuid"] for g in json.loads(procs.probe(env, "inventory")[0])["gpus"]] == [gpus.specs[1].uuid]
 
 
-def test_memory_and_processes_come_from_cuda_users(gpus: Gpus, procs: Processes) -> None:
+def test_memory_and_processes_come_from_cuda_users(gpus: Gpus, procs: ClientProcesses) -> None:
     holder = procs.start([CUCLIENT, "--device", "1", "alloc", "mem", "384m", "1", "hold"], gpus.env())
     procs.expect(holder, "alloc")
     procs.expect(holder, "hold ready")
@@ -81,7 +81,7 @@ def test_memory_and_processes_come_from_cuda_users(gpus: Gpus, procs: Processes)
     assert processes == []
 
 
-def test_an_injected_xid_reaches_nvml_event_sets(gpus: Gpus, procs: Processes) -> None:
+def test_an_injected_xid_reaches_nvml_event_sets(gpus: Gpus, procs: ClientProcesses) -> None:
     waiter = procs.start([sys.executable, NVML_PROBE, "xid-wait", "0", "20000"], gpus.env())
     assert json.loads(procs.expect(waiter, "{")) == {"registered": gpus.specs[0].uuid}
     inject_xid(gpus.state, gpus.specs[1].uuid, 31)  # another GPU: not delivered to this set
@@ -90,13 +90,13 @@ def test_an_injected_xid_reaches_nvml_event_sets(gpus: Gpus, procs: Processes) -
     assert event == {"xid": 79, "uuid": gpus.specs[0].uuid, "type": 8}
 
 
-def test_xids_from_before_registration_are_not_delivered(gpus: Gpus, procs: Processes) -> None:
+def test_xids_from_before_registration_are_not_delivered(gpus: Gpus, procs: ClientProcesses) -> None:
     inject_xid(gpus.state, gpus.specs[0].uuid, 48)
     lines = procs.probe(gpus.env(), "xid-wait", "0", "200")
     assert json.loads(lines[1]) == {"timeout": True}
 
 
-def test_a_lost_gpu_answers_gpu_is_lost_until_it_recovers(gpus: Gpus, procs: Processes) -> None:
+def test_a_lost_gpu_answers_gpu_is_lost_until_it_recovers(gpus: Gpus, procs: ClientProcesses) -> None:
     set_lost(gpus.state, gpus.specs[1].uuid, True)
     lost, healthy = (json.loads(line) for line in procs.probe(gpus.env(), "lost", "1", "lost", "0"))
     assert lost["code"] == "15"  # NVML_ERROR_GPU_IS_LOST

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from tests.fakegpu import BUILD_DIR, find_headers_dir
-from tests.fakegpu.conftest import Gpus, Processes, fields
+from tests.fakegpu.conftest import ClientProcesses, Gpus, fields
 
 INTERPOSER = """
 #include <cuda.h>
@@ -38,7 +38,7 @@ def test_only_driver_api_symbols_are_exported(built: Path) -> None:
 
 
 def test_a_preloaded_symbol_does_not_replace_what_cu_get_proc_address_returns(
-    gpus: Gpus, procs: Processes, tmp_path: Path
+    gpus: Gpus, procs: ClientProcesses, tmp_path: Path
 ) -> None:
     source = tmp_path / "interposer.c"
     source.write_text(INTERPOSER)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.fakegpu import BUILD_DIR
-from tests.fakegpu.conftest import Gpus, Processes, fields
+from tests.fakegpu.conftest import ClientProcesses, Gpus, fields
 
 CUCLIENT = BUILD_DIR / "cuclient"
 
@@ -27,12 +27,12 @@ def elapsed_ms(lines: list[str]) -> float:
 BLOCKER = ("launch", "sleep_us_100000", "1", "1")
 
 
-def test_events_measure_the_simulated_duration(gpus: Gpus, procs: Processes) -> None:
+def test_events_measure_the_simulated_duration(gpus: Gpus, procs: ClientProcesses) -> None:
     lines = procs.cuclient(gpus.env(), *BLOCKER, "events", "sleep_us_1000", "1", "50")
     assert abs(elapsed_ms(lines) - 50.0) < 0.01
 
 
-def test_duration_grows_with_waves_over_the_sm_count(gpus: Gpus, procs: Processes) -> None:
+def test_duration_grows_with_waves_over_the_sm_count(gpus: Gpus, procs: ClientProcesses) -> None:
     # GPU 0 has 108 SMs: 108 blocks are one wave, 216 two; a launch costs 10 us plus 1 ms per wave.
     one = elapsed_ms(procs.cuclient(gpus.env(), *BLOCKER, "events", "wave_us_1000", "108", "10"))
     two = elapsed_ms(procs.cuclient(gpus.env(), *BLOCKER, "events", "wave_us_1000", "216", "10"))
@@ -43,7 +43,7 @@ def test_duration_grows_with_waves_over_the_sm_count(gpus: Gpus, procs: Processe
 
 
 @pytest.mark.parametrize("path", ["linked", "dlopen", "procaddr", "procaddr-ptds"])
-def test_every_launch_api_and_graphs_take_device_time(gpus: Gpus, procs: Processes, path: str) -> None:
+def test_every_launch_api_and_graphs_take_device_time(gpus: Gpus, procs: ClientProcesses, path: str) -> None:
     lines = procs.cuclient(
         gpus.env(),
         *("--path", path),
@@ -63,7 +63,7 @@ def test_every_launch_api_and_graphs_take_device_time(gpus: Gpus, procs: Process
     assert all(fields(line)["result"] == "CUDA_SUCCESS" for line in lines)
 
 
-def test_two_processes_on_one_gpu_serialise(gpus: Gpus, procs: Processes) -> None:
+def test_two_processes_on_one_gpu_serialise(gpus: Gpus, procs: ClientProcesses) -> None:
     first = procs.start([CUCLIENT, "launch", "sleep_us_1000", "1", "1000", "hold"], gpus.env())  # 1 s queued
     queued = fields(procs.expect(first, "launch"))
     second = procs.run([CUCLIENT, "events", "sleep_us_1000", "1", "100"], gpus.env())
@@ -74,7 +74,7 @@ def test_two_processes_on_one_gpu_serialise(gpus: Gpus, procs: Processes) -> Non
     assert float(measured["elapsed_ms"]) >= 100.0
 
 
-def test_processes_on_different_gpus_do_not_wait_for_each_other(gpus: Gpus, procs: Processes) -> None:
+def test_processes_on_different_gpus_do_not_wait_for_each_other(gpus: Gpus, procs: ClientProcesses) -> None:
     clients = [
         procs.start(
             [CUCLIENT, "--device", str(d), "wait", *BLOCKER, "events", "sleep_us_1000", "1", "100"],
@@ -94,7 +94,7 @@ def test_processes_on_different_gpus_do_not_wait_for_each_other(gpus: Gpus, proc
     assert all(abs(float(r["elapsed_ms"]) - 100.0) < 0.01 for r in results)
 
 
-def test_nvml_reports_utilization_from_the_timeline(gpus: Gpus, procs: Processes) -> None:
+def test_nvml_reports_utilization_from_the_timeline(gpus: Gpus, procs: ClientProcesses) -> None:
     idle = json.loads(procs.probe(gpus.env(), "utilization", "0")[0])
     assert idle == {"gpu": 0, "memory": 0}
     busy = procs.start([CUCLIENT, "launch", "sleep_us_5000", "1", "1000", "hold"], gpus.env())  # 5 s queued
@@ -110,7 +110,7 @@ def test_nvml_reports_utilization_from_the_timeline(gpus: Gpus, procs: Processes
     assert other["gpu"] == 0
 
 
-def test_work_queued_by_a_killed_process_is_dropped(gpus: Gpus, procs: Processes) -> None:
+def test_work_queued_by_a_killed_process_is_dropped(gpus: Gpus, procs: ClientProcesses) -> None:
     doomed = procs.start([CUCLIENT, "launch", "sleep_us_1000000", "1", "5", "hold"], gpus.env())  # 5 s queued
     procs.expect(doomed, "launch")
     procs.expect(doomed, "hold ready")
@@ -145,7 +145,7 @@ print(d.cuEventQuery(end)[0].name, ok(d.cuEventElapsedTime(start, end)))
 """
 
 
-def test_cuda_bindings_launches_from_modules_and_libraries(gpus: Gpus, procs: Processes) -> None:
+def test_cuda_bindings_launches_from_modules_and_libraries(gpus: Gpus, procs: ClientProcesses) -> None:
     done = procs.run([sys.executable, "-c", BINDINGS_LAUNCH], gpus.env())
     assert done.returncode == 0, done.stderr
     pending, finished = (line.split() for line in done.stdout.splitlines())

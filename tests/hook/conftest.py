@@ -7,12 +7,10 @@ and ``libnvidia-ml.so.1`` (``LD_LIBRARY_PATH``), configured by a fake GPU descri
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import nvidia  # the headers of nvidia-cuda-runtime, a test dependency
 import pytest
 
 from tests import fakegpu
+from tests.processes import Processes
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK_LIBRARY = ROOT / "hook" / "build" / "libvgpu.so"
@@ -29,7 +28,6 @@ NVML_CLIENT = Path(__file__).resolve().parent / "clients" / "nvml_client.py"
 NVML_WATCH = Path(__file__).resolve().parent / "clients" / "nvml_watch.py"
 GIB = 2**30
 MIB = 2**20
-RUN_TIMEOUT = 120
 
 
 def _make(directory: Path) -> None:
@@ -133,55 +131,6 @@ def gpu(tmp_path: Path, clients: Clients) -> FakeGpus:
 @pytest.fixture
 def two_gpus(tmp_path: Path, clients: Clients) -> FakeGpus:
     return write_fake_gpus(tmp_path, 2)
-
-
-class Processes:
-    """Hooked processes started by a test; all of them are killed when the test ends."""
-
-    def __init__(self) -> None:
-        self._started: list[subprocess.Popen[str]] = []
-
-    def start(self, argv: Sequence[str | Path], env: dict[str, str]) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            [str(a) for a in argv],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        self._started.append(process)
-        return process
-
-    def run(self, argv: Sequence[str | Path], env: dict[str, str], timeout: float = RUN_TIMEOUT) -> Result:
-        process = self.start(argv, env)
-        try:
-            out, err = process.communicate(timeout=timeout)
-        finally:
-            self.stop(process)
-        return Result(process.returncode, out.splitlines(), err)
-
-    @staticmethod
-    def stop(process: subprocess.Popen[str]) -> None:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-
-    def stop_all(self) -> None:
-        for process in self._started:
-            self.stop(process)
-            for stream in (process.stdin, process.stdout, process.stderr):
-                if stream:
-                    stream.close()
-
-
-@dataclass
-class Result:
-    returncode: int
-    lines: list[str]
-    stderr: str
 
 
 @pytest.fixture
