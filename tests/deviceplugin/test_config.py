@@ -45,7 +45,10 @@ def test_environment_then_flags() -> None:
         (["--node-name=n", "--split=0"], "argument --split: '0' must be at least 1"),
         (["--node-name=n", "--split=many"], "argument --split: 'many' is not an integer"),
         (["--node-name=n", "--metrics-port=70000"], "argument --metrics-port: '70000' is outside 0..65535"),
-        (["--node-name=n", "--heartbeat-seconds=0"], "argument --heartbeat-seconds: '0' must be more than 0 seconds"),
+        (
+            ["--node-name=n", "--heartbeat-seconds=0"],
+            "argument --heartbeat-seconds: '0' must be more than 0 seconds",
+        ),
         (
             ["--node-name=n", "--domain=Not A Domain"],
             "--domain: domain: 'Not A Domain' is not a DNS subdomain",
