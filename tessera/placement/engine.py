@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import filterfalse
 
 from tessera.placement.fit import filter_node
 from tessera.placement.model import (
@@ -60,6 +61,19 @@ class Evaluation:
 _CacheKey = tuple[PodShape, str, int]
 
 
+@dataclass(slots=True)
+class _Outcomes:
+    """One shape's cached outcomes by node name, fits and rejections apart: a request's fits and
+    rejections are then picked by C-level lookups, with no Python loop over its thousands of names."""
+
+    fits: dict[str, NodeFit] = field(default_factory=dict)
+    rejections: dict[str, NodeRejection] = field(default_factory=dict)
+
+    def forget(self, name: str) -> None:
+        self.fits.pop(name, None)
+        self.rejections.pop(name, None)
+
+
 class PlacementEngine:
     def __init__(
         self,
@@ -71,10 +85,14 @@ class PlacementEngine:
         self.default_policy = get_policy(default_policy)
         self.context = context or ClusterContext()
         self.nodes: dict[str, NodeState] = {}
-        self._outcomes: OrderedDict[_CacheKey, dict[str, NodeOutcome]] = OrderedDict()
+        self._outcomes: OrderedDict[_CacheKey, _Outcomes] = OrderedDict()
 
     def set_node(self, node: NodeState) -> None:
-        """Store ``node`` as the newest state of its name (its cached outcomes are dropped)."""
+        """Store ``node`` as the newest state of its name (its cached outcomes are dropped, unless
+        it equals the state stored: the extender rebuilds a node on pod events that change nothing
+        there, such as a bound pod's allocation arriving through the watch)."""
+        if self.nodes.get(node.name) == node:
+            return
         self.nodes[node.name] = node
         self._forget(node.name)
 
@@ -84,18 +102,18 @@ class PlacementEngine:
 
     def _forget(self, name: str) -> None:
         for outcomes in self._outcomes.values():
-            outcomes.pop(name, None)
+            outcomes.forget(name)
 
     def policy_for(self, shape: PodShape) -> PlacementPolicy:
         """The pod's own policy (annotation) if it names one, else the engine's default."""
         wanted = shape.preferences.policy
         return self.default_policy if wanted is None else get_policy(wanted.value)
 
-    def _cache_for(self, shape: PodShape, policy: PlacementPolicy) -> dict[str, NodeOutcome]:
+    def _cache_for(self, shape: PodShape, policy: PlacementPolicy) -> _Outcomes:
         key = (shape, policy.name, self.context.version if policy.uses_context else -1)
         cache = self._outcomes.get(key)
         if cache is None:
-            cache = self._outcomes[key] = {}
+            cache = self._outcomes[key] = _Outcomes()
             if len(self._outcomes) > CACHED_SHAPES:
                 self._outcomes.popitem(last=False)
         else:
@@ -108,15 +126,22 @@ class PlacementEngine:
         policy = self.policy_for(shape)
         cache = self._cache_for(shape, policy)
         wanted = list(self.nodes) if names is None else names if isinstance(names, list) else list(names)
-        outcomes = [cache.get(name) for name in wanted]
-        if None in outcomes:
-            for i, name in enumerate(wanted):
-                if outcomes[i] is None:
-                    outcomes[i] = cache[name] = self._outcome(name, shape, policy)
         evaluation = Evaluation(shape, policy)
-        evaluation.fits = [o for o in outcomes if type(o) is NodeFit]
-        if len(evaluation.fits) < len(outcomes):
-            evaluation.rejections = [o for o in outcomes if type(o) is NodeRejection]
+        rejected = cache.rejections
+        try:
+            # All cached, the usual case: the names not rejected are fits.
+            evaluation.fits = list(map(cache.fits.__getitem__, filterfalse(rejected.__contains__, wanted)))
+        except KeyError:
+            for name in wanted:
+                if name not in cache.fits and name not in rejected:
+                    outcome = self._outcome(name, shape, policy)
+                    if isinstance(outcome, NodeFit):
+                        cache.fits[name] = outcome
+                    else:
+                        rejected[name] = outcome
+            evaluation.fits = list(map(cache.fits.__getitem__, filterfalse(rejected.__contains__, wanted)))
+        if len(evaluation.fits) < len(wanted):
+            evaluation.rejections = list(map(rejected.__getitem__, filter(rejected.__contains__, wanted)))
         return evaluation
 
     def _outcome(self, name: str, shape: PodShape, policy: PlacementPolicy) -> NodeOutcome:
