@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import filterfalse
+from itertools import compress
+from operator import is_
 
 from tessera.placement.fit import filter_node
 from tessera.placement.model import (
@@ -63,8 +64,8 @@ _CacheKey = tuple[PodShape, str, int]
 
 @dataclass(slots=True)
 class _Outcomes:
-    """One shape's cached outcomes by node name, fits and rejections apart: a request's fits and
-    rejections are then picked by C-level lookups, with no Python loop over its thousands of names."""
+    """One shape's cached outcomes by node name, fits and rejections apart, so that a request's
+    fits and rejections are picked by C-level lookups (see :meth:`PlacementEngine.evaluate`)."""
 
     fits: dict[str, NodeFit] = field(default_factory=dict)
     rejections: dict[str, NodeRejection] = field(default_factory=dict)
@@ -126,22 +127,21 @@ class PlacementEngine:
         policy = self.policy_for(shape)
         cache = self._cache_for(shape, policy)
         wanted = list(self.nodes) if names is None else names if isinstance(names, list) else list(names)
-        evaluation = Evaluation(shape, policy)
-        rejected = cache.rejections
-        try:
-            # All cached, the usual case: the names not rejected are fits.
-            evaluation.fits = list(map(cache.fits.__getitem__, filterfalse(rejected.__contains__, wanted)))
-        except KeyError:
-            for name in wanted:
-                if name not in cache.fits and name not in rejected:
-                    outcome = self._outcome(name, shape, policy)
-                    if isinstance(outcome, NodeFit):
-                        cache.fits[name] = outcome
-                    else:
-                        rejected[name] = outcome
-            evaluation.fits = list(map(cache.fits.__getitem__, filterfalse(rejected.__contains__, wanted)))
-        if len(evaluation.fits) < len(wanted):
-            evaluation.rejections = list(map(rejected.__getitem__, filter(rejected.__contains__, wanted)))
+        # C-level passes over the names (map, filter, compress), no Python loop per name: a fit or
+        # None per name, a rejection or None per name, then the names in neither are computed.
+        fits = list(map(cache.fits.get, wanted))
+        evaluation = Evaluation(shape, policy, list(filter(None, fits)))
+        if len(evaluation.fits) == len(wanted):
+            return evaluation
+        rejections = list(map(cache.rejections.get, wanted))
+        for i in list(compress(range(len(wanted)), map(is_, fits, rejections))):  # both None
+            outcome = self._outcome(wanted[i], shape, policy)
+            if isinstance(outcome, NodeFit):
+                fits[i] = cache.fits[wanted[i]] = outcome
+            else:
+                rejections[i] = cache.rejections[wanted[i]] = outcome
+        evaluation.fits = list(filter(None, fits))
+        evaluation.rejections = list(filter(None, rejections))
         return evaluation
 
     def _outcome(self, name: str, shape: PodShape, policy: PlacementPolicy) -> NodeOutcome:
