@@ -81,7 +81,7 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> FastAPI:
 
         def work() -> bytes:
             pod, names, _ = wire.parse_extender_args(body)
-            return priorities.write(extender.prioritize(pod, names))
+            return priorities.write(names, extender.prioritize(pod, names))
 
         # A failed prioritize is ignored by kube-scheduler; an empty list says "no opinion".
         content, status = guarded("prioritize", work, lambda e: b"[]")

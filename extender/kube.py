@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
+import orjson
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 
@@ -94,7 +95,7 @@ class KubeApi:
             except (ValueError, AttributeError):
                 message = data.decode(errors="replace")[:300]
             raise ApiError(response.status, message)
-        return json.loads(data)
+        return orjson.loads(data)
 
     def list(self, path: str) -> tuple[list[JsonObject], str]:
         """Every item at ``path`` (paged) and the list's resourceVersion."""
@@ -119,7 +120,7 @@ class KubeApi:
         response = self._call("GET", path, query=query, timeout=(5.0, timeout_seconds + 30.0), stream=True)
         try:
             for line in iter_resp_lines(response):
-                yield json.loads(line)
+                yield orjson.loads(line)
         finally:
             response.release_conn()
 

@@ -123,7 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Bind and watch threads share the interpreter with the event loop answering filter and
     # prioritize; a shorter switch interval (default 5 ms) keeps those answers from queueing.
     sys.setswitchinterval(0.0005)
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level, access_log=False)
+    # The stdlib event loop, also where uvloop is installed: uvloop writes to sockets holding the
+    # GIL, and measured no faster here (docs/benchmarks.md, Extender).
+    uvicorn.run(app, host=host, port=port, log_level=args.log_level, access_log=False, loop="asyncio")
     return 0
 
 

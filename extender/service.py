@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from extender.kube import ApiError, KubeApi
@@ -47,6 +48,7 @@ JsonObject = dict[str, Any]
 REMEMBERED_FILTERS = 256
 # Attempts at writing the allocation when the pod changes under the bind (HTTP 409).
 BIND_ATTEMPTS = 3
+_NAME = attrgetter("name")  # a C-level loop over thousands of fits
 
 
 @dataclass(slots=True)
@@ -133,7 +135,7 @@ class Extender:
                 del answer.failed[name]
             if answer.failed:
                 kinds[Shortfall.INFLIGHT] = len(answer.failed)
-        answer.passed = [f.name for f in kept]
+        answer.passed = list(map(_NAME, kept))
         for rejection in evaluation.rejections:
             (answer.unresolvable if rejection.unresolvable else answer.failed)[rejection.node] = (
                 rejection.reason
@@ -181,7 +183,8 @@ class Extender:
     # ----------------------------------------------------------------------------------------------
     # prioritize
 
-    def prioritize(self, pod: JsonObject, names: Sequence[str]) -> list[tuple[str, int]]:
+    def prioritize(self, pod: JsonObject, names: Sequence[str]) -> list[int]:
+        """The score of each of ``names``, in their order."""
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         remembered = self._filtered.get(uid)
         if remembered is not None and remembered.passed == names:
@@ -189,19 +192,18 @@ class Extender:
             # them is where kube-scheduler will most likely bind the pod: reserve it there.
             scores = score_fits(remembered.kept)
             if scores:
-                best = max(range(len(scores)), key=scores.__getitem__)
-                self._reserve(pod, remembered, remembered.kept[best])
-            return list(zip(names, scores, strict=True))
+                self._reserve(pod, remembered, remembered.kept[scores.index(max(scores))])
+            return scores
         try:
             request = parse_pod_request(pod, self.keys)
         except ContractError:
-            return [(n, 0) for n in names]
+            return [0] * len(names)
         if not request.wants_gpu:
-            return [(n, 0) for n in names]
+            return [0] * len(names)
         with self.state.lock:
             fits = self.state.engine.evaluate(shape_of(request), names).fits
         by_name = dict(zip((f.name for f in fits), score_fits(fits), strict=True))
-        return [(n, by_name.get(n, 0)) for n in names]
+        return [by_name.get(n, 0) for n in names]
 
     # ----------------------------------------------------------------------------------------------
     # bind
