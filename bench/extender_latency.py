@@ -17,6 +17,7 @@ request of a shape not seen before (no cached per-node outcomes).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -227,6 +228,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def run(nodes: int, pods: int, seed: int) -> dict[str, float]:
+    gc.collect()  # the previous size's extender, so that each size starts as a fresh process would
     extender, names = build(nodes, seed)
     shapes = pod_shapes()
     rng = random.Random(seed + 1)
