@@ -52,6 +52,34 @@ def test_evaluate_reuses_outcomes_until_the_node_changes() -> None:
     assert by_name[best.name].node.gpus[0].used_memory_mib == 4096
 
 
+def test_an_equal_node_keeps_its_cached_outcomes_and_a_changed_one_drops_them() -> None:
+    engine = engine_with("a", "b")
+    s = shape((1, 4096, 30))
+    first = engine.evaluate(s)
+    engine.set_node(node("a"))  # rebuilt, equal: nothing to recompute
+    assert [f is g for f, g in zip(first.fits, engine.evaluate(s).fits, strict=True)] == [True, True]
+    engine.set_node(node("a", memory_mib=8192))
+    fits = engine.evaluate(s).fits
+    assert [f is g for f, g in zip(first.fits, fits, strict=True)] == [False, True]
+    assert fits[0].node.gpus[0].memory_mib == 8192
+
+
+def test_evaluate_keeps_the_order_named_when_some_nodes_changed() -> None:
+    names = [f"n{i}" for i in range(20)]
+    engine = engine_with(*names)
+    s = shape((1, 12288, None))
+    engine.evaluate(s, names)
+    # Two nodes change (one can no longer take the pod), one name is unknown, one is named twice.
+    engine.set_node(node("n3", memory_mib=8192))
+    engine.set_node(node("n7", count=2))
+    asked = ["n9", "ghost", *names, "n7"]
+    evaluation = engine.evaluate(s, asked)
+    assert [f.name for f in evaluation.fits] == [n for n in asked if n not in ("ghost", "n3")]
+    assert [r.node for r in evaluation.rejections] == ["ghost", "n3"]
+    assert evaluation.rejections[1].shortfall == Shortfall.CAPACITY
+    assert len(evaluation.fits[-1].node.gpus) == 2
+
+
 def test_unknown_names_are_rejected_as_without_inventory() -> None:
     evaluation = engine_with("a").evaluate(shape((1, 1024, None)), ["a", "ghost"])
     assert [f.name for f in evaluation.fits] == ["a"]
