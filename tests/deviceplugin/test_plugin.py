@@ -9,7 +9,6 @@ import random
 import re
 import signal
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from tessera.contract import (
 )
 from tests.deviceplugin.conftest import CUCLIENT, HOOK_LIBRARY, FakeGpus, PluginProcess
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -132,16 +132,6 @@ def node_inventory(core: client.CoreV1Api, node: str) -> str | None:
     return annotations.get(KEYS.node_gpus)
 
 
-def wait_until(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
-        time.sleep(0.1)
-
-
 def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return {
@@ -185,7 +175,7 @@ def test_registers_and_advertises_every_slice_and_the_inventory(node: Node) -> N
     numa = {d.ID.split("::")[0]: [n.ID for n in d.topology.nodes] for d in first_list.devices}
     assert numa == {u: [i // 2] for i, u in enumerate(fake_gpus.uuids)}
 
-    text = wait_until(lambda: node_inventory(core, gpu_node), what="inventory annotation")
+    text = wait_for(lambda: node_inventory(core, gpu_node), what="inventory annotation")
     inventory = parse_inventory(text)
     assert [g.uuid for g in inventory] == fake_gpus.uuids
     first = inventory[0]
@@ -214,7 +204,7 @@ def test_xid_and_lost_gpus_turn_their_slices_unhealthy_until_they_recover(node: 
         return {d for d, h in kubelet.devices().items() if h != HEALTHY}
 
     plugin = node.start()
-    wait_until(lambda: "watching XID events of 4 GPU(s)" in plugin.log(), what="XID watch")
+    wait_for(lambda: "watching XID events of 4 GPU(s)" in plugin.log(), what="XID watch")
     fake_gpus.inject_xid(3, 13)  # the application's fault: the GPU stays healthy
     fake_gpus.inject_xid(2, 79)  # fallen off the bus: critical
     kubelet.wait_for(lambda k: unhealthy() == {f"{sick}::{n}" for n in range(10)})
@@ -222,7 +212,7 @@ def test_xid_and_lost_gpus_turn_their_slices_unhealthy_until_they_recover(node: 
         d.startswith(other) for d in unhealthy()
     )
     assert all(h == UNHEALTHY for d, h in kubelet.devices().items() if d.startswith(sick))
-    wait_until(
+    wait_for(
         lambda: (
             [g.health for g in parse_inventory(node_inventory(core, gpu_node) or "[]")]
             == [HEALTHY, HEALTHY, UNHEALTHY, HEALTHY]
@@ -237,7 +227,7 @@ def test_xid_and_lost_gpus_turn_their_slices_unhealthy_until_they_recover(node: 
     kubelet.wait_for(lambda k: unhealthy() == {f"{sick}::{n}" for n in range(10)})
     # The XID-faulted GPU recovers once it was reset (gone and back).
     fake_gpus.set_lost(2, True)
-    wait_until(lambda: f"GPU {sick}: gone, now Unhealthy" in plugin.log(), what="GPU 2 seen gone")
+    wait_for(lambda: f"GPU {sick}: gone, now Unhealthy" in plugin.log(), what="GPU 2 seen gone")
     fake_gpus.set_lost(2, False)
     kubelet.wait_for(lambda k: not unhealthy())
     assert len(kubelet.devices()) == 40
@@ -495,14 +485,14 @@ def test_equal_key_pods_admitted_out_of_bind_order_end_up_under_their_own_names(
             )
             return scrape(plugin.metrics_port()).get(("tessera_container_memory_used_bytes", labels))
 
-        wait_until(lambda: used("late") == 2**30 and used("early") == 0, what="metrics under the right pods")
+        wait_for(lambda: used("late") == 2**30 and used("early") == 0, what="metrics under the right pods")
     finally:
         stop(holder)
 
     # The early pod goes away: the state of its container goes, the late pod's (in the early-named dir) stays.
     core.delete_namespaced_pod("early", namespace, grace_period_seconds=0)
     containers = plugin.state_dir / "containers"
-    wait_until(lambda: not (containers / late.metadata.uid).exists(), what="the early pod's state removed")
+    wait_for(lambda: not (containers / late.metadata.uid).exists(), what="the early pod's state removed")
     assert Path(late_state).is_dir()
     record = json.loads((Path(late_state).parent / "allocation.json").read_text())
     assert (record["pod"], record["pod_uid"]) == ("late", late.metadata.uid)

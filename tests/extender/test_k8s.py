@@ -24,9 +24,9 @@ from tests.extender.conftest import (
     FakeDevicePlugin,
     node_annotations,
     scheduler_config,
-    wait_for,
 )
 from tests.extender.helpers import gpu_pod, inventory
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +10,7 @@ from kubernetes import client
 
 from tessera.contract import KEYS
 from tessera.localcluster import ManagedProcess
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -39,16 +39,6 @@ def gpu_pod(name: str, vgpu: int) -> dict[str, Any]:
             ]
         },
     }
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def test_scheduler_binds_gpu_pod_and_reports_impossible_one(
