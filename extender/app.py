@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from extender import wire
-from extender.service import Extender
+from extender.service import Extender, NotSyncedError
 from extender.watch import Watcher
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,9 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> FastAPI:
         except wire.BadRequestError as e:
             log.info("%s: bad request: %s", verb, e)
             return f"bad {verb} request: {e}\n".encode(), 400
+        except NotSyncedError as e:
+            log.info("%s refused: %s", verb, e)
+            return on_error(str(e)), 200
         except Exception as e:
             log.exception("%s failed", verb)
             return on_error(f"tessera extender: {verb} failed: {type(e).__name__}: {e}"), 200
@@ -107,12 +110,9 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        state = extender.state
-        if state.synced:
+        missing = extender.state.unsynced()
+        if not missing:
             return PlainTextResponse("ok\n")
-        missing = [
-            what for what, done in (("nodes", state.nodes_synced), ("pods", state.pods_synced)) if not done
-        ]
         return PlainTextResponse(f"caches not synced: {', '.join(missing)}\n", status_code=503)
 
     @app.get("/metrics")

@@ -42,6 +42,12 @@ from tessera.placement import (
 
 log = logging.getLogger(__name__)
 
+
+class NotSyncedError(RuntimeError):
+    """The caches are not yet filled from the API server (just started): deciding now could give
+    away capacity that pods already hold, so every verb refuses until they are."""
+
+
 JsonObject = dict[str, Any]
 
 # Filter results kept for the prioritize call that follows (by pod UID).
@@ -97,7 +103,13 @@ class Extender:
     # ----------------------------------------------------------------------------------------------
     # filter
 
+    def _require_synced(self) -> None:
+        missing = self.state.unsynced()
+        if missing:
+            raise NotSyncedError(f"tessera extender is starting: caches not synced ({', '.join(missing)})")
+
     def filter(self, pod: JsonObject, names: Sequence[str]) -> FilterAnswer:
+        self._require_synced()
         try:
             request = parse_pod_request(pod, self.keys)
         except ContractError as e:
@@ -183,6 +195,7 @@ class Extender:
 
     def prioritize(self, pod: JsonObject, names: Sequence[str]) -> list[int]:
         """The score of each of ``names``, in their order."""
+        self._require_synced()
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         remembered = self._filtered.get(uid)
         if remembered is not None and remembered.passed == names:
@@ -208,6 +221,7 @@ class Extender:
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Place and bind the pod on ``node``; returns "" on success, else the error for kube-scheduler."""
+        self._require_synced()
         error = "no attempt made"
         # First from the copy kube-scheduler sent to filter; after a conflict, read afresh.
         remembered = self._filtered.get(uid)

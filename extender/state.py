@@ -95,9 +95,9 @@ class ClusterState:
         self.nodes_synced = False
         self.pods_synced = False
 
-    @property
-    def synced(self) -> bool:
-        return self.nodes_synced and self.pods_synced
+    def unsynced(self) -> list[str]:
+        """The caches not yet filled by a first list: "nodes", "pods"."""
+        return [what for what, done in (("nodes", self.nodes_synced), ("pods", self.pods_synced)) if not done]
 
     # ----------------------------------------------------------------------------------------------
     # Nodes

@@ -250,3 +250,23 @@ def test_every_policy_answers_through_the_extender(client: TestClient) -> None:
         scores = client.post("/prioritize", json=args(pod, names)).json()
         assert [s["Host"] for s in scores] == names
         assert all(0 <= s["Score"] <= 10 for s in scores)
+
+
+def test_every_verb_refuses_until_the_caches_are_synced(state: ClusterState) -> None:
+    """A restarted extender must not decide before it has listed the pods that hold capacity."""
+    extender = Extender(
+        state, None, KEYS, Metrics(), inflight_timeout=timedelta(minutes=5), clock=lambda: NOW
+    )
+    state.replace_nodes([node_object("v100", inventory("v100", "Tesla V100-SXM2-16GB", 16384), NOW)], NOW)
+    with TestClient(create_app(extender)) as c:
+        pod = gpu_pod("p", memory=1024, uid="u1")
+        filtered = c.post("/filter", json=args(pod, ["v100"])).json()
+        assert filtered["Error"] == "tessera extender is starting: caches not synced (pods)"
+        assert not filtered["NodeNames"]
+        assert c.post("/prioritize", json=args(pod, ["v100"])).json() == []
+        binding = {"PodName": "p", "PodNamespace": "default", "PodUID": "u1", "Node": "v100"}
+        assert c.post("/bind", json=binding).json() == {
+            "Error": "tessera extender is starting: caches not synced (pods)"
+        }
+        state.replace_pods([])
+        assert c.post("/filter", json=args(pod, ["v100"])).json()["NodeNames"] == ["v100"]

@@ -70,4 +70,4 @@ def test_relists_after_410_and_applies_events() -> None:
     assert kube.node_lists >= 2
     assert ("/api/v1/nodes", "10") in kube.watches
     assert ("/api/v1/nodes", "20") in kube.watches
-    assert state.synced
+    assert state.unsynced() == []
