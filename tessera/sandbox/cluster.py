@@ -305,6 +305,17 @@ def add_node(root: Path, name: str, models: Sequence[str], timeout: float = 60.0
     api = api_client(state)
     try:
         _wait_node(api, "GPU inventory", node_has_gpus, node=name, process=process, timeout=timeout)
+        # Until the extender's watch has the node, kube-scheduler may try a new pod there, be told
+        # "unknown node" and park the pod for minutes: return only once the extender knows it.
+        with_inventory = sum(
+            KEYS.node_gpus in (n.metadata.annotations or {}) for n in client.CoreV1Api(api).list_node().items
+        )
+        wait_for(
+            f"the extender to know node {name}",
+            lambda: gpu.extender_node_count(state.extender_url) >= with_inventory,
+            process,
+            timeout,
+        )
     except BaseException:
         stop(process)
         raise

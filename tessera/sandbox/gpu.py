@@ -160,6 +160,20 @@ def extender_ready(port: int) -> bool:
         return False
 
 
+def extender_node_count(url: str) -> float:
+    """Nodes with a GPU inventory that the extender holds (its ``tessera_extender_nodes`` gauge);
+    -1 while it cannot be read."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError):
+        return -1
+    for line in text.splitlines():
+        if line.startswith("tessera_extender_nodes "):
+            return float(line.split()[1])
+    return -1
+
+
 def scheduler_config(template: Mapping[str, Any], extender_url: str) -> str:
     """deploy/scheduler-config.yaml with every extender pointed at the sandbox's extender. The
     ``{kubeconfig}`` placeholder is filled in by :meth:`ControlPlane.start_scheduler`."""
