@@ -62,7 +62,8 @@ def test_relists_after_410_and_applies_events() -> None:
     try:
         assert kube.third_added.wait(10)
         deadline = time.monotonic() + 5
-        while set(state.engine.nodes) != {"b", "c"} and time.monotonic() < deadline:
+        # Nodes and pods are listed by threads of their own: wait for both.
+        while (set(state.engine.nodes) != {"b", "c"} or state.unsynced()) and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
         watcher.stop()
