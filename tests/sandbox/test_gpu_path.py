@@ -237,7 +237,8 @@ def test_added_node_without_kubelet_takes_what_fits_only_there(sbx: Sandbox) -> 
     ):
         time.sleep(0.5)
     pod = sbx.core.read_namespaced_pod("needs-80g", "default")
-    assert pod.spec.node_name == "edge-1"
+    events = sbx.core.list_namespaced_event("default", field_selector="involvedObject.name=needs-80g").items
+    assert pod.spec.node_name == "edge-1", [f"{e.reason}: {e.message}" for e in events]
     assert parse_allocation(pod.metadata.annotations[KEYS.allocation]).node == "edge-1"
     nodes = {n["name"]: n for n in cluster.status(sbx.root)["nodes"]}
     assert nodes["edge-1"]["slices"] == 10
