@@ -26,6 +26,7 @@ from tessera.contract import KEYS, Phase, parse_allocation, parse_inventory, sli
 from tessera.sandbox import cluster, gpu
 from tessera.sandbox.layout import HOST_KUBELET_DIR, Layout
 from tests.sandbox.conftest import HostView, Sandbox, differences
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -208,6 +209,23 @@ def test_device_plugin_restart_reregisters_and_allocations_still_agree(sbx: Sand
 
 
 def test_added_node_without_kubelet_takes_what_fits_only_there(sbx: Sandbox) -> None:
+    """A pod no GPU can take waits with the extender's reason; adding a node that fits places it.
+
+    The pod is Pending before the node comes, as when a cluster grows for a waiting pod: the node's
+    arrival (its capacity appearing) is the event on which kube-scheduler tries the pod again.
+    """
+    big = _another("needs-80g")
+    big["spec"]["containers"][0]["resources"]["limits"][KEYS.vgpu_memory] = "61440"
+    sbx.core.create_namespaced_pod("default", big)
+    wait_for(
+        lambda: (
+            sbx.core.list_namespaced_event(
+                "default", field_selector="involvedObject.name=needs-80g,reason=FailedScheduling"
+            ).items
+        ),
+        timeout=60,
+        what="needs-80g Pending with a FailedScheduling event",
+    )
     result = subprocess.run(
         [
             sys.executable,
@@ -227,9 +245,6 @@ def test_added_node_without_kubelet_takes_what_fits_only_there(sbx: Sandbox) -> 
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    big = _another("needs-80g")
-    big["spec"]["containers"][0]["resources"]["limits"][KEYS.vgpu_memory] = "61440"
-    sbx.core.create_namespaced_pod("default", big)
     deadline = time.monotonic() + 60
     while (
         not sbx.core.read_namespaced_pod("needs-80g", "default").spec.node_name
