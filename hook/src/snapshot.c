@@ -1,5 +1,6 @@
 /* Reads a region without joining it: no slot, no lock, so metrics never disturb a container. Each
- * word is read atomically; a snapshot taken during an allocation may be one allocation old. */
+ * word is read atomically; a snapshot taken during an allocation may be one allocation old, never
+ * over the quota (see the end of vgpu_region_read). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -63,6 +64,13 @@ VGPU_API int vgpu_region_read(const char *path, struct vgpu_device_usage *out, i
             out[d].memory_used += used;
             out[d].processes += used > 0;
         }
+    }
+    /* The slots are summed without the lock, so a free in one slot and a reservation in another
+     * can both be seen, over the quota. dev[d].used is the same sum kept under the lock (it also
+     * holds dead processes' memory until reaped): the smaller of the two is a real past state. */
+    for (int d = 0; d < n; d++) {
+        uint64_t total = __atomic_load_n(&r->dev[d].used, __ATOMIC_ACQUIRE);
+        if (out[d].memory_used > total) out[d].memory_used = total;
     }
     *live = alive;
     result = n;
