@@ -3,7 +3,7 @@ extender, measured in one run.
 
 * without: kube-scheduler with no extender; pods ask ``tessera.io/vgpu: 1`` only (the in-tree fit
   counts slices, the default binder binds).
-* with: deploy/scheduler-config.yaml (extender filter + prioritize + bind); pods ask
+* with: deploy/scheduler-config.yaml (extender filter + bind); pods ask
   ``vgpu: 1, vgpu-memory: 4096, vgpu-cores: 20``.
 
 Each phase creates the pods at once (8 client threads) and times from the first create to the last
@@ -163,7 +163,7 @@ def cpu_seconds(process: ManagedProcess) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_extender(plane: ControlPlane) -> tuple[ManagedProcess, str]:
+def start_extender(plane: ControlPlane) -> str:
     port = free_port()
     process = ManagedProcess(
         "tessera-extender",
@@ -189,7 +189,7 @@ def start_extender(plane: ControlPlane) -> tuple[ManagedProcess, str]:
         try:
             with urllib.request.urlopen(f"{url}/readyz", timeout=2) as response:
                 if response.status == 200:
-                    return process, url
+                    return url
         except OSError:
             time.sleep(0.3)
     raise RuntimeError(f"extender not ready:\n{process.log_tail()}")
@@ -212,26 +212,32 @@ def main() -> int:
         print(
             f"{args.nodes} nodes x {GPUS} GPUs created in {time.perf_counter() - started:.0f} s", flush=True
         )
-        extender, extender_url = start_extender(plane)
+        extender_url = start_extender(plane)
         rows = []
         for round_ in range(args.rounds):
             rates = {}
             for label, url in (("without", None), ("with", extender_url)):
                 scheduler = plane.start_scheduler(scheduler_config(url), name=f"sched-{label}-{round_}")
-                watched = (scheduler, extender)
+                # Every process of the run (etcd, kube-apiserver, kube-scheduler, the extender) and
+                # this one (the clients creating pods, the watch, the device plugin's stand-in).
+                watched = [p for p in plane.processes if p.popen is not None and p.popen.poll() is None]
                 before = [cpu_seconds(p) for p in watched]
+                own_before = sum(os.times()[:2])
                 try:
                     rates[label] = timed_phase(
                         api, f"{label}-{round_}", args.pods, with_quotas=url is not None
                     )
-                    used = [
-                        (cpu_seconds(p) - b) * 1000 / args.pods for p, b in zip(watched, before, strict=True)
-                    ]
+                    used = {
+                        p.name: (cpu_seconds(p) - b) * 1000 / args.pods
+                        for p, b in zip(watched, before, strict=True)
+                    }
+                    used["benchmark clients"] = (sum(os.times()[:2]) - own_before) * 1000 / args.pods
                 finally:
                     plane.stop_process(scheduler)
+                shares = ", ".join(f"{name} {ms:.1f}" for name, ms in used.items())
                 print(
-                    f"round {round_ + 1}, {label} extender: {rates[label]:.1f} pods/s; CPU per pod: "
-                    f"kube-scheduler {used[0]:.1f} ms, extender {used[1]:.1f} ms",
+                    f"round {round_ + 1}, {label} extender: {rates[label]:.1f} pods/s; "
+                    f"CPU ms per pod: {shares}; total {sum(used.values()):.1f}",
                     flush=True,
                 )
             rows.append(rates)

@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 2; kube-scheduler gives a bind its httpTimeout, 5 s by default)",
     )
     parser.add_argument(
+        "--filter-keeps",
+        default="best",
+        choices=["best", "all"],
+        help="best: filter answers only the nodes with the top score, for a scheduler configured "
+        "without prioritizeVerb (deploy/scheduler-config.yaml); all: every node that fits, for one "
+        "that weighs the prioritize score against its own (default best)",
+    )
+    parser.add_argument(
         "--domain",
         default=None,
         help=f"resource and annotation domain (default ${DOMAIN_ENV} or {DEFAULT_DOMAIN})",
@@ -116,10 +124,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         inflight_timeout=timedelta(seconds=args.inflight_timeout),
         clock=now,
         inflight_wait=timedelta(seconds=args.inflight_wait),
+        filter_keeps_best=args.filter_keeps == "best",
     )
     app = create_app(extender, Watcher(kube, state, clock=now))
     host, port = args.listen
-    log.info("serving on %s:%d, policy %s, domain %s", host, port, args.policy, keys.domain)
+    log.info(
+        "serving on %s:%d, policy %s, filter keeps %s, domain %s",
+        host,
+        port,
+        args.policy,
+        args.filter_keeps,
+        keys.domain,
+    )
     # Bind and watch threads share the interpreter with the event loop answering filter and
     # prioritize; a shorter switch interval (default 5 ms) keeps those answers from queueing.
     sys.setswitchinterval(0.0005)

@@ -34,6 +34,7 @@ from tessera.placement import (
     PlacementPolicy,
     PodShape,
     Shortfall,
+    best_fits,
     fit_keeping_inflight_rule,
     score_fits,
     shape_of,
@@ -90,6 +91,7 @@ class Extender:
         inflight_timeout: timedelta,
         clock: Callable[[], datetime],
         inflight_wait: timedelta = timedelta(seconds=2),
+        filter_keeps_best: bool = True,
     ) -> None:
         self.state = state
         self.kube = kube
@@ -98,6 +100,7 @@ class Extender:
         self.inflight_timeout = inflight_timeout
         self.inflight_wait = inflight_wait
         self.clock = clock
+        self.filter_keeps_best = filter_keeps_best
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
 
     # ----------------------------------------------------------------------------------------------
@@ -122,29 +125,39 @@ class Extender:
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         with self.state.lock:
             evaluation = self.state.engine.evaluate(shape, names)
-            # Nodes asked about where other pods are in flight: the rule may refuse this pod there.
-            inflight = self.state.nodes_with_inflight().intersection(names)
-            checked = self.state.engine.evaluate(shape, sorted(inflight)).fits if inflight else []
+            # Nodes where other pods are in flight: the rule may refuse this pod there.
+            inflight = self.state.nodes_with_inflight()
         answer = FilterAnswer(passed=[])
+        now = self.clock()
+
+        def vet(fit: NodeFit) -> NodeFit | None:
+            """The fit to keep on an in-flight node (the cached one, or one joining the in-flight
+            key), or None when the rule refuses the pod there for now (the reason is answered)."""
+            if fit.name not in inflight:
+                return fit
+            kept_fit = self._keeping_inflight_rule(fit, shape, evaluation.policy, uid, now)
+            if isinstance(kept_fit, str):
+                answer.failed[fit.name] = kept_fit
+                return None
+            return kept_fit
+
+        if self.filter_keeps_best:
+            # Only the nodes with the top score: kube-scheduler's own scores break the tie, and one
+            # node left means no prioritize call and no scoring at all (one round trip less per
+            # pod). Only the candidates for the top are vetted by the in-flight rule.
+            kept = best_fits(evaluation.fits, vet)
+        else:
+            kept = evaluation.fits
+            by_name = dict(zip(map(_NAME, kept), kept, strict=True))
+            checked = inflight.intersection(by_name)
+            if checked:
+                # vet(fit) on the in-flight nodes, the others kept as they are, the refused (None)
+                # dropped: C-level passes over thousands of fits.
+                adjusted = {name: vet(by_name[name]) for name in sorted(checked)}
+                kept = list(filter(None, map(adjusted.get, by_name, kept)))
         kinds: dict[str, int] = {}
-        # In-flight nodes: the fit to keep (the cached one, or one joining the in-flight key), or
-        # None when the rule refuses the pod there for now.
-        adjusted: dict[str, NodeFit | None] = {}
-        if checked:
-            now = self.clock()
-            for fit in checked:
-                kept_fit = self._keeping_inflight_rule(fit, shape, evaluation.policy, uid, now)
-                if isinstance(kept_fit, str):
-                    adjusted[fit.name] = None
-                    answer.failed[fit.name] = kept_fit
-                elif kept_fit is not fit:
-                    adjusted[fit.name] = kept_fit
-        kept = evaluation.fits
-        if adjusted:
-            # adjusted.get(name, fit) per fit, the refused (None) dropped: C-level over thousands.
-            kept = list(filter(None, map(adjusted.get, map(_NAME, kept), kept)))
-            if answer.failed:
-                kinds[Shortfall.INFLIGHT] = len(answer.failed)
+        if answer.failed:
+            kinds[Shortfall.INFLIGHT] = len(answer.failed)
         answer.passed = list(map(_NAME, kept))
         for rejection in evaluation.rejections:
             (answer.unresolvable if rejection.unresolvable else answer.failed)[rejection.node] = (

@@ -8,7 +8,7 @@ No I/O here. The extender (kube-scheduler adapter) and the simulator call the sa
 * :mod:`.fit`: ``filter_node`` (fit, GPU choice, reason for a rejection).
 * :mod:`.policies`: the policy interface, ``binpack``/``spread``, the registry.
 * :mod:`.speed`: speed profiles and a workload's gain per GPU model.
-* :mod:`.score`: ``score_nodes`` (0..10) and ``choose``.
+* :mod:`.score`: ``score_nodes`` (0..10), ``best_fits`` and ``choose``.
 * :mod:`.engine`: ``PlacementEngine``, the cluster with per-node outcome caches.
 * :mod:`.inflight`: the in-flight rule checked at bind.
 """
@@ -53,7 +53,7 @@ from tessera.placement.policies import (
     policy_names,
     register_policy,
 )
-from tessera.placement.score import choose, score_fits, score_nodes
+from tessera.placement.score import best_fits, choose, score_fits, score_nodes
 from tessera.placement.speed import SpeedProfiles
 
 __all__ = [
@@ -76,6 +76,7 @@ __all__ = [
     "SpeedProfiles",
     "allocation_keys",
     "apply",
+    "best_fits",
     "build_node",
     "choose",
     "container_key",

@@ -11,8 +11,9 @@ they fit (heterogeneity-aware placement in the manner of Gavel, OSDI '20).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from operator import attrgetter
+from collections.abc import Callable, Sequence
+from itertools import compress
+from operator import attrgetter, itemgetter
 
 from tessera.placement.model import MAX_SCORE, NodeFit
 
@@ -24,22 +25,68 @@ _POLICY_SHARE = attrgetter("policy_share")
 _POLICY_POINTS = attrgetter("policy_points")
 
 
+def _scale(fits: Sequence[NodeFit]) -> tuple[float, float, float] | None:
+    """(lowest gain, points per unit of gain, points per unit of policy share) of fits scored
+    together; None when every fit offers the same gain (the score is then the policy's alone)."""
+    gains = list(map(_GAIN, fits))  # attrgetter and map: C-level loops over thousands of fits
+    low = min(gains)
+    spread = max(gains) - low
+    if spread < _GAIN_EPSILON:
+        return None
+    return low, MAX_SCORE * SPEED_WEIGHT / spread, MAX_SCORE * (1 - SPEED_WEIGHT)
+
+
 def score_fits(fits: Sequence[NodeFit]) -> list[int]:
     """kube-scheduler scores (0..10) of the fits of one pod, scored together, in their order."""
     if not fits:
         return []
-    # attrgetter and map: C-level loops, for the thousands of fits of one extender request.
-    gains = list(map(_GAIN, fits))
-    low = min(gains)
-    spread = max(gains) - low
-    if spread < _GAIN_EPSILON:
+    scale = _scale(fits)
+    if scale is None:
         return list(map(_POLICY_POINTS, fits))
-    speed = MAX_SCORE * SPEED_WEIGHT / spread
-    policy = MAX_SCORE * (1 - SPEED_WEIGHT)
+    low, speed, policy = scale
     return [
         round(speed * (gain - low) + policy * share)
-        for gain, share in zip(gains, map(_POLICY_SHARE, fits), strict=True)
+        for gain, share in zip(map(_GAIN, fits), map(_POLICY_SHARE, fits), strict=True)
     ]
+
+
+def best_fits(
+    fits: Sequence[NodeFit], vet: Callable[[NodeFit], NodeFit | None] | None = None
+) -> list[NodeFit]:
+    """The fits with the top score of :func:`score_fits`: all that kube-scheduler could prefer on
+    the extender's score alone, for its own scores to choose among.
+
+    ``vet`` (the in-flight rule) may drop a fit (None) or put another fit on the same node in its
+    place; it is called only on fits that could still reach the top, from the highest score down,
+    so a request over thousands of nodes vets a handful. A replacement is scored on the same scale
+    as the others.
+    """
+    if not fits:
+        return []
+    scores = score_fits(fits)
+    if vet is None:
+        top = max(scores)
+        return list(compress(fits, map(top.__eq__, scores)))
+    scale = _scale(fits)
+    vetted: dict[int, list[tuple[int, NodeFit]]] = {}  # by score: (position in fits, fit kept)
+    for level in sorted(set(scores), reverse=True):
+        for i in compress(range(len(fits)), map(level.__eq__, scores)):
+            kept = vet(fits[i])
+            if kept is not None:
+                score = level if kept is fits[i] else _score_one(kept, scale)
+                vetted.setdefault(score, []).append((i, kept))
+        # Every fit scoring above ``level`` is vetted: the best vetted score at or above it is final.
+        best = max(vetted, default=-1)
+        if best >= level:
+            return [fit for _, fit in sorted(vetted[best], key=itemgetter(0))]
+    return []
+
+
+def _score_one(fit: NodeFit, scale: tuple[float, float, float] | None) -> int:
+    if scale is None:
+        return fit.policy_points
+    low, speed, policy = scale
+    return min(MAX_SCORE, max(0, round(speed * (fit.gain - low) + policy * fit.policy_share)))
 
 
 def score_nodes(fits: Sequence[NodeFit]) -> dict[str, int]:

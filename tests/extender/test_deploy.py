@@ -27,11 +27,10 @@ def test_scheduler_config_manages_the_contract_resources() -> None:
     assert extender["nodeCacheCapable"] is True
     managed = {r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]}
     assert managed == {KEYS.vgpu: False, KEYS.vgpu_memory: True, KEYS.vgpu_cores: True}
-    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
-        "filter",
-        "prioritize",
-        "bind",
-    )
+    assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
+    # The extender's filter answers only its best nodes (its default): a prioritize call would add a
+    # round trip per pod and nothing to rank.
+    assert "prioritizeVerb" not in extender
 
 
 def test_deployment_runs_the_extender_with_the_profiles() -> None:

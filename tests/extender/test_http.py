@@ -29,8 +29,7 @@ def state() -> ClusterState:
     return ClusterState(engine, KEYS, heartbeat_timeout=timedelta(seconds=60))
 
 
-@pytest.fixture
-def client(state: ClusterState) -> Iterator[TestClient]:
+def serve(state: ClusterState, *, filter_keeps_best: bool) -> Iterator[TestClient]:
     nodes = [
         node_object("t4", inventory("t4", "Tesla T4", 15360), NOW),
         node_object("v100", inventory("v100", "Tesla V100-SXM2-16GB", 16384), NOW),
@@ -41,10 +40,28 @@ def client(state: ClusterState) -> Iterator[TestClient]:
     state.replace_nodes(nodes, NOW)
     state.replace_pods([])
     extender = Extender(
-        state, None, KEYS, Metrics(), inflight_timeout=timedelta(minutes=5), clock=lambda: NOW
+        state,
+        None,
+        KEYS,
+        Metrics(),
+        inflight_timeout=timedelta(minutes=5),
+        clock=lambda: NOW,
+        filter_keeps_best=filter_keeps_best,
     )
     with TestClient(create_app(extender)) as c:
         yield c
+
+
+@pytest.fixture
+def client(state: ClusterState) -> Iterator[TestClient]:
+    """Filter answers every node that fits, for kube-scheduler to call prioritize on."""
+    yield from serve(state, filter_keeps_best=False)
+
+
+@pytest.fixture
+def best_client(state: ClusterState) -> Iterator[TestClient]:
+    """Filter answers only the top-scored nodes (the extender's default)."""
+    yield from serve(state, filter_keeps_best=True)
 
 
 def args(
@@ -70,6 +87,54 @@ def test_filter_node_names_mode_answers_pascal_case_with_reasons(client: TestCli
     assert unresolvable["t4"] == "no GPU with 16000 MiB of memory; largest has 15360 MiB"
     assert unresolvable["stale"] == "Tessera device plugin heartbeat is 300 s old (timeout 60 s)"
     assert unresolvable["cpu-only"] == UNKNOWN_NODE
+
+
+def test_filter_keeping_the_best_answers_the_top_scored_nodes_with_the_same_reasons(
+    best_client: TestClient,
+) -> None:
+    # binpack: 16,000 MiB nearly fills a V100 and leaves most of an A100.
+    body = best_client.post("/filter", json=args(gpu_pod("p", memory=16000, uid="u1"), ALL)).json()
+    assert body["NodeNames"] == ["v100"]
+    assert body["FailedNodes"] is None  # a100 fits: not a failure, just not the best
+    assert set(body["FailedAndUnresolvableNodes"]) == {"t4", "stale", "cpu-only"}
+
+
+def test_filter_keeping_the_best_answers_every_tie(best_client: TestClient, state: ClusterState) -> None:
+    state.upsert_node(node_object("v100-b", inventory("v100-b", "Tesla V100-SXM2-16GB", 16384), NOW), NOW)
+    body = best_client.post(
+        "/filter", json=args(gpu_pod("p", memory=16000), ["v100", "a100", "v100-b"])
+    ).json()
+    assert body["NodeNames"] == ["v100", "v100-b"]  # kube-scheduler's own scores choose
+
+
+def in_flight(state: ClusterState, uid: str, node: str, gpu: int, memory: int) -> None:
+    """A pod bound to ``node`` that its device plugin has not served yet."""
+    grants = [{"uuid": f"GPU-{node}-{gpu}", "memory_mib": memory, "cores": 30}]
+    allocation = {"node": node, "containers": [{"name": "main", "gpus": grants}]}
+    pod = gpu_pod(uid, memory=memory, uid=uid)
+    pod["spec"]["nodeName"] = node
+    pod["metadata"]["annotations"] |= {
+        KEYS.allocation: json.dumps(allocation),
+        KEYS.allocation_phase: "allocating",
+        KEYS.bind_time: "2026-01-01T12:00:00Z",
+    }
+    pod["status"] = {"phase": "Pending"}
+    state.upsert_pod(pod)
+
+
+def test_filter_keeping_the_best_passes_over_a_node_the_inflight_rule_refuses(
+    best_client: TestClient, state: ClusterState
+) -> None:
+    # A 4,096 MiB pod in flight on the V100's GPU 0: binpack's best for another 4,096 MiB is that GPU
+    # (the same key: allowed). A 5,000 MiB pod there would be a different 1-GPU key: the rule refuses
+    # the V100 for now, and the next best node is answered instead.
+    in_flight(state, "first", "v100", 0, 4096)
+    joining = best_client.post("/filter", json=args(gpu_pod("p", memory=4096, uid="u1"), ALL)).json()
+    assert joining["NodeNames"] == ["v100"]
+    body = best_client.post("/filter", json=args(gpu_pod("q", memory=5000, uid="u2"), ALL)).json()
+    assert body["NodeNames"] == ["t4", "a100"]  # the next score down, a tie
+    # (p, reserved by its filter as the only node, is in flight there too.)
+    assert "is still being admitted on node v100 with a 1-GPU container" in body["FailedNodes"]["v100"]
 
 
 def test_filter_with_full_node_objects_returns_node_objects(client: TestClient) -> None:

@@ -11,6 +11,7 @@ from tessera.placement import (
     ClusterContext,
     NodeFit,
     SpeedProfiles,
+    best_fits,
     choose,
     filter_node,
     get_policy,
@@ -109,3 +110,38 @@ def test_choose_breaks_ties_by_policy_score_then_name() -> None:
     assert choose([f for f in fits if isinstance(f, NodeFit)]).name == "a"  # type: ignore[union-attr]
     assert choose([]) is None
     assert score_nodes([]) == {}
+
+
+def test_best_fits_are_every_fit_with_the_top_score() -> None:
+    training = fits_for("llm-training")
+    assert [f.name for f in best_fits(training)] == ["a100"]
+    assert [f.name for f in best_fits(fits_for(None))] == ["t4", "v100"]  # a tie at 2
+    assert best_fits([]) == []
+
+
+def test_best_fits_vets_only_candidates_for_the_top() -> None:
+    training = fits_for("llm-training")  # scores t4 1, v100 4, a100 7
+    asked: list[str] = []
+
+    def refuse_a100(fit: NodeFit) -> NodeFit | None:
+        asked.append(fit.name)
+        return None if fit.name == "a100" else fit
+
+    assert [f.name for f in best_fits(training, refuse_a100)] == ["v100"]
+    assert asked == ["a100", "v100"]  # the T4, below both, is never vetted
+    assert best_fits(training, lambda fit: None) == []
+
+
+def test_best_fits_scores_a_replacement_on_the_same_scale() -> None:
+    training = {f.name: f for f in fits_for("llm-training")}  # scores t4 1, v100 4, a100 7
+    # The A100's fit replaced by one with the T4's gain (and policy score): it scores 1, below the
+    # V100's 4, so the V100 is the best; replaced by the V100's own fit's twin it ties at 4.
+    slower = NodeFit(training["a100"].node, training["a100"].placement, training["t4"].policy_score, 0.625)
+    by_name = {"a100": slower}
+    assert [f.name for f in best_fits(list(training.values()), lambda f: by_name.get(f.name, f))] == ["v100"]
+    twin = NodeFit(training["a100"].node, training["a100"].placement, training["v100"].policy_score, 1.0)
+    by_name = {"a100": twin}
+    assert [f.name for f in best_fits(list(training.values()), lambda f: by_name.get(f.name, f))] == [
+        "v100",
+        "a100",
+    ]
