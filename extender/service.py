@@ -30,6 +30,7 @@ from tessera.contract import (
     parse_time,
 )
 from tessera.placement import (
+    InflightKey,
     NodeFit,
     PlacementPolicy,
     PodShape,
@@ -53,9 +54,15 @@ JsonObject = dict[str, Any]
 
 # Filter results kept for the prioritize call that follows (by pod UID).
 REMEMBERED_FILTERS = 256
+# In-flight rule answers kept (by fit and the pods in flight on its node).
+REMEMBERED_VETTINGS = 4096
 # Attempts at writing the allocation when the pod changes under the bind (HTTP 409).
 BIND_ATTEMPTS = 3
-_NAME = attrgetter("name")  # a C-level loop over thousands of fits
+_NAME = attrgetter("name")
+# (id of a fit, the pods in flight on its node with their container keys)
+_VettingKey = tuple[
+    int, tuple[tuple[str, tuple[InflightKey, ...]], ...]
+]  # a C-level loop over thousands of fits
 
 
 @dataclass(slots=True)
@@ -102,6 +109,7 @@ class Extender:
         self.clock = clock
         self.filter_keeps_best = filter_keeps_best
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
+        self._vetted: dict[_VettingKey, tuple[NodeFit, NodeFit | str]] = {}
 
     # ----------------------------------------------------------------------------------------------
     # filter
@@ -194,7 +202,16 @@ class Extender:
         self, fit: NodeFit, shape: PodShape, policy: PlacementPolicy, uid: str, now: datetime
     ) -> NodeFit | str:
         others = self.state.inflight_on(fit.name, now, self.inflight_timeout, exclude_uid=uid)
-        return fit_keeping_inflight_rule(
+        if not others:
+            return fit
+        # While a node's pods stay in flight, every pod of a shape asks the same question there.
+        # The fit object stands for (node state, shape, policy, context version): the engine makes
+        # a new one when any of them changes. It is kept in the value, so its id is not reused.
+        key = (id(fit), tuple(sorted(others.items())))
+        known = self._vetted.get(key)
+        if known is not None and known[0] is fit:
+            return known[1]
+        answer = fit_keeping_inflight_rule(
             fit,
             shape,
             profiles=self.state.engine.profiles,
@@ -202,6 +219,10 @@ class Extender:
             context=self.state.engine.context,
             inflight=others,
         )
+        if len(self._vetted) >= REMEMBERED_VETTINGS:
+            self._vetted.clear()  # not an LRU: bind threads and the event loop share it
+        self._vetted[key] = (fit, answer)
+        return answer
 
     # ----------------------------------------------------------------------------------------------
     # prioritize
@@ -334,6 +355,10 @@ class Extender:
         shape = shape_of(request)
         deadline = time.monotonic() + self.inflight_wait.total_seconds()
         with self.state.lock:
+            # Usually filter reserved the pod on this very node: that placement becomes the decision.
+            confirmed = self.state.confirm_reservation(uid, node, Phase.ALLOCATING.value, now)
+            if confirmed is not None:
+                return confirmed.allocation
             self.state.unreserve(uid)  # the pod's own reservation must not stand in its way
             while True:
                 evaluation = self.state.engine.evaluate(shape, [node])

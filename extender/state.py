@@ -213,6 +213,19 @@ class ClusterState:
         with self.lock:
             if uid not in self._assumed and self._observed.get(uid) == parsed:
                 return  # nothing that counts changed (most pod events: status, other annotations)
+            assumed = self._assumed.get(uid)
+            if (
+                parsed is not None
+                and assumed is not None
+                and uid not in self._reserved_at
+                and (parsed.allocation, parsed.phase) == (assumed.allocation, assumed.phase)
+            ):
+                # The watch echoing a bind: the node's usage is the same; only the record (and its
+                # bind time, to the second) comes from the API server now.
+                self._observed[uid] = parsed
+                del self._assumed[uid]
+                self._refresh_inflight(parsed.allocation.node)
+                return
             touched = self._nodes_of(uid)
             if parsed is None:
                 self._observed.pop(uid, None)
@@ -275,6 +288,37 @@ class ClusterState:
                 del self._assumed[uid]
                 self._reindex(uid, touched)
 
+    def confirm_reservation(self, uid: str, node: str, phase: str, now: datetime) -> PodAllocation | None:
+        """Turn the pod's reservation on ``node`` into its bind decision (``phase``, bound at
+        ``now``) and return it; None when it has none there, or the node or one of its GPUs has
+        since become unusable.
+
+        The reservation already counts on the node, and every decision since was taken with it in
+        place, so it still fits, and the in-flight rule held with it (reserved pods count as in
+        flight). The node's usage does not change: nothing is rebuilt.
+        """
+        with self.lock:
+            record = self._assumed.get(uid)
+            if record is None or uid not in self._reserved_at or record.allocation.node != node:
+                return None
+            state = self.engine.nodes.get(node)
+            healthy = {gpu.uuid for gpu in state.gpus if gpu.healthy} if state is not None else set()
+            wanted = {grant.uuid for container in record.allocation.containers for grant in container.gpus}
+            if state is None or not state.schedulable or not wanted <= healthy:
+                return None
+            confirmed = PodAllocation(
+                uid=record.uid,
+                namespace=record.namespace,
+                name=record.name,
+                allocation=record.allocation,
+                phase=phase,
+                bind_time=now,
+            )
+            self._assumed[uid] = confirmed
+            del self._reserved_at[uid]
+            self._refresh_inflight(node)
+            return confirmed
+
     def expire_reservations(self, now: datetime) -> None:
         with self.lock:
             for uid, since in list(self._reserved_at.items()):
@@ -334,18 +378,23 @@ class ClusterState:
             self._rebuild(node)
         self.pods_changed.notify_all()
 
-    def _rebuild(self, name: str) -> None:
-        record = self._nodes.get(name)
-        if record is None:
-            return
+    def _refresh_inflight(self, name: str) -> list[PodAllocation]:
+        """Recompute the pods in flight on node ``name``; returns all its pods."""
         pods = self.pods_on(name)
-        allocations = [p.allocation for p in pods]
         # Reserved pods count as in flight: their bind is on its way.
         inflight = [p for p in pods if p.phase == Phase.ALLOCATING or p.uid in self._reserved_at]
         if inflight:
             self._inflight[name] = inflight
         else:
             self._inflight.pop(name, None)
+        return pods
+
+    def _rebuild(self, name: str) -> None:
+        record = self._nodes.get(name)
+        if record is None:
+            return
+        pods = self._refresh_inflight(name)
+        allocations = [p.allocation for p in pods]
         if record.inventory is None:
             reason = record.inventory_error or "no inventory"
             self.engine.set_node(build_node(name, (), schedulable=False, unschedulable_reason=reason))

@@ -137,3 +137,37 @@ def test_unreadable_inventory_is_a_reason_and_no_inventory_is_no_node(state: Clu
     )
     state.upsert_node(node_object("n", None, NOW), NOW)
     assert "n" not in state.engine.nodes
+
+
+def test_a_reservation_confirmed_at_bind_becomes_the_decision_without_a_rebuild(state: ClusterState) -> None:
+    state.reserve(record("a"), NOW)
+    before = state.engine.nodes["n"]
+    later = NOW + timedelta(seconds=1)
+    confirmed = state.confirm_reservation("a", "n", Phase.ALLOCATING.value, later)
+    assert confirmed is not None
+    assert (confirmed.allocation, confirmed.phase, confirmed.bind_time) == (allocation(), "allocating", later)
+    assert state.engine.nodes["n"] is before  # same usage: the engine's caches stay
+    state.expire_reservations(NOW + timedelta(minutes=1))  # a decision now, not a reservation
+    assert used(state) == 4096
+    assert state.inflight_on("n", later, timedelta(minutes=5), exclude_uid="x") == {"ns/a": confirmed.keys}
+    assert state.confirm_reservation("a", "n", Phase.ALLOCATING.value, later) is None  # only once
+
+
+def test_no_reservation_to_confirm_elsewhere_or_on_a_node_gone_stale(state: ClusterState) -> None:
+    assert state.confirm_reservation("a", "n", Phase.ALLOCATING.value, NOW) is None  # none made
+    state.reserve(record("a"), NOW)
+    assert state.confirm_reservation("a", "other", Phase.ALLOCATING.value, NOW) is None
+    state.sweep_heartbeats(NOW + timedelta(seconds=61))
+    assert state.confirm_reservation("a", "n", Phase.ALLOCATING.value, NOW) is None
+
+
+def test_the_watch_echoing_an_assumption_changes_no_usage(state: ClusterState) -> None:
+    state.assume(record("a"))
+    before = state.engine.nodes["n"]
+    state.upsert_pod(pod("a", bound=True))
+    assert state.engine.nodes["n"] is before
+    assert state.allocation_of("a") == record("a")
+    state.upsert_pod(pod("a", bound=True, phase="allocated"))  # served: out of flight
+    assert state.nodes_with_inflight() == set()
+    state.delete_pod("a")
+    assert used(state) == 0
