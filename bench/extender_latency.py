@@ -1,11 +1,14 @@
-"""Filter + prioritize latency of the extender per pod, node-names mode, at 100 / 1,000 / 5,000 nodes.
+"""The extender's latency per pod, node-names mode, at 100 / 1,000 / 5,000 nodes: filter (the
+shipped setup, ``--filter-keeps best``) and filter + prioritize (``--filter-keeps all``).
 
 Each node has 8 GPUs (A100 / V100 / T4, by thirds); about half the GPUs start partly used. Pods come
 from a mix of 12 shapes (1-2 GPUs, memory, compute, some with model or speed constraints). For each
 pod the benchmark times exactly what the HTTP handlers do (parse the request body, decide, write
-the answer): /filter with every node's name, then /prioritize with the survivors. Then it "binds"
-the pod as /bind does in memory (the allocation is assumed at once, so the next pod sees that node
-changed). The HTTP transport itself is timed separately over loopback with uvicorn (``--http``).
+the answer): /filter with every node's name, and in the second setup /prioritize with the
+survivors. Then it binds the pod on the node kube-scheduler would pick (the first answered, or the
+best scored) with /bind's in-memory half (``Extender.decide``: the allocation is assumed at once, so
+the next pod sees that node changed), and the device plugin serves it (phase allocated). The HTTP
+transport itself is timed separately over loopback with uvicorn (``--http``).
 
     .venv/bin/python bench/extender_latency.py [--nodes 100 1000 5000] [--pods 2000] [--http]
 
@@ -44,8 +47,9 @@ from tessera.contract import (  # noqa: E402
     Phase,
     dump_inventory,
     format_time,
+    parse_pod_request,
 )
-from tessera.placement import PlacementEngine, SpeedProfiles, shape_of, to_allocation  # noqa: E402
+from tessera.placement import PlacementEngine, SpeedProfiles  # noqa: E402
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 MODELS = [("NVIDIA A100-SXM4-40GB", 40960), ("Tesla V100-SXM2-16GB", 16384), ("Tesla T4", 15360)]
@@ -136,7 +140,7 @@ def pod_object(i: int, shape: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def build(nodes: int, seed: int) -> tuple[Extender, list[str]]:
+def build(nodes: int, seed: int, *, keep_best: bool) -> tuple[Extender, list[str]]:
     rng = random.Random(seed)
     profiles = SpeedProfiles.from_yaml((REPO / "deploy" / "speed-profiles.yaml").read_text())
     state = ClusterState(PlacementEngine(profiles), KEYS, heartbeat_timeout=timedelta(hours=1))
@@ -150,7 +154,13 @@ def build(nodes: int, seed: int) -> tuple[Extender, list[str]]:
         )
     state.replace_pods(pods)
     extender = Extender(
-        state, None, KEYS, Metrics(), inflight_timeout=timedelta(minutes=5), clock=lambda: NOW
+        state,
+        None,
+        KEYS,
+        Metrics(),
+        inflight_timeout=timedelta(minutes=5),
+        clock=lambda: NOW,
+        filter_keeps_best=keep_best,
     )
     return extender, [n["metadata"]["name"] for n in node_objects]
 
@@ -172,54 +182,47 @@ def handle_prioritize(extender: Extender, body: bytes) -> bytes:
 
 
 class Timed(NamedTuple):
-    filtered: bytes
-    prioritized: bytes
+    node: str | None  # where kube-scheduler binds the pod
     wall: float
     cpu: float
 
 
-def filter_and_prioritize(extender: Extender, pod: dict[str, Any], names: list[str]) -> Timed:
-    """Both handlers for one pod, each timed (wall, thread CPU) from its request body to its answer.
-    The bodies are made untimed, as kube-scheduler makes them: /prioritize gets filter's survivors."""
+def schedule(extender: Extender, pod: dict[str, Any], names: list[str]) -> Timed:
+    """The handlers kube-scheduler calls for one pod, each timed (wall, thread CPU) from its request
+    body to its answer. The bodies are made untimed, as kube-scheduler makes them: /prioritize (when
+    configured) gets filter's survivors."""
     body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
     started, started_cpu = time.perf_counter(), time.thread_time()
     filtered = handle_filter(extender, body)
     wall, cpu = time.perf_counter() - started, time.thread_time() - started_cpu
-    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": json.loads(filtered)["NodeNames"]}).encode()
+    passed = json.loads(filtered)["NodeNames"]
+    if extender.filter_keeps_best or not passed:
+        return Timed(passed[0] if passed else None, wall, cpu)
+    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed}).encode()
     started, started_cpu = time.perf_counter(), time.thread_time()
     prioritized = handle_prioritize(extender, body)
     wall += time.perf_counter() - started
     cpu += time.thread_time() - started_cpu
-    return Timed(filtered, prioritized, wall, cpu)
+    return Timed(max(json.loads(prioritized), key=lambda s: s["Score"])["Host"], wall, cpu)
 
 
-def bind_in_memory(extender: Extender, pod: dict[str, Any], filtered: bytes, prioritized: bytes) -> None:
-    """/bind's in-memory half: decide on the best node and count the allocation at once."""
-    scores = json.loads(prioritized)
-    if not scores:
+def bind_in_memory(extender: Extender, pod: dict[str, Any], node: str | None) -> None:
+    """/bind's in-memory half on ``node``, then the device plugin serving the pod at once."""
+    if node is None:
         return
-    best = max(scores, key=lambda s: s["Score"])["Host"]
-    from tessera.contract import parse_pod_request  # noqa: PLC0415
-
-    request = parse_pod_request(pod)
-    state = extender.state
-    with state.lock:
-        state.unreserve(pod["metadata"]["uid"])  # as /bind does: the pod's own reservation goes first
-        evaluation = state.engine.evaluate(shape_of(request), [best])
-        if not evaluation.fits:
-            return
-        fit = evaluation.fits[0]
-        allocation = to_allocation(fit.node, fit.placement, [c.name for c in request.containers])
-        state.assume(
-            PodAllocation(
-                uid=pod["metadata"]["uid"],
-                namespace="bench",
-                name=pod["metadata"]["name"],
-                allocation=allocation,
-                phase=Phase.ALLOCATED.value,
-                bind_time=NOW,
-            )
+    decided = extender.decide(pod, parse_pod_request(pod), node, NOW)
+    if isinstance(decided, str):
+        return
+    extender.state.assume(
+        PodAllocation(
+            uid=pod["metadata"]["uid"],
+            namespace="bench",
+            name=pod["metadata"]["name"],
+            allocation=decided,
+            phase=Phase.ALLOCATED.value,
+            bind_time=NOW,
         )
+    )
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -227,25 +230,25 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def run(nodes: int, pods: int, seed: int) -> dict[str, float]:
+def run(nodes: int, pods: int, seed: int, *, keep_best: bool) -> dict[str, float]:
     gc.collect()  # the previous size's extender, so that each size starts as a fresh process would
-    extender, names = build(nodes, seed)
+    extender, names = build(nodes, seed, keep_best=keep_best)
     shapes = pod_shapes()
     rng = random.Random(seed + 1)
     cold: list[float] = []
     for i, shape in enumerate(shapes):  # one warm-up pod per shape: its first request is "cold"
         pod = pod_object(-1 - i, shape)
-        timed = filter_and_prioritize(extender, pod, names)
+        timed = schedule(extender, pod, names)
         cold.append(timed.wall)
-        bind_in_memory(extender, pod, timed.filtered, timed.prioritized)
+        bind_in_memory(extender, pod, timed.node)
     warm: list[float] = []
     cpu: list[float] = []
     for i in range(pods):
         pod = pod_object(i, rng.choice(shapes))
-        timed = filter_and_prioritize(extender, pod, names)
+        timed = schedule(extender, pod, names)
         warm.append(timed.wall)
         cpu.append(timed.cpu)
-        bind_in_memory(extender, pod, timed.filtered, timed.prioritized)
+        bind_in_memory(extender, pod, timed.node)
     ms = 1000.0
     return {
         "p50": statistics.median(warm) * ms,
@@ -257,15 +260,15 @@ def run(nodes: int, pods: int, seed: int) -> dict[str, float]:
     }
 
 
-def http_round_trip(nodes: int, requests: int, seed: int) -> dict[str, float]:
-    """The same filter+prioritize pair over loopback HTTP to the FastAPI app under uvicorn."""
+def http_round_trip(nodes: int, requests: int, seed: int, *, keep_best: bool) -> dict[str, float]:
+    """The same requests over loopback HTTP to the FastAPI app under uvicorn."""
     import httpx  # noqa: PLC0415
     import uvicorn  # noqa: PLC0415
 
     from extender.app import create_app  # noqa: PLC0415
     from tessera.localcluster import free_port  # noqa: PLC0415
 
-    extender, names = build(nodes, seed)
+    extender, names = build(nodes, seed, keep_best=keep_best)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(extender), host="127.0.0.1", port=port, log_level="warning")
@@ -283,7 +286,9 @@ def http_round_trip(nodes: int, requests: int, seed: int) -> dict[str, float]:
                 pod = pod_object(i, shapes[i] if i < len(shapes) else rng.choice(shapes))
                 started = time.perf_counter()
                 passed = http.post("/filter", json={"Pod": pod, "Nodes": None, "NodeNames": names}).json()
-                http.post("/prioritize", json={"Pod": pod, "Nodes": None, "NodeNames": passed["NodeNames"]})
+                if not keep_best:
+                    survivors = passed["NodeNames"]
+                    http.post("/prioritize", json={"Pod": pod, "Nodes": None, "NodeNames": survivors})
                 if i >= len(shapes):
                     times.append(time.perf_counter() - started)
     finally:
@@ -299,25 +304,31 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--http", action="store_true", help="also time the round trip over loopback HTTP")
     args = parser.parse_args()
-    print(f"filter+prioritize per pod, node-names mode, {GPUS_PER_NODE} GPUs per node, {args.pods} pods")
-    print(
-        "| nodes | p50 ms | p99 ms | max ms | CPU p50 ms | CPU p99 ms | first pod of a new shape, median ms |"
+    setups = (
+        ("filter (--filter-keeps best, shipped)", True),
+        ("filter + prioritize (--filter-keeps all)", False),
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for nodes in args.nodes:
-        r = run(nodes, args.pods, args.seed)
+    for title, keep_best in setups:
+        print(f"\n{title}: per pod, node-names mode, {GPUS_PER_NODE} GPUs per node, {args.pods} pods")
         print(
-            f"| {nodes:,} | {r['p50']:.2f} | {r['p99']:.2f} | {r['max']:.2f} | {r['cpu_p50']:.2f} "
-            f"| {r['cpu_p99']:.2f} | {r['cold_median']:.1f} |",
-            flush=True,
+            "| nodes | p50 ms | p99 ms | max ms | CPU p50 ms | CPU p99 ms "
+            "| first pod of a new shape, median ms |"
         )
-    if args.http:
-        print("\nover loopback HTTP (uvicorn + httpx, keep-alive), 500 pods")
-        print("| nodes | p50 ms | p99 ms |")
-        print("|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
         for nodes in args.nodes:
-            r = http_round_trip(nodes, 500, args.seed)
-            print(f"| {nodes:,} | {r['p50']:.2f} | {r['p99']:.2f} |", flush=True)
+            r = run(nodes, args.pods, args.seed, keep_best=keep_best)
+            print(
+                f"| {nodes:,} | {r['p50']:.2f} | {r['p99']:.2f} | {r['max']:.2f} | {r['cpu_p50']:.2f} "
+                f"| {r['cpu_p99']:.2f} | {r['cold_median']:.1f} |",
+                flush=True,
+            )
+        if args.http:
+            print(f"\n{title} over loopback HTTP (uvicorn + httpx, keep-alive), 500 pods")
+            print("| nodes | p50 ms | p99 ms |")
+            print("|---:|---:|---:|")
+            for nodes in args.nodes:
+                r = http_round_trip(nodes, 500, args.seed, keep_best=keep_best)
+                print(f"| {nodes:,} | {r['p50']:.2f} | {r['p99']:.2f} |", flush=True)
     return 0
 
 

@@ -6,13 +6,19 @@ extender, measured in one run.
 * with: deploy/scheduler-config.yaml (extender filter + bind); pods ask
   ``vgpu: 1, vgpu-memory: 4096, vgpu-cores: 20``.
 
+* with, device plugin writing: the same, and a stand-in for the device plugin marks each bound pod
+  ``allocated`` as soon as the watch shows it (a kubelet would admit it, the device plugin serve it).
+  That is node-side work, not scheduling, but it is one more write per pod for the API server the
+  schedulers share the cores with, and it lets the in-flight rule see pods served.
+
+In the first two phases no node writes anything (fake nodes, no kubelet): bound pods stay in flight
+and the in-flight rule holds each node to one allocation key per GPU count.
+
 Each phase creates the pods at once (8 client threads) and times from the first create to the last
-pod seen bound (a watch on the namespace). A stand-in for the device plugin marks each bound pod
-``allocated`` as soon as the watch shows it (a kubelet would admit it, the device plugin serve it):
-without that, every pod would stay in flight and the in-flight rule would hold each node to one
-allocation key. Both schedulers get ``clientConnection.qps: 500`` so the
+pod seen bound (a watch on the namespace). Every scheduler gets ``clientConnection.qps: 500`` so the
 client-side rate limiter (default 50/s, which the default binder goes through but the extender's own
-client does not) does not decide the comparison. Phases alternate for ``--rounds`` rounds.
+client does not) does not decide the comparison. Phases alternate for ``--rounds`` rounds; each
+ratio is that of the same round's phase without the extender.
 
     .venv/bin/python bench/extender_throughput.py [--nodes 1000] [--pods 1000] [--rounds 2]
 """
@@ -43,6 +49,12 @@ from tessera.localcluster import ControlPlane, ManagedProcess, fake_node_body, f
 GPUS, SPLIT = 8, 8
 MODELS = [("NVIDIA A100-SXM4-40GB", 40960), ("Tesla V100-SXM2-16GB", 16384), ("Tesla T4", 15360)]
 QPS = 500
+# (label, with the extender, device plugin stand-in writing)
+PHASES = (
+    ("without extender", False, False),
+    ("with extender", True, False),
+    ("with extender, device plugin writing", True, True),
+)
 EXTRA: list[str] = []
 
 
@@ -100,7 +112,13 @@ def pod(name: str, with_quotas: bool) -> dict[str, Any]:
 
 
 def timed_phase(
-    api: client.ApiClient, namespace: str, count: int, with_quotas: bool, args_timeout: float = 600
+    api: client.ApiClient,
+    namespace: str,
+    count: int,
+    *,
+    with_quotas: bool,
+    device_plugin: bool,
+    args_timeout: float = 600,
 ) -> float:
     """Pods per second from the first create to the last bound."""
     core = client.CoreV1Api(api)
@@ -126,7 +144,7 @@ def timed_phase(
                         continue
                     bound.add(obj.metadata.name)
                     phase = (obj.metadata.annotations or {}).get(KEYS.allocation_phase)
-                    if phase == Phase.ALLOCATING and obj.metadata.name not in served:
+                    if device_plugin and phase == Phase.ALLOCATING and obj.metadata.name not in served:
                         served.add(obj.metadata.name)
                         admitting.submit(admit, obj.metadata.name)
                     if len(bound) >= count:
@@ -215,9 +233,10 @@ def main() -> int:
         extender_url = start_extender(plane)
         rows = []
         for round_ in range(args.rounds):
-            rates = {}
-            for label, url in (("without", None), ("with", extender_url)):
-                scheduler = plane.start_scheduler(scheduler_config(url), name=f"sched-{label}-{round_}")
+            rates: dict[str, float] = {}
+            for label, extended, device_plugin in PHASES:
+                url = extender_url if extended else None
+                scheduler = plane.start_scheduler(scheduler_config(url), name=f"sched-{round_}-{len(rates)}")
                 # Every process of the run (etcd, kube-apiserver, kube-scheduler, the extender) and
                 # this one (the clients creating pods, the watch, the device plugin's stand-in).
                 watched = [p for p in plane.processes if p.popen is not None and p.popen.poll() is None]
@@ -225,7 +244,11 @@ def main() -> int:
                 own_before = sum(os.times()[:2])
                 try:
                     rates[label] = timed_phase(
-                        api, f"{label}-{round_}", args.pods, with_quotas=url is not None
+                        api,
+                        f"phase-{round_}-{len(rates)}",
+                        args.pods,
+                        with_quotas=url is not None,
+                        device_plugin=device_plugin,
                     )
                     used = {
                         p.name: (cpu_seconds(p) - b) * 1000 / args.pods
@@ -236,7 +259,7 @@ def main() -> int:
                     plane.stop_process(scheduler)
                 shares = ", ".join(f"{name} {ms:.1f}" for name, ms in used.items())
                 print(
-                    f"round {round_ + 1}, {label} extender: {rates[label]:.1f} pods/s; "
+                    f"round {round_ + 1}, {label}: {rates[label]:.1f} pods/s; "
                     f"CPU ms per pod: {shares}; total {sum(used.values()):.1f}",
                     flush=True,
                 )
@@ -256,11 +279,12 @@ def main() -> int:
             ]
         print("extender: " + "; ".join(refused))
         print(f"\n{args.nodes} nodes, {args.pods} pods per phase")
-        print("| round | without extender, pods/s | with extender, pods/s | ratio |")
-        print("|---:|---:|---:|---:|")
+        print("| round | " + " | ".join(f"{label}, pods/s" for label, _, _ in PHASES) + " | ratios |")
+        print("|---:|" + "---:|" * (len(PHASES) + 1))
         for i, rates in enumerate(rows):
-            ratio = rates["with"] / rates["without"]
-            print(f"| {i + 1} | {rates['without']:.1f} | {rates['with']:.1f} | {ratio:.2f} |")
+            without = rates[PHASES[0][0]]
+            ratios = " / ".join(f"{rates[label] / without:.2f}" for label, _, _ in PHASES[1:])
+            print(f"| {i + 1} | " + " | ".join(f"{rate:.1f}" for rate in rates.values()) + f" | {ratios} |")
         api.close()
     return 0
 

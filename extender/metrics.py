@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Filter/prioritize take milliseconds; bind makes API calls (tens of milliseconds).
@@ -49,6 +51,6 @@ class Metrics:
             "tessera_extender_nodes", "Nodes with a Tessera GPU inventory", registry=self.registry
         )
 
-    def count_rejections(self, by_reason: dict[str, int]) -> None:
+    def count_rejections(self, by_reason: Mapping[str, int]) -> None:
         for reason, n in by_reason.items():
             self.node_rejections.labels(reason).inc(n)

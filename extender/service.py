@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, not_
 from typing import Any
 
 from extender.kube import ApiError, KubeApi
@@ -59,6 +60,10 @@ REMEMBERED_VETTINGS = 4096
 # Attempts at writing the allocation when the pod changes under the bind (HTTP 409).
 BIND_ATTEMPTS = 3
 _NAME = attrgetter("name")
+_NODE = attrgetter("node")
+_REASON = attrgetter("reason")
+_SHORTFALL = attrgetter("shortfall")
+_UNRESOLVABLE = attrgetter("unresolvable")
 # (id of a fit, the pods in flight on its node with their container keys)
 _VettingKey = tuple[
     int, tuple[tuple[str, tuple[InflightKey, ...]], ...]
@@ -163,15 +168,19 @@ class Extender:
                 # dropped: C-level passes over thousands of fits.
                 adjusted = {name: vet(by_name[name]) for name in sorted(checked)}
                 kept = list(filter(None, map(adjusted.get, by_name, kept)))
-        kinds: dict[str, int] = {}
+        kinds: Counter[str] = Counter()
         if answer.failed:
             kinds[Shortfall.INFLIGHT] = len(answer.failed)
         answer.passed = list(map(_NAME, kept))
-        for rejection in evaluation.rejections:
-            (answer.unresolvable if rejection.unresolvable else answer.failed)[rejection.node] = (
-                rejection.reason
-            )
-            kinds[rejection.shortfall] = kinds.get(rejection.shortfall, 0) + 1
+        rejections = evaluation.rejections
+        if rejections:
+            # C-level passes: thousands of rejections when a pod asks for one GPU model.
+            hopeless = list(map(_UNRESOLVABLE, rejections))
+            unresolvable = list(compress(rejections, hopeless))
+            failed = list(compress(rejections, map(not_, hopeless)))
+            answer.unresolvable.update(zip(map(_NODE, unresolvable), map(_REASON, unresolvable), strict=True))
+            answer.failed.update(zip(map(_NODE, failed), map(_REASON, failed), strict=True))
+            kinds.update(map(_SHORTFALL, rejections))
         self.metrics.count_rejections(kinds)
         self.metrics.pods_filtered.labels("feasible" if kept else "infeasible").inc()
         if uid:
@@ -298,7 +307,7 @@ class Extender:
         now = self.clock()
         # Decide afresh against the current state (an allocation annotation on an unbound pod holds
         # nothing).
-        decided = self._decide(pod, request, node, now)
+        decided = self.decide(pod, request, node, now)
         if isinstance(decided, str):
             return decided, False
         annotations = {
@@ -347,8 +356,9 @@ class Extender:
             return ""
         return self._fail("bound", f"pod {key} is already bound to node {bound_to}")
 
-    def _decide(self, pod: JsonObject, request: PodRequest, node: str, now: datetime) -> Allocation | str:
-        """The allocation on ``node`` against the current state, assumed at once; or the error."""
+    def decide(self, pod: JsonObject, request: PodRequest, node: str, now: datetime) -> Allocation | str:
+        """Bind's in-memory half: the allocation on ``node`` against the current state, assumed at
+        once; or the error."""
         metadata = pod.get("metadata") or {}
         uid = str(metadata.get("uid"))
         key = pod_key(pod)
