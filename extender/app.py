@@ -64,7 +64,8 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> FastAPI:
             log.exception("%s failed", verb)
             return on_error(f"tessera extender: {verb} failed: {type(e).__name__}: {e}"), 200
 
-    @app.post("/filter")
+    # The verbs are plain Starlette routes: no parameters to inject and no response model, so
+    # FastAPI's per-request dependency machinery would be pure overhead on every scheduled pod.
     async def filter_(request: Request) -> Response:
         started = time.perf_counter()
         body = await request.body()
@@ -77,7 +78,6 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> FastAPI:
         content, status = guarded("filter", work, lambda e: wire.filter_result([], {}, {}, None, error=e))
         return answer("filter", started, content, status)
 
-    @app.post("/prioritize")
     async def prioritize(request: Request) -> Response:
         started = time.perf_counter()
         body = await request.body()
@@ -90,7 +90,6 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> FastAPI:
         content, status = guarded("prioritize", work, lambda e: b"[]")
         return answer("prioritize", started, content, status)
 
-    @app.post("/bind")
     async def bind(request: Request) -> Response:
         started = time.perf_counter()
         body = await request.body()
@@ -103,6 +102,10 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> FastAPI:
         # Bind waits on the API server: off the event loop.
         content, status = await run_in_threadpool(guarded, "bind", work, wire.binding_result)
         return answer("bind", started, content, status)
+
+    app.add_route("/filter", filter_, methods=["POST"])
+    app.add_route("/prioritize", prioritize, methods=["POST"])
+    app.add_route("/bind", bind, methods=["POST"])
 
     @app.get("/healthz")
     async def healthz() -> Response:
