@@ -1,10 +1,13 @@
 """Scheduling throughput through the real kube-scheduler on 1,000 fake nodes, with and without the
 extender, measured in one run.
 
-* without: kube-scheduler with no extender; pods ask ``tessera.io/vgpu: 1`` only (the in-tree fit
-  counts slices, the default binder binds).
-* with: deploy/scheduler-config.yaml (extender filter + bind); pods ask
-  ``vgpu: 1, vgpu-memory: 4096, vgpu-cores: 20``.
+The same pods in every phase: ``vgpu: 1, vgpu-memory: 4096, vgpu-cores: 20``. Each fake node
+advertises its 8 GPUs' worth of all three resources (64 slices, 8 x the model's memory, 800 cores).
+
+* without: kube-scheduler with no extender; its in-tree fit counts the three resources per node (all
+  a stock scheduler can do with them: no per-GPU accounting), the default binder binds.
+* with: deploy/scheduler-config.yaml (extender filter + bind; memory and cores ignored by the
+  in-tree fit, placed per GPU by the extender).
 
 * with, device plugin writing: the same, and a stand-in for the device plugin marks each bound pod
   ``allocated`` as soon as the watch shows it (a kubelet would admit it, the device plugin serve it).
@@ -59,11 +62,17 @@ EXTRA: list[str] = []
 
 
 def make_nodes(core: client.CoreV1Api, count: int) -> None:
-    capacity = {KEYS.vgpu: str(GPUS * SPLIT), "cpu": "64", "memory": "512Gi", "pods": "250"}
-
     def make(i: int) -> None:
         name = f"bench-{i:04d}"
         model, memory = MODELS[i % 3]
+        capacity = {
+            KEYS.vgpu: str(GPUS * SPLIT),
+            KEYS.vgpu_memory: str(GPUS * memory),
+            KEYS.vgpu_cores: str(GPUS * 100),
+            "cpu": "64",
+            "memory": "512Gi",
+            "pods": "250",
+        }
         gpus = [
             GpuInfo(
                 uuid=f"GPU-{name}-{g}",
@@ -98,10 +107,8 @@ def scheduler_config(extender_url: str | None) -> str:
     return str(yaml.safe_dump(cfg))
 
 
-def pod(name: str, with_quotas: bool) -> dict[str, Any]:
-    limits = {KEYS.vgpu: "1"}
-    if with_quotas:
-        limits |= {KEYS.vgpu_memory: "4096", KEYS.vgpu_cores: "20"}
+def pod(name: str) -> dict[str, Any]:
+    limits = {KEYS.vgpu: "1", KEYS.vgpu_memory: "4096", KEYS.vgpu_cores: "20"}
     return {
         "metadata": {"name": name},
         "spec": {
@@ -116,7 +123,6 @@ def timed_phase(
     namespace: str,
     count: int,
     *,
-    with_quotas: bool,
     device_plugin: bool,
     args_timeout: float = 600,
 ) -> float:
@@ -158,11 +164,7 @@ def timed_phase(
     time.sleep(0.5)
     started = time.perf_counter()
     with ThreadPoolExecutor(8) as pool:
-        list(
-            pool.map(
-                lambda i: core.create_namespaced_pod(namespace, pod(f"p-{i:05d}", with_quotas)), range(count)
-            )
-        )
+        list(pool.map(lambda i: core.create_namespaced_pod(namespace, pod(f"p-{i:05d}")), range(count)))
     if not done.wait(args_timeout):
         listed = sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name)
         print(f"{namespace}: the API server lists {listed} pods bound", file=sys.stderr)
@@ -247,7 +249,6 @@ def main() -> int:
                         api,
                         f"phase-{round_}-{len(rates)}",
                         args.pods,
-                        with_quotas=url is not None,
                         device_plugin=device_plugin,
                     )
                     used = {
