@@ -48,18 +48,33 @@ class GpuState:
     used_memory_mib: int = 0
     used_cores: int = 0
     used_slices: int = 0
+    # Derived once here, not in properties: the fit search reads them for every GPU of every node it
+    # tries. Left out of equality and repr: they follow from the fields above.
+    free_memory_mib: int = field(init=False, repr=False, compare=False)
+    free_cores: int = field(init=False, repr=False, compare=False)
+    free_slices: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def free_memory_mib(self) -> int:
-        return self.memory_mib - self.used_memory_mib
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "free_memory_mib", self.memory_mib - self.used_memory_mib)
+        object.__setattr__(self, "free_cores", MAX_CORES - self.used_cores)
+        object.__setattr__(self, "free_slices", self.slices - self.used_slices)
 
-    @property
-    def free_cores(self) -> int:
-        return MAX_CORES - self.used_cores
-
-    @property
-    def free_slices(self) -> int:
-        return self.slices - self.used_slices
+    def with_use(self, memory_mib: int, cores: int, slices: int) -> GpuState:
+        """This GPU with ``memory_mib``, ``cores`` and ``slices`` added to its use (negative: given
+        back). What ``dataclasses.replace`` would make, without its per-field introspection."""
+        return GpuState(
+            self.uuid,
+            self.index,
+            self.model,
+            self.memory_mib,
+            self.slices,
+            self.numa,
+            self.nvlink_peers,
+            self.healthy,
+            self.used_memory_mib + memory_mib,
+            self.used_cores + cores,
+            self.used_slices + slices,
+        )
 
     @property
     def in_use(self) -> bool:
@@ -89,6 +104,15 @@ class NodeState:
     memory_mib: int | None = None
     used_cpu_milli: int = 0
     used_memory_mib: int = 0
+    # Derived once per node state (every pod tried on the node reads them): the positions of the
+    # healthy GPUs, ascending, and each one's utilization (GpuState.utilization), aligned with them.
+    healthy_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    healthy_utilizations: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        healthy = tuple(i for i, gpu in enumerate(self.gpus) if gpu.healthy)
+        object.__setattr__(self, "healthy_positions", healthy)
+        object.__setattr__(self, "healthy_utilizations", tuple(self.gpus[i].utilization for i in healthy))
 
     def gpu_position(self, uuid: str) -> int | None:
         return next((i for i, g in enumerate(self.gpus) if g.uuid == uuid), None)
@@ -104,13 +128,15 @@ class ContainerShape:
     vgpu: int
     memory_mib: int | None
     cores: int | None
+    # ``cores`` or 0; a field, not a property, as the fit search reads it per GPU tried. Left out of
+    # equality, hash and repr: shapes are cache keys, and it follows from ``cores``.
+    cores_needed: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cores_needed", self.cores or 0)
 
     def memory_on(self, gpu: GpuState) -> int:
         return gpu.memory_mib if self.memory_mib is None else self.memory_mib
-
-    @property
-    def cores_needed(self) -> int:
-        return self.cores or 0
 
     def describe(self) -> str:
         memory = "whole GPU memory" if self.memory_mib is None else f"{self.memory_mib} MiB"
@@ -276,13 +302,7 @@ def build_node(
     return NodeState(
         name=name,
         gpus=tuple(
-            replace(
-                g,
-                used_memory_mib=usage[g.uuid].memory_mib,
-                used_cores=usage[g.uuid].cores,
-                used_slices=usage[g.uuid].slices,
-            )
-            for g in gpus
+            g.with_use(usage[g.uuid].memory_mib, usage[g.uuid].cores, usage[g.uuid].slices) for g in gpus
         ),
         schedulable=schedulable,
         unschedulable_reason=unschedulable_reason,
@@ -294,13 +314,7 @@ def _with_usage(node: NodeState, placement: Placement, sign: int) -> NodeState:
         raise ValueError(f"placement for node {placement.node!r} applied to node {node.name!r}")
     gpus = list(node.gpus)
     for grant in placement.grants():
-        g = gpus[grant.gpu]
-        gpus[grant.gpu] = replace(
-            g,
-            used_memory_mib=g.used_memory_mib + sign * grant.memory_mib,
-            used_cores=g.used_cores + sign * grant.cores,
-            used_slices=g.used_slices + sign,
-        )
+        gpus[grant.gpu] = gpus[grant.gpu].with_use(sign * grant.memory_mib, sign * grant.cores, sign)
     return replace(node, gpus=tuple(gpus))
 
 
