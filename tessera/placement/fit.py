@@ -20,11 +20,10 @@ Rules (docs/placement.md has them with examples):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
-from itertools import combinations
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import combinations, repeat
 
-from tessera.contract import MAX_CORES
+from tessera.contract import MAX_CORES, PodPreferences
 from tessera.placement.model import (
     ContainerShape,
     GpuState,
@@ -51,24 +50,40 @@ def model_allowed(model: str, allowed: Sequence[str], excluded: Sequence[str]) -
     return not any(x.lower() in lowered for x in excluded)
 
 
+def _allowed_by_model(node: NodeState, positions: Iterable[int], prefs: PodPreferences) -> dict[str, bool]:
+    """:func:`model_allowed` for each model among the GPUs at ``positions``, decided once per model:
+    a node has one or two models, and eight or so GPUs."""
+    models = {node.gpus[i].model for i in positions}
+    return {model: model_allowed(model, prefs.models, prefs.models_exclude) for model in models}
+
+
 def eligible_gpus(node: NodeState, shape: PodShape, profiles: SpeedProfiles) -> list[int]:
     """Positions of the node's GPUs the pod may use at all (health, model, speed)."""
     prefs = shape.preferences
+    healthy = node.healthy_positions
+    if not prefs.models and not prefs.models_exclude and prefs.min_speed is None:
+        return list(healthy)
+    allowed = _allowed_by_model(node, healthy, prefs)
+    if prefs.min_speed is not None:
+        allowed = {
+            model: ok and profiles.speed(model, prefs.workload) >= prefs.min_speed
+            for model, ok in allowed.items()
+        }
+    return [i for i in healthy if allowed[node.gpus[i].model]]
+
+
+def _fitting(gpus: Sequence[GpuState], positions: Iterable[int], container: ContainerShape) -> list[int]:
+    """The ``positions`` (in their order) whose GPU can take one GPU of ``container`` now: a free
+    slice, the compute and the memory (``container.memory_on``, inlined: this runs per GPU tried)."""
+    cores = container.cores_needed
+    memory = container.memory_mib
     return [
         i
-        for i, gpu in enumerate(node.gpus)
-        if gpu.healthy
-        and model_allowed(gpu.model, prefs.models, prefs.models_exclude)
-        and (prefs.min_speed is None or profiles.speed(gpu.model, prefs.workload) >= prefs.min_speed)
+        for i in positions
+        if (gpu := gpus[i]).free_slices >= 1
+        and gpu.free_cores >= cores
+        and gpu.free_memory_mib >= (gpu.memory_mib if memory is None else memory)
     ]
-
-
-def _fits(gpu: GpuState, container: ContainerShape) -> bool:
-    return (
-        gpu.free_slices >= 1
-        and gpu.free_cores >= container.cores_needed
-        and gpu.free_memory_mib >= container.memory_on(gpu)
-    )
 
 
 def _islands(node: NodeState, positions: Sequence[int]) -> list[list[int]]:
@@ -127,6 +142,8 @@ def find_placement(
 ) -> Placement | None:
     """The placement the policy prefers among those that fit, or None. ``pinned`` limits containers
     (by index in the shape) to some GPU positions (see :mod:`.inflight`)."""
+    if pinned is None and len(shape.containers) == 1:
+        return _place_one_container(node, shape.containers[0], eligible, policy, context)
     gpus = list(node.gpus)
     order = sorted(
         range(len(shape.containers)),
@@ -145,9 +162,9 @@ def find_placement(
             return True
         container = shape.containers[order[step]]
         if pinned is not None and order[step] in pinned:
-            candidates = [i for i in pinned[order[step]] if i in eligible and _fits(gpus[i], container)]
+            candidates = _fitting(gpus, [i for i in pinned[order[step]] if i in eligible], container)
         else:
-            candidates = [i for i in eligible if _fits(gpus[i], container)]
+            candidates = _fitting(gpus, eligible, container)
         if len(candidates) < container.vgpu:
             return False
         candidates.sort(key=lambda i: policy.gpu_key(gpus[i], container, context))
@@ -158,13 +175,7 @@ def find_placement(
             grants = tuple(Grant(i, container.memory_on(gpus[i]), container.cores_needed) for i in gpu_set)
             before = [gpus[g.gpu] for g in grants]
             for g in grants:
-                gpu = gpus[g.gpu]
-                gpus[g.gpu] = replace(
-                    gpu,
-                    used_memory_mib=gpu.used_memory_mib + g.memory_mib,
-                    used_cores=gpu.used_cores + g.cores,
-                    used_slices=gpu.used_slices + 1,
-                )
+                gpus[g.gpu] = gpus[g.gpu].with_use(g.memory_mib, g.cores, 1)
             chosen[order[step]] = grants
             if place(step + 1):
                 return True
@@ -175,6 +186,31 @@ def find_placement(
     if not place(0):
         return None
     return Placement(node=node.name, containers=tuple(chosen))
+
+
+def _place_one_container(
+    node: NodeState,
+    container: ContainerShape,
+    eligible: Sequence[int],
+    policy: PlacementPolicy,
+    context: ClusterContext,
+) -> Placement | None:
+    """:func:`find_placement` for the common pod of one container, without the search: with no
+    container placed after it, the search keeps the first GPU set it tries, and this is that set."""
+    gpus = node.gpus
+    candidates = _fitting(gpus, eligible, container)
+    if len(candidates) < container.vgpu:
+        return None
+    # The policy's keys in one C-level pass (map), not a lambda call per GPU.
+    keys = list(map(policy.gpu_key, map(gpus.__getitem__, candidates), repeat(container), repeat(context)))
+    if container.vgpu == 1:
+        # The first of the smallest keys: what the stable sort would put first, without sorting.
+        gpu_set: tuple[int, ...] = (candidates[keys.index(min(keys))],)
+    else:
+        ranked = [candidates[k] for k in sorted(range(len(keys)), key=keys.__getitem__)]
+        gpu_set = next(_gpu_sets(node, ranked, container.vgpu))
+    grants = tuple(Grant(i, container.memory_on(gpus[i]), container.cores_needed) for i in gpu_set)
+    return Placement(node=node.name, containers=(grants,))
 
 
 def filter_node(
@@ -211,8 +247,13 @@ def make_fit(
 ) -> NodeFit:
     """The fit of ``placement`` with its policy score and speed gain."""
     workload = shape.preferences.workload
-    # A pod asking no GPU (the simulator places CPU-only trace pods on GPU nodes) has no speed gain.
-    gain = min((profiles.gain(node.gpus[g.gpu].model, workload) for g in placement.grants()), default=1.0)
+    # Without a workload profile every gain is 1.0, and so is their minimum. A pod asking no GPU
+    # (the simulator places CPU-only trace pods on GPU nodes) has no speed gain either.
+    gain = (
+        min((profiles.gain(node.gpus[g.gpu].model, workload) for g in placement.grants()), default=1.0)
+        if profiles.has_workload(workload)
+        else 1.0
+    )
     return NodeFit(node, placement, policy.score(node, placement, shape, context), gain)
 
 
@@ -265,11 +306,12 @@ def _ineligibility(
         return None
     if not node.gpus:
         return "no GPUs in the node's inventory", Shortfall.NODE
-    healthy = [i for i, g in enumerate(node.gpus) if g.healthy]
+    healthy = node.healthy_positions
     if not healthy:
         return f"all {len(node.gpus)} GPUs are unhealthy", Shortfall.HEALTH
     prefs = shape.preferences
-    allowed = [i for i in healthy if model_allowed(node.gpus[i].model, prefs.models, prefs.models_exclude)]
+    allowed_model = _allowed_by_model(node, healthy, prefs)
+    allowed = [i for i in healthy if allowed_model[node.gpus[i].model]]
     if len(allowed) < needed and (prefs.models or prefs.models_exclude):
         wanted = []
         if prefs.models:
@@ -280,14 +322,8 @@ def _ineligibility(
         return f"{have} ({' '.join(wanted)}); node has {_models(node, healthy)}", Shortfall.MODEL
     if prefs.min_speed is not None and len(eligible) < needed:
         workload = f" for workload {prefs.workload!r}" if prefs.workload else ""
-        speeds = ", ".join(
-            sorted(
-                {
-                    f"{node.gpus[i].model} {profiles.speed(node.gpus[i].model, prefs.workload):g}"
-                    for i in allowed
-                }
-            )
-        )
+        models = {node.gpus[i].model for i in allowed}
+        speeds = ", ".join(sorted(f"{model} {profiles.speed(model, prefs.workload):g}" for model in models))
         have = f"only {len(eligible)} GPUs" if eligible else "no GPU"
         return f"{have} with speed >= {prefs.min_speed:g}{workload}; node has {speeds}", Shortfall.SPEED
     if len(healthy) < len(node.gpus):
