@@ -20,7 +20,10 @@ package imports.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from functools import reduce
+from operator import add
 
 from tessera.placement.model import ContainerShape, GpuState, NodeState, Placement, PodShape, ShapeMix
 
@@ -52,25 +55,28 @@ class PlacementPolicy(ABC):
 def utilization_after(node: NodeState, placement: Placement) -> tuple[float, float]:
     """(mean utilization of the GPUs the placement uses, mean utilization of the node's healthy GPUs),
     both after the placement; a GPU's utilization is the larger of its memory and compute fractions."""
-    added_memory: dict[int, int] = {}
-    added_cores: dict[int, int] = {}
-    for grant in placement.grants():
-        added_memory[grant.gpu] = added_memory.get(grant.gpu, 0) + grant.memory_mib
-        added_cores[grant.gpu] = added_cores.get(grant.gpu, 0) + grant.cores
-    total = 0.0
-    healthy = 0
+    added: dict[int, tuple[int, int]] = {}  # position -> (memory, cores) the placement adds there
+    for grants in placement.containers:
+        for grant in grants:
+            memory, cores = added.get(grant.gpu, (0, 0))
+            added[grant.gpu] = (memory + grant.memory_mib, cores + grant.cores)
+    # The node's utilizations before, with the chosen GPUs' replaced (only these change), summed in
+    # position order by plain float additions: the same sums, to the bit, as adding GPU by GPU.
+    healthy = node.healthy_positions
+    used = list(node.healthy_utilizations)
     chosen = 0.0
-    for position, gpu in enumerate(node.gpus):
-        if not gpu.healthy:
-            continue
-        healthy += 1
-        memory = (gpu.used_memory_mib + added_memory.get(position, 0)) / gpu.memory_mib
-        cores = (gpu.used_cores + added_cores.get(position, 0)) / 100
-        used = min(1.0, max(memory, cores))
-        total += used
-        if position in added_memory:
-            chosen += used
-    return (chosen / len(added_memory) if added_memory else 0.0, total / healthy if healthy else 0.0)
+    for position in sorted(added):
+        rank = bisect_left(healthy, position)
+        if rank == len(healthy) or healthy[rank] != position:
+            continue  # an unhealthy GPU counts in neither mean's numerator
+        gpu = node.gpus[position]
+        memory, cores = added[position]
+        used[rank] = after = min(
+            1.0, max((gpu.used_memory_mib + memory) / gpu.memory_mib, (gpu.used_cores + cores) / 100)
+        )
+        chosen += after
+    total = reduce(add, used, 0.0)
+    return (chosen / len(added) if added else 0.0, total / len(healthy) if healthy else 0.0)
 
 
 # How much the chosen GPUs weigh against the whole node in binpack/spread scores.
