@@ -63,17 +63,17 @@ class GpuState:
         """This GPU with ``memory_mib``, ``cores`` and ``slices`` added to its use (negative: given
         back). What ``dataclasses.replace`` would make, without its per-field introspection."""
         return GpuState(
-            self.uuid,
-            self.index,
-            self.model,
-            self.memory_mib,
-            self.slices,
-            self.numa,
-            self.nvlink_peers,
-            self.healthy,
-            self.used_memory_mib + memory_mib,
-            self.used_cores + cores,
-            self.used_slices + slices,
+            uuid=self.uuid,
+            index=self.index,
+            model=self.model,
+            memory_mib=self.memory_mib,
+            slices=self.slices,
+            numa=self.numa,
+            nvlink_peers=self.nvlink_peers,
+            healthy=self.healthy,
+            used_memory_mib=self.used_memory_mib + memory_mib,
+            used_cores=self.used_cores + cores,
+            used_slices=self.used_slices + slices,
         )
 
     @property
