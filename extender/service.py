@@ -83,8 +83,8 @@ class _Filtered:
 
     passed: list[str]
     kept: list[NodeFit]
-    container_names: tuple[str, ...]
     pod: JsonObject  # as kube-scheduler sent it: bind starts from this copy
+    request: PodRequest  # parsed from ``pod``
 
 
 def pod_key(pod: JsonObject) -> str:
@@ -185,7 +185,7 @@ class Extender:
         self.metrics.pods_filtered.labels("feasible" if kept else "infeasible").inc()
         if uid:
             # kept[i] is the fit of passed[i]: prioritize scores them without looking up names.
-            remembered = _Filtered(answer.passed, kept, tuple(c.name for c in request.containers), pod)
+            remembered = _Filtered(answer.passed, kept, pod, request)
             self._filtered[uid] = remembered
             self._filtered.move_to_end(uid)
             if len(self._filtered) > REMEMBERED_FILTERS:
@@ -195,7 +195,7 @@ class Extender:
         return answer
 
     def _reserve(self, pod: JsonObject, remembered: _Filtered, fit: NodeFit) -> None:
-        allocation = to_allocation(fit.node, fit.placement, remembered.container_names)
+        allocation = to_allocation(fit.node, fit.placement, [c.name for c in remembered.request.containers])
         metadata = pod.get("metadata") or {}
         record = PodAllocation(
             uid=str(metadata.get("uid")),
@@ -268,19 +268,18 @@ class Extender:
         error = "no attempt made"
         # First from the copy kube-scheduler sent to filter; after a conflict, read afresh.
         remembered = self._filtered.get(uid)
-        pod = remembered.pod if remembered is not None else None
         for _ in range(BIND_ATTEMPTS):
-            error, retry = self._bind_once(namespace, name, uid, node, pod)
+            error, retry = self._bind_once(namespace, name, uid, node, remembered)
             if not retry:
                 break
-            pod = None
+            remembered = None
         self.metrics.binds.labels("bound" if not error else "failed").inc()
         if error:
             log.info("bind %s/%s on %s refused: %s", namespace, name, node, error)
         return error
 
     def _bind_once(
-        self, namespace: str, name: str, uid: str, node: str, pod: JsonObject | None
+        self, namespace: str, name: str, uid: str, node: str, remembered: _Filtered | None
     ) -> tuple[str, bool]:
         """(error, worth retrying at once with the pod read afresh).
 
@@ -291,7 +290,9 @@ class Extender:
         """
         assert self.kube is not None, "bind needs the Kubernetes API"
         key = f"{namespace}/{name}"
-        if pod is None:
+        if remembered is not None:
+            pod, request = remembered.pod, remembered.request
+        else:
             try:
                 pod = self.kube.get_pod(namespace, name)
             except ApiError as e:
@@ -299,11 +300,11 @@ class Extender:
             done = self._already_bound(pod, uid, node)
             if done is not None:
                 return done, False
+            try:
+                request = parse_pod_request(pod, self.keys)
+            except ContractError as e:
+                return self._fail("invalid", f"pod {key}: {e}"), False
         metadata = pod.get("metadata") or {}
-        try:
-            request = parse_pod_request(pod, self.keys)
-        except ContractError as e:
-            return self._fail("invalid", f"pod {key}: {e}"), False
         now = self.clock()
         # Decide afresh against the current state (an allocation annotation on an unbound pod holds
         # nothing).

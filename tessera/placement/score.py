@@ -38,9 +38,10 @@ def _scale(fits: Sequence[NodeFit]) -> tuple[float, float, float] | None:
 
 def score_fits(fits: Sequence[NodeFit]) -> list[int]:
     """kube-scheduler scores (0..10) of the fits of one pod, scored together, in their order."""
-    if not fits:
-        return []
-    scale = _scale(fits)
+    return _scores(fits, _scale(fits)) if fits else []
+
+
+def _scores(fits: Sequence[NodeFit], scale: tuple[float, float, float] | None) -> list[int]:
     if scale is None:
         return list(map(_POLICY_POINTS, fits))
     low, speed, policy = scale
@@ -63,11 +64,11 @@ def best_fits(
     """
     if not fits:
         return []
-    scores = score_fits(fits)
+    scale = _scale(fits)
+    scores = _scores(fits, scale)
     if vet is None:
         top = max(scores)
         return list(compress(fits, map(top.__eq__, scores)))
-    scale = _scale(fits)
     vetted: dict[int, list[tuple[int, NodeFit]]] = {}  # by score: (position in fits, fit kept)
     for level in sorted(set(scores), reverse=True):
         for i in compress(range(len(fits)), map(level.__eq__, scores)):
