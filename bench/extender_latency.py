@@ -38,6 +38,7 @@ from extender import wire  # noqa: E402
 from extender.metrics import Metrics  # noqa: E402
 from extender.service import Extender  # noqa: E402
 from extender.state import ClusterState, PodAllocation  # noqa: E402
+from extender.watch import settle_heap  # noqa: E402
 from tessera.contract import (  # noqa: E402
     KEYS,
     Allocation,
@@ -153,6 +154,7 @@ def build(nodes: int, seed: int, *, keep_best: bool) -> tuple[Extender, list[str
             existing_pod(i, f"node-{n:05d}", rng.randrange(GPUS_PER_NODE), rng.choice([1024, 4096]), 10)
         )
     state.replace_pods(pods)
+    settle_heap()  # as the extender does once both caches are listed
     extender = Extender(
         state,
         None,

@@ -3,6 +3,7 @@ list again when the watch ends or the server says 410 Gone (history compacted)."
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Callable
@@ -19,6 +20,18 @@ RETRY_PAUSE = 1.0
 HTTP_GONE = 410
 
 
+def settle_heap() -> None:
+    """Collect once, then exempt every object alive now (the nodes and pods just listed, the
+    placement engine's nodes) from the cyclic garbage collector's later full passes.
+
+    At thousands of nodes those objects are over a million, and a full pass over them stops the
+    extender for about 0.4 s; frozen, they are still freed by reference counting, and only the
+    objects made since are scanned.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 class _RelistError(Exception):
     """The watch cannot continue from its resourceVersion."""
 
@@ -32,6 +45,7 @@ class Watcher:
         self.clock = clock
         self.sweep_every = sweep_every
         self._stop = threading.Event()
+        self._settled = False
         self._threads = [
             threading.Thread(
                 target=self._run, args=("/api/v1/nodes", self._nodes), name="watch-nodes", daemon=True
@@ -72,6 +86,7 @@ class Watcher:
             try:
                 items, version = self.kube.list(path)
                 apply("LIST", None, items)
+                self._settle_once()
                 while not self._stop.is_set():
                     version = self._watch(path, version, apply)
             except _RelistError:
@@ -82,6 +97,13 @@ class Watcher:
             except Exception:  # a dropped connection or a bad object must not end the watch for good
                 log.exception("%s: watch failed; listing again in %.0f s", path, RETRY_PAUSE)
                 self._stop.wait(RETRY_PAUSE)
+
+    def _settle_once(self) -> None:
+        with self.state.lock:  # the other list may finish at the same moment
+            if self._settled or self.state.unsynced():
+                return
+            self._settled = True
+            settle_heap()
 
     def _watch(
         self,

@@ -7,6 +7,8 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from extender.kube import ApiError, JsonObject
 from extender.state import ClusterState
 from extender.watch import Watcher
@@ -54,7 +56,9 @@ class FakeKube:
         raise ApiError(500, "unexpected")
 
 
-def test_relists_after_410_and_applies_events() -> None:
+def test_relists_after_410_and_applies_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    settled: list[list[str]] = []
+    monkeypatch.setattr("extender.watch.settle_heap", lambda: settled.append(state.unsynced()))
     state = ClusterState(PlacementEngine(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(minutes=5))
     kube = FakeKube()
     watcher = Watcher(kube, state, clock=lambda: NOW, sweep_every=0.05)  # type: ignore[arg-type]
@@ -72,3 +76,4 @@ def test_relists_after_410_and_applies_events() -> None:
     assert ("/api/v1/nodes", "10") in kube.watches
     assert ("/api/v1/nodes", "20") in kube.watches
     assert state.unsynced() == []
+    assert settled == [[]]  # the heap is settled once, when both caches first are
