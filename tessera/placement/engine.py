@@ -63,16 +63,34 @@ _CacheKey = tuple[PodShape, str, int]
 
 
 @dataclass(slots=True)
+class _Answer:
+    """A shape's last evaluation, kept per name: kube-scheduler asks about the same names pod
+    after pod, and only the nodes changed since (``stale``) need their outcome again."""
+
+    names: list[str]
+    fits: list[NodeFit | None]  # the fit of names[i], or None
+    rejections: list[NodeRejection | None]  # the rejection of names[i], or None
+    stale: set[str] = field(default_factory=set)
+    positions: dict[str, int] | None = None  # names[i] -> i, made when first patched
+
+    def evaluation(self, shape: PodShape, policy: PlacementPolicy) -> Evaluation:
+        return Evaluation(shape, policy, list(filter(None, self.fits)), list(filter(None, self.rejections)))
+
+
+@dataclass(slots=True)
 class _Outcomes:
     """One shape's cached outcomes by node name, fits and rejections apart, so that a request's
     fits and rejections are picked by C-level lookups (see :meth:`PlacementEngine.evaluate`)."""
 
     fits: dict[str, NodeFit] = field(default_factory=dict)
     rejections: dict[str, NodeRejection] = field(default_factory=dict)
+    last: _Answer | None = None
 
     def forget(self, name: str) -> None:
         self.fits.pop(name, None)
         self.rejections.pop(name, None)
+        if self.last is not None:
+            self.last.stale.add(name)
 
 
 class PlacementEngine:
@@ -126,23 +144,42 @@ class PlacementEngine:
         the engine does not know are rejected as having no inventory."""
         policy = self.policy_for(shape)
         cache = self._cache_for(shape, policy)
-        wanted = list(self.nodes) if names is None else names if isinstance(names, list) else list(names)
-        # C-level passes over the names (map, filter, compress), no Python loop per name: a fit or
-        # None per name, a rejection or None per name, then the names in neither are computed.
-        fits = list(map(cache.fits.get, wanted))
-        evaluation = Evaluation(shape, policy, list(filter(None, fits)))
-        if len(evaluation.fits) == len(wanted):
-            return evaluation
-        rejections = list(map(cache.rejections.get, wanted))
+        wanted = list(self.nodes) if names is None else list(names)
+        last = cache.last
+        # (Names kube-scheduler sends are distinct; a repeated name is answered afresh each time.)
+        if last is not None and last.names == wanted and len(last.fits) == len(set(wanted)):
+            if last.stale:
+                self._refresh(last, cache, shape, policy)
+            return last.evaluation(shape, policy)
+        # C-level passes over the names (map, compress), no Python loop per name: a fit or None
+        # per name, a rejection or None per name, then the names in neither are computed.
+        fits: list[NodeFit | None] = list(map(cache.fits.get, wanted))
+        rejections: list[NodeRejection | None] = list(map(cache.rejections.get, wanted))
         for i in list(compress(range(len(wanted)), map(is_, fits, rejections))):  # both None
             outcome = self._outcome(wanted[i], shape, policy)
             if isinstance(outcome, NodeFit):
                 fits[i] = cache.fits[wanted[i]] = outcome
             else:
                 rejections[i] = cache.rejections[wanted[i]] = outcome
-        evaluation.fits = list(filter(None, fits))
-        evaluation.rejections = list(filter(None, rejections))
-        return evaluation
+        cache.last = _Answer(wanted, fits, rejections)
+        return cache.last.evaluation(shape, policy)
+
+    def _refresh(self, last: _Answer, cache: _Outcomes, shape: PodShape, policy: PlacementPolicy) -> None:
+        """Recompute the outcomes of ``last``'s names that changed since it was made."""
+        if last.positions is None:
+            last.positions = {name: i for i, name in enumerate(last.names)}
+        for name in last.stale:
+            i = last.positions.get(name)
+            if i is None:
+                continue
+            outcome = self._outcome(name, shape, policy)
+            if isinstance(outcome, NodeFit):
+                cache.fits[name] = outcome
+                last.fits[i], last.rejections[i] = outcome, None
+            else:
+                cache.rejections[name] = outcome
+                last.fits[i], last.rejections[i] = None, outcome
+        last.stale.clear()
 
     def _outcome(self, name: str, shape: PodShape, policy: PlacementPolicy) -> NodeOutcome:
         node = self.nodes.get(name)

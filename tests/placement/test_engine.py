@@ -80,6 +80,28 @@ def test_evaluate_keeps_the_order_named_when_some_nodes_changed() -> None:
     assert len(evaluation.fits[-1].node.gpus) == 2
 
 
+def test_the_same_names_again_recompute_only_the_nodes_changed_since() -> None:
+    names = [f"n{i}" for i in range(20)]
+    engine = engine_with(*names)
+    s = shape((1, 12288, None))
+    first = engine.evaluate(s, names)
+    engine.set_node(node("n3", memory_mib=8192))  # can no longer take the pod
+    engine.set_node(node("n5", count=2))
+    engine.remove_node("n7")
+    engine.set_node(node("extra"))  # not asked about
+    again = engine.evaluate(s, list(names))  # equal names, another list
+    assert [f.name for f in again.fits] == [n for n in names if n not in ("n3", "n7")]
+    assert [(r.node, r.shortfall) for r in again.rejections] == [
+        ("n3", Shortfall.CAPACITY),
+        ("n7", Shortfall.NODE),
+    ]
+    unchanged = {f.name: f for f in first.fits}
+    assert all(f is unchanged[f.name] for f in again.fits if f.name != "n5")
+    assert len({f.name: f for f in again.fits}["n5"].node.gpus) == 2
+    engine.set_node(node("n3"))  # back: the next request sees it fit again
+    assert [f.name for f in engine.evaluate(s, names).fits] == [n for n in names if n != "n7"]
+
+
 def test_unknown_names_are_rejected_as_without_inventory() -> None:
     evaluation = engine_with("a").evaluate(shape((1, 1024, None)), ["a", "ghost"])
     assert [f.name for f in evaluation.fits] == ["a"]
