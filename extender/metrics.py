@@ -34,7 +34,8 @@ class Metrics:
         )
         self.node_rejections = Counter(
             "tessera_extender_node_rejections",
-            "Nodes rejected at filter, by shortfall (memory, compute, slices, model, speed, ...)",
+            "Nodes rejected at filter for pods that fit on none, by shortfall (memory, compute, slices, "
+            "model, speed, ...)",
             ["reason"],
             registry=self.registry,
         )

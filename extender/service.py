@@ -33,6 +33,7 @@ from tessera.contract import (
 from tessera.placement import (
     InflightKey,
     NodeFit,
+    NodeRejection,
     PlacementPolicy,
     PodShape,
     Shortfall,
@@ -161,27 +162,17 @@ class Extender:
             kept = best_fits(evaluation.fits, vet)
         else:
             kept = evaluation.fits
-            by_name = dict(zip(map(_NAME, kept), kept, strict=True))
-            checked = inflight.intersection(by_name)
+            names_kept = list(map(_NAME, kept)) if inflight else []
+            checked = inflight.intersection(names_kept)
             if checked:
                 # vet(fit) on the in-flight nodes, the others kept as they are, the refused (None)
                 # dropped: C-level passes over thousands of fits.
+                by_name = dict(zip(names_kept, kept, strict=True))
                 adjusted = {name: vet(by_name[name]) for name in sorted(checked)}
-                kept = list(filter(None, map(adjusted.get, by_name, kept)))
-        kinds: Counter[str] = Counter()
-        if answer.failed:
-            kinds[Shortfall.INFLIGHT] = len(answer.failed)
+                kept = list(filter(None, map(adjusted.get, names_kept, kept)))
         answer.passed = list(map(_NAME, kept))
-        rejections = evaluation.rejections
-        if rejections:
-            # C-level passes: thousands of rejections when a pod asks for one GPU model.
-            hopeless = list(map(_UNRESOLVABLE, rejections))
-            unresolvable = list(compress(rejections, hopeless))
-            failed = list(compress(rejections, map(not_, hopeless)))
-            answer.unresolvable.update(zip(map(_NODE, unresolvable), map(_REASON, unresolvable), strict=True))
-            answer.failed.update(zip(map(_NODE, failed), map(_REASON, failed), strict=True))
-            kinds.update(map(_SHORTFALL, rejections))
-        self.metrics.count_rejections(kinds)
+        if not kept:
+            self._explain(answer, evaluation.rejections)
         self.metrics.pods_filtered.labels("feasible" if kept else "infeasible").inc()
         if uid:
             # kept[i] is the fit of passed[i]: prioritize scores them without looking up names.
@@ -193,6 +184,24 @@ class Extender:
             if len(kept) == 1:  # kube-scheduler binds without calling prioritize
                 self._reserve(pod, remembered, kept[0])
         return answer
+
+    def _explain(self, answer: FilterAnswer, rejections: list[NodeRejection]) -> None:
+        """Every node's reason, for a pod no node can take now: kube-scheduler puts them in the
+        FailedScheduling event (``kubectl describe pod``). When some node passes it drops them, so
+        they are not made then (thousands of entries at thousands of nodes: a third of the cost of
+        answering a pod that may run on one GPU model only)."""
+        kinds: Counter[str] = Counter()
+        if answer.failed:
+            kinds[Shortfall.INFLIGHT] = len(answer.failed)
+        if rejections:
+            # C-level passes over thousands of rejections.
+            hopeless = list(map(_UNRESOLVABLE, rejections))
+            unresolvable = list(compress(rejections, hopeless))
+            failed = list(compress(rejections, map(not_, hopeless)))
+            answer.unresolvable.update(zip(map(_NODE, unresolvable), map(_REASON, unresolvable), strict=True))
+            answer.failed.update(zip(map(_NODE, failed), map(_REASON, failed), strict=True))
+            kinds.update(map(_SHORTFALL, rejections))
+        self.metrics.count_rejections(kinds)
 
     def _reserve(self, pod: JsonObject, remembered: _Filtered, fit: NodeFit) -> None:
         allocation = to_allocation(fit.node, fit.placement, [c.name for c in remembered.request.containers])
