@@ -147,8 +147,6 @@ class Extender:
         def vet(fit: NodeFit) -> NodeFit | None:
             """The fit to keep on an in-flight node (the cached one, or one joining the in-flight
             key), or None when the rule refuses the pod there for now (the reason is answered)."""
-            if fit.name not in inflight:
-                return fit
             kept_fit = self._keeping_inflight_rule(fit, shape, evaluation.policy, uid, now)
             if isinstance(kept_fit, str):
                 answer.failed[fit.name] = kept_fit
@@ -159,7 +157,7 @@ class Extender:
             # Only the nodes with the top score: kube-scheduler's own scores break the tie, and one
             # node left means no prioritize call and no scoring at all (one round trip less per
             # pod). Only the candidates for the top are vetted by the in-flight rule.
-            kept = best_fits(evaluation.fits, vet)
+            kept = best_fits(evaluation.fits, vet, suspects=inflight)
         else:
             kept = evaluation.fits
             names_kept = list(map(_NAME, kept)) if inflight else []

@@ -12,6 +12,7 @@ they fit (heterogeneity-aware placement in the manner of Gavel, OSDI '20).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from itertools import compress, repeat
 from operator import add, attrgetter, itemgetter, sub
 
@@ -52,29 +53,33 @@ def _scores(fits: Sequence[NodeFit], scale: tuple[float, float, float] | None) -
 
 
 def best_fits(
-    fits: Sequence[NodeFit], vet: Callable[[NodeFit], NodeFit | None] | None = None
+    fits: Sequence[NodeFit],
+    vet: Callable[[NodeFit], NodeFit | None] | None = None,
+    suspects: AbstractSet[str] | None = None,
 ) -> list[NodeFit]:
     """The fits with the top score of :func:`score_fits`: all that kube-scheduler could prefer on
     the extender's score alone, for its own scores to choose among.
 
     ``vet`` (the in-flight rule) may drop a fit (None) or put another fit on the same node in its
     place; it is called only on fits that could still reach the top, from the highest score down,
-    so a request over thousands of nodes vets a handful. A replacement is scored on the same scale
-    as the others.
+    and only on those of nodes in ``suspects`` when given (the nodes with pods in flight), so a
+    request over thousands of nodes vets a handful. A replacement is scored on the same scale as
+    the others.
     """
     if not fits:
         return []
     scale = _scale(fits)
     scores = _scores(fits, scale)
-    if vet is None:
+    if vet is None or (suspects is not None and not suspects):
         top = max(scores)
         return list(compress(fits, map(top.__eq__, scores)))
     vetted: dict[int, list[tuple[int, NodeFit]]] = {}  # by score: (position in fits, fit kept)
     for level in sorted(set(scores), reverse=True):
         for i in compress(range(len(fits)), map(level.__eq__, scores)):
-            kept = vet(fits[i])
+            fit = fits[i]
+            kept = fit if suspects is not None and fit.name not in suspects else vet(fit)
             if kept is not None:
-                score = level if kept is fits[i] else _score_one(kept, scale)
+                score = level if kept is fit else _score_one(kept, scale)
                 vetted.setdefault(score, []).append((i, kept))
         # Every fit scoring above ``level`` is vetted: the best vetted score at or above it is final.
         best = max(vetted, default=-1)

@@ -130,6 +130,10 @@ def test_best_fits_vets_only_candidates_for_the_top() -> None:
     assert [f.name for f in best_fits(training, refuse_a100)] == ["v100"]
     assert asked == ["a100", "v100"]  # the T4, below both, is never vetted
     assert best_fits(training, lambda fit: None) == []
+    asked.clear()
+    assert [f.name for f in best_fits(training, refuse_a100, suspects={"a100", "t4"})] == ["v100"]
+    assert asked == ["a100"]  # only suspects are vetted
+    assert [f.name for f in best_fits(training, refuse_a100, suspects=set())] == ["a100"]
 
 
 def test_best_fits_scores_a_replacement_on_the_same_scale() -> None:
