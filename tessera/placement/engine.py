@@ -42,6 +42,9 @@ from tessera.placement.speed import SpeedProfiles
 
 # Distinct (shape, policy, context version) keys whose outcomes are kept.
 CACHED_SHAPES = 256
+# A shape's last answer is kept when it named at least this many nodes: small requests (bind's one
+# node) are cheap to look up and must not displace kube-scheduler's big one.
+KEPT_ANSWER_NAMES = 64
 
 UNKNOWN_NODE = "no GPU inventory from the Tessera device plugin on this node"
 
@@ -146,8 +149,7 @@ class PlacementEngine:
         cache = self._cache_for(shape, policy)
         wanted = list(self.nodes) if names is None else list(names)
         last = cache.last
-        # (Names kube-scheduler sends are distinct; a repeated name is answered afresh each time.)
-        if last is not None and last.names == wanted and len(last.fits) == len(set(wanted)):
+        if last is not None and last.names == wanted:
             if last.stale:
                 self._refresh(last, cache, shape, policy)
             return last.evaluation(shape, policy)
@@ -161,8 +163,12 @@ class PlacementEngine:
                 fits[i] = cache.fits[wanted[i]] = outcome
             else:
                 rejections[i] = cache.rejections[wanted[i]] = outcome
-        cache.last = _Answer(wanted, fits, rejections)
-        return cache.last.evaluation(shape, policy)
+        answer = _Answer(wanted, fits, rejections)
+        # (Names kube-scheduler sends are distinct; an answer naming one twice is not kept, since a
+        # change would be patched at one of its places only.)
+        if len(wanted) >= KEPT_ANSWER_NAMES and len(set(wanted)) == len(wanted):
+            cache.last = answer
+        return answer.evaluation(shape, policy)
 
     def _refresh(self, last: _Answer, cache: _Outcomes, shape: PodShape, policy: PlacementPolicy) -> None:
         """Recompute the outcomes of ``last``'s names that changed since it was made."""

@@ -26,7 +26,7 @@ from tessera.placement import (
     release,
     to_allocation,
 )
-from tessera.placement.engine import UNKNOWN_NODE
+from tessera.placement.engine import KEPT_ANSWER_NAMES, UNKNOWN_NODE
 from tests.placement.helpers import gpus, node, shape
 
 
@@ -81,10 +81,11 @@ def test_evaluate_keeps_the_order_named_when_some_nodes_changed() -> None:
 
 
 def test_the_same_names_again_recompute_only_the_nodes_changed_since() -> None:
-    names = [f"n{i}" for i in range(20)]
+    names = [f"n{i}" for i in range(KEPT_ANSWER_NAMES)]
     engine = engine_with(*names)
     s = shape((1, 12288, None))
     first = engine.evaluate(s, names)
+    engine.evaluate(s, ["n3"])  # a bind's question in between
     engine.set_node(node("n3", memory_mib=8192))  # can no longer take the pod
     engine.set_node(node("n5", count=2))
     engine.remove_node("n7")
@@ -100,6 +101,10 @@ def test_the_same_names_again_recompute_only_the_nodes_changed_since() -> None:
     assert len({f.name: f for f in again.fits}["n5"].node.gpus) == 2
     engine.set_node(node("n3"))  # back: the next request sees it fit again
     assert [f.name for f in engine.evaluate(s, names).fits] == [n for n in names if n != "n7"]
+    twice = [*names, "n3"]  # a name asked twice is answered at both places
+    engine.evaluate(s, twice)
+    engine.set_node(node("n3", memory_mib=8192))
+    assert [r.node for r in engine.evaluate(s, twice).rejections] == ["n3", "n7", "n3"]
 
 
 def test_unknown_names_are_rejected_as_without_inventory() -> None:
