@@ -28,11 +28,15 @@ def _fraction(text: str) -> float:
 
 
 def _policies(text: str) -> tuple[str, ...]:
+    # Every system the simulator knows may be named; the default compares POLICY_NAMES.
+    from tessera.simulate.scheduler import SYSTEMS  # noqa: PLC0415
+
+    known = [s.name for s in SYSTEMS]
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    unknown = [n for n in names if n not in POLICY_NAMES]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
         shown = ", ".join(map(repr, unknown)) or repr(text)
-        raise argparse.ArgumentTypeError(f"unknown policy {shown}; choose from {', '.join(POLICY_NAMES)}")
+        raise argparse.ArgumentTypeError(f"unknown policy {shown}; choose from {', '.join(known)}")
     return names
 
 

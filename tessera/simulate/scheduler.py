@@ -13,7 +13,7 @@ The compared systems differ in the request they make of the core and in the poli
   no compute share, binpacked.
 * ``hami``: HAMi's defaults: memory and compute shares, nodes binpacked, GPUs spread.
 * ``binpack``, ``spread``, ``fragmentation``: Tessera's policies, memory and compute shares, no speed
-  profiles (speed-blind).
+  profiles (speed-blind); ``fgd-paper``: FGD as published (ties to a random node), on request only.
 * ``speed-aware``: Tessera's ``binpack`` with the speed profiles.
 
 Node names get a seeded ``%04d-`` prefix, so the core's tie-break (alphabetically first name) is a
@@ -89,6 +89,8 @@ SYSTEMS: tuple[System, ...] = (
     System("binpack", "Tessera binpack", "binpack", Request.SHARES),
     System("spread", "Tessera spread", "spread", Request.SHARES),
     System("fragmentation", "Tessera fragmentation (FGD)", "fragmentation", Request.SHARES),
+    # Not compared by default: FGD with the paper's ties to a random node, to measure the tie-break.
+    System("fgd-paper", "FGD as published (ties to a random node)", "fgd-paper", Request.SHARES),
     System("speed-aware", "Tessera binpack + speed profiles", "binpack", Request.SHARES, speed_aware=True),
 )
 

@@ -23,9 +23,12 @@ from tessera.placement import (
 )
 from tessera.placement.fragmentation import (
     Fragmentation,
+    PaperFgd,
     TargetShape,
+    cpu_per_gpu,
     free_share,
     node_fragmentation,
+    stranded_share,
     target_workload,
 )
 
@@ -65,8 +68,9 @@ def mix(counts: dict[PodShape, int]) -> ShapeMix:
 
 
 def test_registered_in_the_core_registry() -> None:
-    assert "fragmentation" in policy_names()
+    assert {"fragmentation", "fgd-paper"} <= set(policy_names())
     assert isinstance(get_policy("fragmentation"), Fragmentation)
+    assert isinstance(get_policy("fgd-paper"), PaperFgd)
 
 
 def test_target_workload_keeps_the_shapes_covering_95_percent() -> None:
@@ -137,7 +141,7 @@ def test_prefers_the_node_where_the_pod_fragments_least() -> None:
 
 
 def test_score_is_the_papers_truncated_sigmoid() -> None:
-    policy = Fragmentation()
+    policy = PaperFgd()
     half, forty = pod(HALF), pod(ContainerShape(1, 6553, 40))
     context = ClusterContext(mix({half: 1}))
     before = node("n", gpu(0, used_cores=60))
@@ -151,3 +155,55 @@ def test_score_is_the_papers_truncated_sigmoid() -> None:
     other = engine_with(node("m", gpu(0, used_cores=50)), counts={half: 1})
     fit = other.evaluate(half).fits[0]
     assert policy.score(other.nodes["m"], fit.placement, half, context) == 0.5
+
+
+def test_the_tie_break_stays_below_one_step_of_the_papers_score() -> None:
+    half, forty = pod(HALF), pod(ContainerShape(1, 6553, 40))
+    context = ClusterContext(mix({half: 1}))
+    engine = engine_with(node("n", gpu(0, used_cores=60)), counts={half: 1})
+    fit = engine.evaluate(forty).fits[0]
+    paper = PaperFgd().score(engine.nodes["n"], fit.placement, forty, context)
+    broken = Fragmentation().score(engine.nodes["n"], fit.placement, forty, context)
+    assert paper == 0.59 and paper < broken < paper + 0.01
+
+
+def test_cpu_per_gpu_is_the_targets_cpu_over_their_gpu_requests() -> None:
+    whole = TargetShape((WHOLE,), (), (), 10000, 0.5)
+    cpu_only = TargetShape((), (), (), 10000, 0.5)
+    # 10 vCPU per pod, half the pods ask a whole GPU: 20 vCPU per GPU = 200 milli-CPU per percent.
+    assert cpu_per_gpu((whole, cpu_only)) == pytest.approx(200)
+    # A whole GPU asked without a compute share counts as one GPU too.
+    assert cpu_per_gpu((TargetShape((ContainerShape(2, None, None),), (), (), 8000, 1.0),)) == 40
+    assert cpu_per_gpu((cpu_only,)) is None
+
+
+def test_stranded_share_is_idle_capacity_the_free_cpu_cannot_feed() -> None:
+    # 140% idle; 10 vCPU free feed 100% at 100 milli-CPU per percent.
+    assert stranded_share(node("n", gpu(0, used_cores=60), gpu(1), cpu=64000, used_cpu=54000), 100) == 40
+    assert stranded_share(node("n", gpu(0), cpu=64000), 100) == 0
+    assert stranded_share(node("n", gpu(0), cpu=None), 100) == 0
+
+
+def test_ties_go_where_the_cpu_still_feeds_the_idle_gpus() -> None:
+    # 20 vCPU per GPU in the target. A CPU-only pod changes no shape's fit on either node (a tie for
+    # the paper's score); on the GPU-heavy node it leaves half a GPU without the CPU to use it.
+    whole, cpu_only = pod(WHOLE, cpu=10000), pod(None, cpu=10000)
+    gpu_heavy = node("a-gpu-heavy", gpu(0), gpu(1), cpu=40000)
+    cpu_rich = node("b-cpu-rich", gpu(0), gpu(1), cpu=100000)
+    counts = {whole: 1, cpu_only: 1}
+    paper = PlacementEngine(SpeedProfiles(), "fgd-paper", ClusterContext(mix(counts)))
+    for n in (gpu_heavy, cpu_rich):
+        paper.set_node(n)
+    fits = paper.evaluate(cpu_only).fits
+    assert {f.policy_score for f in fits} == {0.5}
+    assert (best := choose(fits)) is not None and best.name == "a-gpu-heavy"
+    best = choose(engine_with(gpu_heavy, cpu_rich, counts=counts).evaluate(cpu_only).fits)
+    assert best is not None and best.name == "b-cpu-rich"
+
+
+def test_ties_without_stranding_go_to_the_fuller_node() -> None:
+    # A whole-GPU pod fragments neither node; packing keeps the empty node whole for bigger pods.
+    whole = pod(WHOLE)
+    empty, used = node("a-empty", gpu(0), gpu(1)), node("b-used", gpu(0, used_cores=100), gpu(1))
+    best = choose(engine_with(empty, used, counts={whole: 1}).evaluate(whole).fits)
+    assert best is not None and best.name == "b-used"
