@@ -172,7 +172,6 @@ def timed_phase(
     elapsed = time.perf_counter() - started
     watch.stop()
     admitting.shutdown(wait=True)
-    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     return count / elapsed
 
 
@@ -244,13 +243,10 @@ def main() -> int:
                 watched = [p for p in plane.processes if p.popen is not None and p.popen.poll() is None]
                 before = [cpu_seconds(p) for p in watched]
                 own_before = sum(os.times()[:2])
+                namespace = f"phase-{round_}-{len(rates)}"
                 try:
-                    rates[label] = timed_phase(
-                        api,
-                        f"phase-{round_}-{len(rates)}",
-                        args.pods,
-                        device_plugin=device_plugin,
-                    )
+                    rates[label] = timed_phase(api, namespace, args.pods, device_plugin=device_plugin)
+                    # CPU until the last pod is bound (the pods' deletion below is not counted).
                     used = {
                         p.name: (cpu_seconds(p) - b) * 1000 / args.pods
                         for p, b in zip(watched, before, strict=True)
@@ -258,6 +254,7 @@ def main() -> int:
                     used["benchmark clients"] = (sum(os.times()[:2]) - own_before) * 1000 / args.pods
                 finally:
                     plane.stop_process(scheduler)
+                    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
                 shares = ", ".join(f"{name} {ms:.1f}" for name, ms in used.items())
                 print(
                     f"round {round_ + 1}, {label}: {rates[label]:.1f} pods/s; "
