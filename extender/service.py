@@ -212,7 +212,7 @@ class Extender:
             phase=None,
             bind_time=self.clock(),  # the in-flight rule's timeout runs from the reservation
         )
-        self.state.reserve(record, self.clock())
+        self.state.reserve(record, self.clock(), fit)
 
     def _keeping_inflight_rule(
         self, fit: NodeFit, shape: PodShape, policy: PlacementPolicy, uid: str, now: datetime

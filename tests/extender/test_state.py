@@ -9,8 +9,16 @@ from typing import Any
 import pytest
 
 from extender.state import ClusterState, PodAllocation
-from tessera.contract import KEYS, Allocation, ContainerAllocation, GpuGrant, Phase, format_time
-from tessera.placement import PlacementEngine, SpeedProfiles
+from tessera.contract import (
+    KEYS,
+    Allocation,
+    ContainerAllocation,
+    GpuGrant,
+    Phase,
+    PodPreferences,
+    format_time,
+)
+from tessera.placement import ContainerShape, PlacementEngine, PodShape, SpeedProfiles, to_allocation
 from tests.extender.helpers import inventory, node_object
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -171,3 +179,20 @@ def test_the_watch_echoing_an_assumption_changes_no_usage(state: ClusterState) -
     assert state.nodes_with_inflight() == set()
     state.delete_pod("a")
     assert used(state) == 0
+
+
+def test_a_reservation_from_a_fit_adds_it_as_a_rebuild_would(state: ClusterState) -> None:
+    state.upsert_pod(pod("a", bound=True))  # something on the node already
+    twin = ClusterState(PlacementEngine(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(seconds=60))
+    twin.replace_nodes([node_object("n", inventory("n", "Tesla T4", 15360), NOW)], NOW)
+    twin.replace_pods([pod("a", bound=True)])
+    shape = PodShape(containers=(ContainerShape(1, 2048, 20),), preferences=PodPreferences())
+    [fit] = state.engine.evaluate(shape, ["n"]).fits
+    reserved = PodAllocation("b", "ns", "b", to_allocation(fit.node, fit.placement, ["main"]), None, NOW)
+    state.reserve(reserved, NOW, fit)
+    twin.reserve(reserved, NOW)  # rebuilt from every pod on the node
+    assert state.engine.nodes["n"] == twin.engine.nodes["n"]
+    assert state.engine.nodes["n"].gpus[0].used_memory_mib == 4096 + 2048
+    assert state.nodes_with_inflight() == {"n"}
+    state.unreserve("b")
+    assert state.engine.nodes["n"].gpus[0].used_memory_mib == 4096
