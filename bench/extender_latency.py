@@ -34,6 +34,8 @@ from typing import Any, NamedTuple
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fleet import GPUS_PER_NODE, node_inventory  # noqa: E402
+
 from extender import wire  # noqa: E402
 from extender.metrics import Metrics  # noqa: E402
 from extender.service import Extender  # noqa: E402
@@ -44,7 +46,6 @@ from tessera.contract import (  # noqa: E402
     Allocation,
     ContainerAllocation,
     GpuGrant,
-    GpuInfo,
     Phase,
     dump_inventory,
     format_time,
@@ -53,27 +54,11 @@ from tessera.contract import (  # noqa: E402
 from tessera.placement import PlacementEngine, SpeedProfiles  # noqa: E402
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-MODELS = [("NVIDIA A100-SXM4-40GB", 40960), ("Tesla V100-SXM2-16GB", 16384), ("Tesla T4", 15360)]
-GPUS_PER_NODE = 8
-SPLIT = 8
 
 
-def node_object(i: int, rng: random.Random) -> dict[str, Any]:
-    model, memory = MODELS[i % 3]
+def node_object(i: int) -> dict[str, Any]:
     name = f"node-{i:05d}"
-    gpus = [
-        GpuInfo(
-            uuid=f"GPU-{name}-{g}",
-            index=g,
-            model=model,
-            memory_mib=memory,
-            sm_count=80,
-            compute_capability="8.0",
-            numa_node=g // 4,
-            split=SPLIT,
-        )
-        for g in range(GPUS_PER_NODE)
-    ]
+    gpus = node_inventory(name, i)
     annotations = {KEYS.node_gpus: dump_inventory(gpus), KEYS.node_heartbeat: format_time(NOW)}
     return {"metadata": {"name": name, "annotations": annotations}}
 
@@ -145,7 +130,7 @@ def build(nodes: int, seed: int, *, keep_best: bool) -> tuple[Extender, list[str
     rng = random.Random(seed)
     profiles = SpeedProfiles.from_yaml((REPO / "deploy" / "speed-profiles.yaml").read_text())
     state = ClusterState(PlacementEngine(profiles), KEYS, heartbeat_timeout=timedelta(hours=1))
-    node_objects = [node_object(i, rng) for i in range(nodes)]
+    node_objects = [node_object(i) for i in range(nodes)]
     state.replace_nodes(node_objects, NOW)
     pods = []
     for i in range(nodes * GPUS_PER_NODE // 2):

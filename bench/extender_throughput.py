@@ -46,11 +46,11 @@ from kubernetes.watch import Watch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tessera.contract import KEYS, GpuInfo, Phase, dump_inventory, format_time, now  # noqa: E402
+from fleet import GPUS_PER_NODE, SPLIT, node_inventory, node_model  # noqa: E402
+
+from tessera.contract import KEYS, Phase, dump_inventory, format_time, now  # noqa: E402
 from tessera.localcluster import ControlPlane, ManagedProcess, fake_node_body, free_port  # noqa: E402
 
-GPUS, SPLIT = 8, 8
-MODELS = [("NVIDIA A100-SXM4-40GB", 40960), ("Tesla V100-SXM2-16GB", 16384), ("Tesla T4", 15360)]
 QPS = 500
 # (label, with the extender, device plugin stand-in writing)
 PHASES = (
@@ -58,35 +58,24 @@ PHASES = (
     ("with extender", True, False),
     ("with extender, device plugin writing", True, True),
 )
-EXTRA: list[str] = []
 
 
 def make_nodes(core: client.CoreV1Api, count: int) -> None:
     def make(i: int) -> None:
         name = f"bench-{i:04d}"
-        model, memory = MODELS[i % 3]
+        _, memory = node_model(i)
         capacity = {
-            KEYS.vgpu: str(GPUS * SPLIT),
-            KEYS.vgpu_memory: str(GPUS * memory),
-            KEYS.vgpu_cores: str(GPUS * 100),
+            KEYS.vgpu: str(GPUS_PER_NODE * SPLIT),
+            KEYS.vgpu_memory: str(GPUS_PER_NODE * memory),
+            KEYS.vgpu_cores: str(GPUS_PER_NODE * 100),
             "cpu": "64",
             "memory": "512Gi",
             "pods": "250",
         }
-        gpus = [
-            GpuInfo(
-                uuid=f"GPU-{name}-{g}",
-                index=g,
-                model=model,
-                memory_mib=memory,
-                sm_count=80,
-                compute_capability="8.0",
-                numa_node=g // 4,
-                split=SPLIT,
-            )
-            for g in range(GPUS)
-        ]
-        annotations = {KEYS.node_gpus: dump_inventory(gpus), KEYS.node_heartbeat: format_time(now())}
+        annotations = {
+            KEYS.node_gpus: dump_inventory(node_inventory(name, i)),
+            KEYS.node_heartbeat: format_time(now()),
+        }
         body = fake_node_body(name, capacity, annotations)
         status = body.pop("status")
         core.create_node(body)
@@ -195,7 +184,6 @@ def start_extender(plane: ControlPlane) -> str:
             f"--speed-profiles={REPO / 'deploy' / 'speed-profiles.yaml'}",
             "--heartbeat-timeout=3600",
             "--log-level=warning",
-            *EXTRA,
         ],
         plane.work_dir / "logs" / "tessera-extender.log",
     )
@@ -229,7 +217,8 @@ def main() -> int:
         started = time.perf_counter()
         make_nodes(core, args.nodes)
         print(
-            f"{args.nodes} nodes x {GPUS} GPUs created in {time.perf_counter() - started:.0f} s", flush=True
+            f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs created in {time.perf_counter() - started:.0f} s",
+            flush=True,
         )
         extender_url = start_extender(plane)
         rows = []
