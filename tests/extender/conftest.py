@@ -107,6 +107,21 @@ def start_extender(control_plane: ControlPlane) -> Iterator[Callable[..., Extend
             server.stop()
 
 
+@pytest.fixture
+def extender_with_scheduler(
+    start_extender: Callable[..., ExtenderServer], start_scheduler: Callable[[str], ManagedProcess]
+) -> Callable[[int], ExtenderServer]:
+    """Start the extender (with this heartbeat timeout in seconds), then a kube-scheduler calling
+    it with deploy/scheduler-config.yaml; both stop at the end of the test."""
+
+    def start(heartbeat_timeout: int) -> ExtenderServer:
+        extender = start_extender(f"--heartbeat-timeout={heartbeat_timeout}")
+        start_scheduler(scheduler_config(extender.url))
+        return extender
+
+    return start
+
+
 def scheduler_config(extender_url: str) -> str:
     """deploy/scheduler-config.yaml, pointed at a local extender and the test API server."""
     config = yaml.safe_load((REPO / "deploy" / "scheduler-config.yaml").read_text())

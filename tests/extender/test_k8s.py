@@ -14,7 +14,6 @@ import pytest
 from kubernetes import client
 
 from tessera.contract import KEYS, Phase, now, parse_allocation, parse_inventory, parse_pod_request
-from tessera.localcluster import ManagedProcess
 from tessera.placement import PlacementEngine, SpeedProfiles, build_node, choose, shape_of
 from tests.extender.conftest import (
     CLUSTER,
@@ -23,7 +22,6 @@ from tests.extender.conftest import (
     ExtenderServer,
     FakeDevicePlugin,
     node_annotations,
-    scheduler_config,
 )
 from tests.extender.helpers import gpu_pod, inventory
 from tests.waiting import wait_for
@@ -49,12 +47,10 @@ def test_pods_land_where_the_rules_say(
     kube: client.ApiClient,
     namespace: str,
     gpu_cluster: dict[str, str],
-    start_extender: Callable[..., ExtenderServer],
-    start_scheduler: Callable[[str], ManagedProcess],
+    extender_with_scheduler: Callable[[int], ExtenderServer],
 ) -> None:
     core = client.CoreV1Api(kube)
-    extender = start_extender("--heartbeat-timeout=600")
-    start_scheduler(scheduler_config(extender.url))
+    extender_with_scheduler(600)
     cases: dict[str, tuple[dict[str, Any], str]] = {
         "big-memory": (gpu_pod("big-memory", memory=30000), "A100"),
         "only-t4": (gpu_pod("only-t4", annotations={KEYS.gpu_models: "t4"}), "T4"),
@@ -108,12 +104,10 @@ def test_impossible_pod_stays_pending_with_the_extenders_reason(
     kube: client.ApiClient,
     namespace: str,
     gpu_cluster: dict[str, str],
-    start_extender: Callable[..., ExtenderServer],
-    start_scheduler: Callable[[str], ManagedProcess],
+    extender_with_scheduler: Callable[[int], ExtenderServer],
 ) -> None:
     core = client.CoreV1Api(kube)
-    extender = start_extender("--heartbeat-timeout=600")
-    start_scheduler(scheduler_config(extender.url))
+    extender_with_scheduler(600)
     create(core, namespace, gpu_pod("huge", memory=80000))
     create(core, namespace, gpu_pod("slow-only", annotations={KEYS.min_speed: "3"}))
     huge = wait_for(lambda: failed_scheduling(core, namespace, "huge"), what="FailedScheduling for huge")
@@ -129,12 +123,10 @@ def test_stale_heartbeat_gets_no_new_pods(
     kube: client.ApiClient,
     namespace: str,
     gpu_cluster: dict[str, str],
-    start_extender: Callable[..., ExtenderServer],
-    start_scheduler: Callable[[str], ManagedProcess],
+    extender_with_scheduler: Callable[[int], ExtenderServer],
 ) -> None:
     core = client.CoreV1Api(kube)
-    extender = start_extender("--heartbeat-timeout=60")
-    start_scheduler(scheduler_config(extender.url))
+    extender_with_scheduler(60)
     old = now() - timedelta(minutes=10)
     for name, model in gpu_cluster.items():
         if name != "a100-2":
@@ -240,13 +232,11 @@ def _unschedulable_reason(pod: Any) -> str | None:
 def _load_run(
     kube: client.ApiClient,
     namespace: str,
-    start_extender: Callable[..., ExtenderServer],
-    start_scheduler: Callable[[str], ManagedProcess],
+    extender_with_scheduler: Callable[[int], ExtenderServer],
     restart_after: int | None,
 ) -> tuple[int, int]:
     core = client.CoreV1Api(kube)
-    extender = start_extender("--heartbeat-timeout=3600")
-    start_scheduler(scheduler_config(extender.url))
+    extender = extender_with_scheduler(3600)
     pods = _random_pods(300, seed=7)
     with FakeDevicePlugin(kube, namespace):
         for pod in pods:
@@ -276,10 +266,9 @@ def test_300_pods_at_once_never_overcommit(
     kube: client.ApiClient,
     namespace: str,
     gpu_cluster: dict[str, str],
-    start_extender: Callable[..., ExtenderServer],
-    start_scheduler: Callable[[str], ManagedProcess],
+    extender_with_scheduler: Callable[[int], ExtenderServer],
 ) -> None:
-    bound, pending = _load_run(kube, namespace, start_extender, start_scheduler, restart_after=None)
+    bound, pending = _load_run(kube, namespace, extender_with_scheduler, restart_after=None)
     assert bound + pending == 300
     assert bound >= 0.8 * _offline_fits(), "far fewer pods bound than the cluster holds"
 
@@ -288,9 +277,8 @@ def test_300_pods_with_the_extender_killed_and_restarted_midway(
     kube: client.ApiClient,
     namespace: str,
     gpu_cluster: dict[str, str],
-    start_extender: Callable[..., ExtenderServer],
-    start_scheduler: Callable[[str], ManagedProcess],
+    extender_with_scheduler: Callable[[int], ExtenderServer],
 ) -> None:
-    bound, pending = _load_run(kube, namespace, start_extender, start_scheduler, restart_after=40)
+    bound, pending = _load_run(kube, namespace, extender_with_scheduler, restart_after=40)
     assert bound + pending == 300
     assert bound >= 0.8 * _offline_fits(), "far fewer pods bound than the cluster holds"
