@@ -23,10 +23,13 @@ than one score step (so it never overrides the paper's score), mostly by *CPU st
 GPU capacity a node's free CPU could no longer feed at the target workload's CPU per GPU (its CPU
 requests over its GPU requests, CPU-only shapes included). FGD sees CPU only as a cliff (a shape's
 CPU request fits or not), so among its ties it spends the CPU of GPU-heavy nodes on CPU-only pods and
-CPU-hungry fractional pods, and GPUs end up idle beside a full CPU (95 of the 296 GPUs left at full
-load on the Alibaba trace, seed 42). A small share of the bonus is the binpack score, which keeps
-empty nodes empty for multi-GPU pods when stranding does not decide. On that trace the tie-break
-cuts the GPUs left unallocated at full load from 4.72% to about 4.2% (see docs/benchmarks.md).
+CPU-hungry fractional pods, and GPUs end up idle beside an exhausted CPU (96 of the 297 GPUs left
+at full load on the Alibaba trace, seed 42). A small share of the bonus prefers a node already in
+use, which keeps empty nodes whole for multi-GPU pods when stranding does not decide. (The binpack
+score in that role did as well on the plain trace but steered pods to small nodes, which on the
+trace's model-bound variants are the rare models those pods need: it nearly doubled the GPUs left
+unallocated there.) On the plain trace the tie-break cuts the GPUs left unallocated at full load
+from 4.76% to about 4.24% (see docs/benchmarks.md).
 
 A GPU's free capacity is the smaller of its free compute and free memory, in percent of the GPU: a
 GPU with 30% compute but 10% memory left can host only what fits in 10%. Memory, when it is the only
@@ -42,7 +45,7 @@ from dataclasses import dataclass, replace
 from tessera.contract import MAX_CORES
 from tessera.placement.fit import model_allowed
 from tessera.placement.model import ContainerShape, GpuState, NodeState, Placement, PodShape, ShapeMix, apply
-from tessera.placement.policies import Binpack, ClusterContext, PlacementPolicy, register_policy
+from tessera.placement.policies import ClusterContext, PlacementPolicy, register_policy
 
 # Share of pods the target workload's most frequent shapes must cover (the paper's run config).
 COVERAGE = 0.95
@@ -57,8 +60,8 @@ WEIGHT_DIGITS = 3
 MEMO_LIMIT = 200_000
 # The tie-break bonus stays below one step of the paper's score (0.01), so it only orders ties.
 TIE_BREAK_WEIGHT = 0.0099
-# Share of the tie-break that is the binpack score; the rest rates the change in CPU stranding.
-TIE_BREAK_PACKING = 0.1
+# Share of the tie-break that prefers a node already in use; the rest rates the change in CPU stranding.
+TIE_BREAK_IN_USE = 0.1
 # Steepness of the stranding term: sigmoid(-slope x change in stranded GPUs).
 STRANDING_SLOPE = 2.0
 
@@ -266,25 +269,18 @@ class Fragmentation(PlacementPolicy):
         fgd = math.floor(SCORE_STEPS / (1 + math.exp(-drop_milli / SIGMOID_SCALE_MILLI))) / SCORE_STEPS
         if not self.breaks_ties:
             return fgd
-        return fgd + TIE_BREAK_WEIGHT * self._tie_break(node, after, placement, shape, context)
+        return fgd + TIE_BREAK_WEIGHT * self._tie_break(node, after)
 
-    def _tie_break(
-        self,
-        node: NodeState,
-        after: NodeState,
-        placement: Placement,
-        shape: PodShape,
-        context: ClusterContext,
-    ) -> float:
-        """0..1, higher for less CPU stranding added (mostly) and tighter packing (the rest)."""
-        packing = _BINPACK.score(node, placement, shape, context)
+    def _tie_break(self, node: NodeState, after: NodeState) -> float:
+        """0..1, higher for less CPU stranding added (mostly) and for a node already in use (the rest)."""
+        in_use = 1.0 if node.used_cpu_milli or any(g.used_slices for g in node.gpus) else 0.0
         per_percent = self._cpu_per_gpu
         if per_percent is None:
-            return packing
+            return in_use
         # Stranded capacity in whole GPUs, so that the slope reads per GPU.
         added = (stranded_share(after, per_percent) - stranded_share(node, per_percent)) / MAX_CORES
         stranding = 1 / (1 + math.exp(STRANDING_SLOPE * added))
-        return (1 - TIE_BREAK_PACKING) * stranding + TIE_BREAK_PACKING * packing
+        return (1 - TIE_BREAK_IN_USE) * stranding + TIE_BREAK_IN_USE * in_use
 
 
 class PaperFgd(Fragmentation):
@@ -294,6 +290,5 @@ class PaperFgd(Fragmentation):
     breaks_ties = False
 
 
-_BINPACK = Binpack()
 register_policy(Fragmentation())
 register_policy(PaperFgd())

@@ -201,8 +201,8 @@ def test_ties_go_where_the_cpu_still_feeds_the_idle_gpus() -> None:
     assert best is not None and best.name == "b-cpu-rich"
 
 
-def test_ties_without_stranding_go_to_the_fuller_node() -> None:
-    # A whole-GPU pod fragments neither node; packing keeps the empty node whole for bigger pods.
+def test_ties_without_stranding_go_to_a_node_in_use() -> None:
+    # A whole-GPU pod fragments neither node; the empty node stays whole for bigger pods.
     whole = pod(WHOLE)
     empty, used = node("a-empty", gpu(0), gpu(1)), node("b-used", gpu(0, used_cores=100), gpu(1))
     best = choose(engine_with(empty, used, counts={whole: 1}).evaluate(whole).fits)
