@@ -29,7 +29,8 @@ use, which keeps empty nodes whole for multi-GPU pods when stranding does not de
 score in that role did as well on the plain trace but steered pods to small nodes, which on the
 trace's model-bound variants are the rare models those pods need: it nearly doubled the GPUs left
 unallocated there.) On the plain trace the tie-break cuts the GPUs left unallocated at full load
-from 4.76% to about 4.24% (see docs/benchmarks.md).
+from 4.76% to about 4.24%; where a third of GPU demand is bound to GPU models (the gpuspec33
+variant) it leaves about 1 point more than ``fgd-paper`` on two seeds of three (docs/benchmarks.md).
 
 A GPU's free capacity is the smaller of its free compute and free memory, in percent of the GPU: a
 GPU with 30% compute but 10% memory left can host only what fits in 10%. Memory, when it is the only
