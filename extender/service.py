@@ -161,7 +161,7 @@ class Extender:
         else:
             kept = evaluation.fits
             names_kept = list(map(_NAME, kept)) if inflight else []
-            checked = inflight.intersection(names_kept)
+            checked = inflight & set(names_kept)
             if checked:
                 # vet(fit) on the in-flight nodes, the others kept as they are, the refused (None)
                 # dropped: C-level passes over thousands of fits.

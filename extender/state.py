@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -373,11 +374,11 @@ class ClusterState:
                 if p.uid != exclude_uid and p.bind_time is not None and now - p.bind_time <= timeout
             }
 
-    def nodes_with_inflight(self) -> set[str]:
+    def nodes_with_inflight(self) -> AbstractSet[str]:
         """Nodes with a pod in phase allocating (however old) or reserved: where filter checks the
-        in-flight rule."""
-        with self.lock:
-            return set(self._inflight)
+        in-flight rule. A live view, not a copy (hundreds of nodes while pods are being admitted):
+        membership tests on it are safe while the watch changes it."""
+        return self._inflight.keys()
 
     def _nodes_of(self, uid: str) -> set[str]:
         return {p.allocation.node for p in (self._assumed.get(uid), self._observed.get(uid)) if p is not None}

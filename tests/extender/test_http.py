@@ -319,6 +319,13 @@ def test_internal_failure_is_an_error_field_not_a_traceback(client: TestClient, 
     )
 
 
+def test_verbs_take_only_post_and_the_rest_is_fastapi(client: TestClient) -> None:
+    response = client.get("/filter")
+    assert (response.status_code, response.headers["allow"]) == (405, "POST")
+    assert client.get("/healthz").text == "ok\n"
+    assert client.post("/nothing-here", json={}).status_code == 404
+
+
 def test_every_policy_answers_through_the_extender(client: TestClient) -> None:
     for policy in ("binpack", "spread", "fragmentation"):
         pod = gpu_pod(f"p-{policy}", uid=f"u-{policy}", annotations={KEYS.policy: policy})
