@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import orjson
+import urllib3
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 
@@ -24,6 +26,8 @@ JsonObject = dict[str, Any]
 REQUEST_TIMEOUT = (5.0, 30.0)
 LIST_PAGE = 500
 CONNECTIONS = 48
+# Seconds between reads of the bearer token (see KubeApi._headers).
+TOKEN_TTL = 10.0
 
 
 class ApiError(Exception):
@@ -54,6 +58,18 @@ def load_client(kubeconfig: str | None) -> client.ApiClient:
 class KubeApi:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
+        self._auth: dict[str, str] = {}
+        self._auth_until = 0.0
+
+    def _headers(self) -> dict[str, str]:
+        now = time.monotonic()
+        if now >= self._auth_until:
+            # Through the client's refresh hook (a rotated service-account token, a kubeconfig's
+            # exec plugin); it reloads files, so not on every request. A race here only reloads twice.
+            token = self.api.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+            self._auth = {"Authorization": token} if token else {}
+            self._auth_until = now + TOKEN_TTL
+        return {"Accept": "application/json", "Content-Type": "application/json", **self._auth}
 
     def _call(
         self,
@@ -62,33 +78,27 @@ class KubeApi:
         *,
         query: list[tuple[str, str]] | None = None,
         body: object = None,
-        content_type: str = "application/json",
-        timeout: tuple[float, float] | None = REQUEST_TIMEOUT,
+        timeout: tuple[float, float] = REQUEST_TIMEOUT,
         stream: bool = False,
     ) -> Any:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        serialized = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or [],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(
-            serialized[0],
-            serialized[1],
-            header_params=serialized[2],
-            body=serialized[3],
-            _request_timeout=timeout,
+        # Straight through the client's connection pool (its TLS, client certificates and proxy):
+        # the client's request building and model sanitising cost more than the request itself.
+        url = self.api.configuration.host + path + (f"?{urlencode(query)}" if query else "")
+        response = self.api.rest_client.pool_manager.request(
+            method,
+            url,
+            body=None if body is None else orjson.dumps(body),
+            headers=self._headers(),
+            timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]),
+            preload_content=False,
         )
         if stream and 200 <= response.status < 300:
-            return response.response
+            return response
         try:
             data = response.read()
         finally:
-            # Responses are not preloaded: give the connection back to the pool for the next call.
-            response.response.release_conn()
+            # Not preloaded: give the connection back to the pool for the next call.
+            response.release_conn()
         if not 200 <= response.status < 300:
             try:
                 message = json.loads(data).get("message", "")
