@@ -50,6 +50,27 @@ def test_chart_uses_the_configured_domain(repo_root: Path) -> None:
     assert all(name in default for name in KEYS.resources)
 
 
+def _scheduler_and_extender(rendered: str) -> tuple[dict[str, object], list[str]]:
+    """The chart's scheduler extender configuration and the extender container's arguments."""
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config"))
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and "extender" in d["metadata"]["name"])
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return yaml.safe_load(config["data"]["config.yaml"])["extenders"][0], container["args"]
+
+
+def test_chart_pairs_the_filter_mode_with_the_scheduler_verbs(repo_root: Path) -> None:
+    chart = str(repo_root / "charts" / "tessera")
+    extender, args = _scheduler_and_extender(helm("template", "t", chart))
+    assert "prioritizeVerb" not in extender
+    assert "--filter-keeps=best" in args
+    extender, args = _scheduler_and_extender(
+        helm("template", "t", chart, "--set", "extender.filterKeeps=all")
+    )
+    assert (extender["prioritizeVerb"], extender["weight"]) == ("prioritize", 10)
+    assert "--filter-keeps=all" in args
+
+
 def test_chart_output_is_accepted_by_the_api_server(
     repo_root: Path, control_plane: ControlPlane, kube: client.ApiClient
 ) -> None:
