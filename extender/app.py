@@ -25,8 +25,6 @@ from extender.watch import Watcher
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
-
 
 def create_app(extender: Extender, watcher: Watcher | None = None) -> ExtenderApp:
     metrics = extender.metrics

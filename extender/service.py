@@ -60,15 +60,13 @@ REMEMBERED_FILTERS = 256
 REMEMBERED_VETTINGS = 4096
 # Attempts at writing the allocation when the pod changes under the bind (HTTP 409).
 BIND_ATTEMPTS = 3
-_NAME = attrgetter("name")
+_NAME = attrgetter("name")  # a C-level loop over thousands of fits
 _NODE = attrgetter("node")
 _REASON = attrgetter("reason")
 _SHORTFALL = attrgetter("shortfall")
 _UNRESOLVABLE = attrgetter("unresolvable")
 # (id of a fit, the pods in flight on its node with their container keys)
-_VettingKey = tuple[
-    int, tuple[tuple[str, tuple[InflightKey, ...]], ...]
-]  # a C-level loop over thousands of fits
+_VettingKey = tuple[int, tuple[tuple[str, tuple[InflightKey, ...]], ...]]
 
 
 @dataclass(slots=True)

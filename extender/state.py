@@ -287,16 +287,7 @@ class ClusterState:
             touched = self._nodes_of(record.uid)
             self._assumed[record.uid] = record
             self._reserved_at[record.uid] = now
-            node = record.allocation.node
-            if not touched and fit is not None and self.engine.nodes.get(node) is fit.node:
-                # The node is as the fit saw it: add the placement (what rebuilding it from all its
-                # pods gives too, at a fraction of the cost; this is on every filter's path).
-                self._pods_on.setdefault(node, set()).add(record.uid)
-                self._refresh_inflight(node)
-                self.engine.set_node(apply(fit.node, fit.placement))
-                self.pods_changed.notify_all()
-                return
-            self._reindex(record.uid, touched)
+            self._reindex(record.uid, touched, fit)
 
     def unreserve(self, uid: str) -> None:
         with self.lock:
@@ -319,9 +310,10 @@ class ClusterState:
             if record is None or uid not in self._reserved_at or record.allocation.node != node:
                 return None
             state = self.engine.nodes.get(node)
-            healthy = {gpu.uuid for gpu in state.gpus if gpu.healthy} if state is not None else set()
-            wanted = {grant.uuid for container in record.allocation.containers for grant in container.gpus}
-            if state is None or not state.schedulable or not wanted <= healthy:
+            if state is None or not state.schedulable:
+                return None
+            healthy = {gpu.uuid for gpu in state.gpus if gpu.healthy}
+            if any(grant.uuid not in healthy for c in record.allocation.containers for grant in c.gpus):
                 return None
             confirmed = PodAllocation(
                 uid=record.uid,
@@ -383,7 +375,9 @@ class ClusterState:
     def _nodes_of(self, uid: str) -> set[str]:
         return {p.allocation.node for p in (self._assumed.get(uid), self._observed.get(uid)) if p is not None}
 
-    def _reindex(self, uid: str, before: set[str]) -> None:
+    def _reindex(self, uid: str, before: set[str], placed: NodeFit | None = None) -> None:
+        """Re-count pod ``uid`` on the nodes it counted on (``before``) and counts on now. ``placed``
+        is the fit its new allocation came from, when it has one."""
         after = self._nodes_of(uid)
         effective = self.allocation_of(uid)
         counted = {effective.allocation.node} if effective else set()
@@ -392,7 +386,14 @@ class ClusterState:
         for node in counted:
             self._pods_on.setdefault(node, set()).add(uid)
         for node in before | after:
-            self._rebuild(node)
+            if not before and placed is not None and self.engine.nodes.get(node) is placed.node:
+                # A pod counted nowhere before, on a node as its fit saw it: add the placement
+                # (what rebuilding the node from all its pods gives too, at a fraction of the
+                # cost; a reservation does this on every filter's path).
+                self._refresh_inflight(node)
+                self.engine.set_node(apply(placed.node, placed.placement))
+            else:
+                self._rebuild(node)
         self.pods_changed.notify_all()
 
     def _refresh_inflight(self, name: str) -> list[PodAllocation]:

@@ -89,10 +89,9 @@ def best_fits(
 
 
 def _score_one(fit: NodeFit, scale: tuple[float, float, float] | None) -> int:
-    if scale is None:
-        return fit.policy_points
-    low, speed, policy = scale
-    return min(MAX_SCORE, max(0, round(speed * (fit.gain - low) + policy * fit.policy_share)))
+    """``fit``'s score on another set's scale, kept within 0..MAX_SCORE (its gain may lie outside
+    that set's range)."""
+    return min(MAX_SCORE, max(0, _scores([fit], scale)[0]))
 
 
 def score_nodes(fits: Sequence[NodeFit]) -> dict[str, int]:
