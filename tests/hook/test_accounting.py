@@ -96,9 +96,11 @@ def test_dead_process_memory_returns_within_a_second_without_anyone_asking(
 ) -> None:
     env = gpu.env(TESSERA_MEMORY_LIMIT="1g")
     victim = processes.start([clients.dynamic, "dlsym", "alloc", "512m", "hold"], env)
-    watcher = processes.start([clients.dynamic, "dlsym", "info", "wait-stdin", "await-free", "1g", "5"], env)
-    assert victim.stdout is not None and watcher.stdout is not None
+    assert victim.stdout is not None
     assert [victim.stdout.readline().strip() for _ in range(2)] == ["ok 0", "holding"]
+    # Started only once the victim holds its memory, so that the watcher's first look sees it.
+    watcher = processes.start([clients.dynamic, "dlsym", "info", "wait-stdin", "await-free", "1g", "5"], env)
+    assert watcher.stdout is not None
     assert [watcher.stdout.readline().strip() for _ in range(2)] == [f"info {512 * MIB} {GIB}", "waiting"]
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=30)
