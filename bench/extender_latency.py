@@ -38,7 +38,7 @@ from fleet import GPUS_PER_NODE, node_inventory  # noqa: E402
 
 from extender import wire  # noqa: E402
 from extender.metrics import Metrics  # noqa: E402
-from extender.service import Extender  # noqa: E402
+from extender.service import Extender, Refusal  # noqa: E402
 from extender.state import ClusterState, PodAllocation  # noqa: E402
 from extender.watch import settle_heap  # noqa: E402
 from tessera.contract import (  # noqa: E402
@@ -198,7 +198,7 @@ def bind_in_memory(extender: Extender, pod: dict[str, Any], node: str | None) ->
     if node is None:
         return
     decided = extender.decide(pod, parse_pod_request(pod), node, NOW)
-    if isinstance(decided, str):
+    if isinstance(decided, Refusal):
         return
     extender.state.assume(
         PodAllocation(

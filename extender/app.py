@@ -16,7 +16,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from extender import wire
@@ -39,61 +38,54 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> ExtenderAp
             yield
         finally:
             if watcher is not None:
-                watcher.stop()
+                await watcher.stop()
+            if extender.kube is not None:
+                await extender.kube.close()
 
     app = FastAPI(title="Tessera scheduler extender", lifespan=lifespan, docs_url=None, redoc_url=None)
 
-    def answer(verb: str, started: float, content: bytes, status: int) -> tuple[bytes, int]:
+    async def guarded(
+        verb: str, work: Callable[[], Awaitable[bytes]], on_error: Callable[[str], bytes]
+    ) -> tuple[bytes, int]:
+        started = time.perf_counter()
+        try:
+            content, status = await work(), 200
+        except wire.BadRequestError as e:
+            log.info("%s: bad request: %s", verb, e)
+            content, status = f"bad {verb} request: {e}\n".encode(), 400
+        except NotSyncedError as e:
+            log.info("%s refused: %s", verb, e)
+            content, status = on_error(str(e)), 200
+        except Exception as e:
+            log.exception("%s failed", verb)
+            content, status = on_error(f"tessera extender: {verb} failed: {type(e).__name__}: {e}"), 200
         metrics.latency.labels(verb).observe(time.perf_counter() - started)
         metrics.requests.labels(verb, str(status)).inc()
         return content, status
 
-    def guarded(verb: str, work: Callable[[], bytes], on_error: Callable[[str], bytes]) -> tuple[bytes, int]:
-        try:
-            return work(), 200
-        except wire.BadRequestError as e:
-            log.info("%s: bad request: %s", verb, e)
-            return f"bad {verb} request: {e}\n".encode(), 400
-        except NotSyncedError as e:
-            log.info("%s refused: %s", verb, e)
-            return on_error(str(e)), 200
-        except Exception as e:
-            log.exception("%s failed", verb)
-            return on_error(f"tessera extender: {verb} failed: {type(e).__name__}: {e}"), 200
-
     async def filter_(body: bytes) -> tuple[bytes, int]:
-        started = time.perf_counter()
-
-        def work() -> bytes:
+        async def work() -> bytes:
             pod, names, nodes = wire.parse_extender_args(body)
             result = extender.filter(pod, names)
             return wire.filter_result(result.passed, result.failed, result.unresolvable, nodes)
 
-        content, status = guarded("filter", work, lambda e: wire.filter_result([], {}, {}, None, error=e))
-        return answer("filter", started, content, status)
+        return await guarded("filter", work, lambda e: wire.filter_result([], {}, {}, None, error=e))
 
     async def prioritize(body: bytes) -> tuple[bytes, int]:
-        started = time.perf_counter()
-
-        def work() -> bytes:
+        async def work() -> bytes:
             pod, names, _ = wire.parse_extender_args(body)
             return priorities.write(names, extender.prioritize(pod, names))
 
         # A failed prioritize is ignored by kube-scheduler; an empty list says "no opinion".
-        content, status = guarded("prioritize", work, lambda e: b"[]")
-        return answer("prioritize", started, content, status)
+        return await guarded("prioritize", work, lambda e: b"[]")
 
     async def bind(body: bytes) -> tuple[bytes, int]:
-        started = time.perf_counter()
-
-        def work() -> bytes:
+        async def work() -> bytes:
             args = wire.parse_binding_args(body)
-            error = extender.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+            error = await extender.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
             return wire.binding_result(error)
 
-        # Bind waits on the API server: off the event loop.
-        content, status = await run_in_threadpool(guarded, "bind", work, wire.binding_result)
-        return answer("bind", started, content, status)
+        return await guarded("bind", work, wire.binding_result)
 
     @app.get("/healthz")
     async def healthz() -> Response:

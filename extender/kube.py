@@ -1,37 +1,49 @@
-"""The few Kubernetes API calls the extender makes, as plain JSON (dicts), through the official client.
+"""The few Kubernetes API calls the extender makes, as plain JSON (dicts), on its event loop.
 
 Objects stay dicts in the API's own camelCase shape, the same shape kube-scheduler sends in extender
 requests, so one parser (``tessera.contract.parse_pod_request``) serves both.
+
+The calls are made with aiohttp on the loop that answers kube-scheduler: the extender runs one
+thread, so a filter never waits for a bind's or a watch's thread to hand back the interpreter, and a
+bind costs no hand-over to a worker thread (docs/benchmarks.md, Extender). Where to connect and how
+to authenticate come from the official client's configuration loading (kubeconfig or in-cluster).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
+import aiohttp
 import orjson
-import urllib3
 from kubernetes import client, config
-from kubernetes.watch.watch import iter_resp_lines
 
 log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 
-# Requests other than watches give up after this long (connect, read) in seconds.
-REQUEST_TIMEOUT = (5.0, 30.0)
+# Requests other than watches give up after this long, in seconds: to connect, then between reads.
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 30.0
 LIST_PAGE = 500
-CONNECTIONS = 48
+# Open connections kept to the API server: kube-scheduler binds many pods at once, and each new
+# connection costs a TLS handshake.
+CONNECTIONS = 32
 # Seconds between reads of the bearer token (see KubeApi._headers).
 TOKEN_TTL = 10.0
+# A watch's reads: the stream is split into lines (one event each) here, not by aiohttp, whose
+# line reader refuses lines longer than its buffer (a pod can be larger).
+WATCH_READ = 1 << 16
 
 
 class ApiError(Exception):
-    """A non-2xx answer from the API server."""
+    """A non-2xx answer from the API server; ``status`` 0 when none came (connection refused or
+    dropped, timed out)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
@@ -39,8 +51,9 @@ class ApiError(Exception):
         self.message = message
 
 
-def load_client(kubeconfig: str | None) -> client.ApiClient:
-    """An API client from ``kubeconfig``, else the in-cluster service account, else ~/.kube/config."""
+def load_configuration(kubeconfig: str | None) -> client.Configuration:
+    """Connection settings from ``kubeconfig``, else the in-cluster service account, else
+    ~/.kube/config."""
     configuration = client.Configuration()
     if kubeconfig:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
@@ -49,15 +62,27 @@ def load_client(kubeconfig: str | None) -> client.ApiClient:
             config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
             config.load_kube_config(client_configuration=configuration)
-    # kube-scheduler binds many pods at once; connections beyond the pool are opened and closed per
-    # request, each with a TLS handshake. Keep one per concurrent bind (Starlette's thread pool: 40).
-    configuration.connection_pool_maxsize = CONNECTIONS
-    return client.ApiClient(configuration)
+    return configuration
+
+
+def tls_context(configuration: client.Configuration) -> ssl.SSLContext:
+    """The TLS the official client would use: the cluster's CA, a client certificate if any."""
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 class KubeApi:
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
+    """The API server, as the extender uses it. Made outside the event loop; its connections are
+    opened on first use inside it, and closed by :meth:`close`."""
+
+    def __init__(self, configuration: client.Configuration) -> None:
+        self.configuration = configuration
+        self._session: aiohttp.ClientSession | None = None
         self._auth: dict[str, str] = {}
         self._auth_until = 0.0
 
@@ -65,61 +90,76 @@ class KubeApi:
         now = time.monotonic()
         if now >= self._auth_until:
             # Through the client's refresh hook (a rotated service-account token, a kubeconfig's
-            # exec plugin); it reloads files, so not on every request. A race here only reloads twice.
-            token = self.api.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+            # exec plugin); it reloads files, so not on every request.
+            token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
             self._auth = {"Authorization": token} if token else {}
             self._auth_until = now + TOKEN_TTL
         return {"Accept": "application/json", "Content-Type": "application/json", **self._auth}
 
-    def _call(
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=tls_context(self.configuration), limit=CONNECTIONS),
+                # Only the proxy the configuration names (as the official client), none from the environment.
+                trust_env=False,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _request(
         self,
         method: str,
         path: str,
         *,
         query: list[tuple[str, str]] | None = None,
         body: object = None,
-        timeout: tuple[float, float] = REQUEST_TIMEOUT,
-        stream: bool = False,
+        read_timeout: float = READ_TIMEOUT,
     ) -> Any:
-        # Straight through the client's connection pool (its TLS, client certificates and proxy):
-        # the client's request building and model sanitising cost more than the request itself.
-        url = self.api.configuration.host + path + (f"?{urlencode(query)}" if query else "")
-        response = self.api.rest_client.pool_manager.request(
+        return self._open().request(
             method,
-            url,
-            body=None if body is None else orjson.dumps(body),
+            self.configuration.host + path,
+            params=query,
+            data=None if body is None else orjson.dumps(body),
             headers=self._headers(),
-            timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]),
-            preload_content=False,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=read_timeout),
+            proxy=self.configuration.proxy or None,
         )
-        if stream and 200 <= response.status < 300:
-            return response
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: object = None,
+    ) -> Any:
         try:
-            data = response.read()
-        finally:
-            # Not preloaded: give the connection back to the pool for the next call.
-            response.release_conn()
-        if not 200 <= response.status < 300:
-            try:
-                message = json.loads(data).get("message", "")
-            except (ValueError, AttributeError):
-                message = data.decode(errors="replace")[:300]
-            raise ApiError(response.status, message)
+            async with self._request(method, path, query=query, body=body) as response:
+                data = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ApiError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
+        _raise_for_status(response.status, data)
         return orjson.loads(data)
 
-    def list(self, path: str) -> tuple[list[JsonObject], str]:
+    async def list(self, path: str) -> tuple[list[JsonObject], str]:
         """Every item at ``path`` (paged) and the list's resourceVersion."""
         items: list[JsonObject] = []
         token = ""
         while True:
             query = [("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
-            page = self._call("GET", path, query=query)
+            page = await self._call("GET", path, query=query)
             items.extend(page.get("items") or [])
             token = page.get("metadata", {}).get("continue") or ""
             if not token:
                 return items, str(page.get("metadata", {}).get("resourceVersion", ""))
 
-    def watch(self, path: str, resource_version: str, timeout_seconds: int) -> Iterator[JsonObject]:
+    async def watch(
+        self, path: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[JsonObject]:
         """Watch events after ``resource_version`` until the server ends the watch."""
         query = [
             ("watch", "1"),
@@ -127,18 +167,28 @@ class KubeApi:
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", str(timeout_seconds)),
         ]
-        response = self._call("GET", path, query=query, timeout=(5.0, timeout_seconds + 30.0), stream=True)
         try:
-            for line in iter_resp_lines(response):
-                yield orjson.loads(line)
-        finally:
-            response.release_conn()
+            async with self._request(
+                "GET", path, query=query, read_timeout=timeout_seconds + 30.0
+            ) as response:
+                if not 200 <= response.status < 300:
+                    _raise_for_status(response.status, await response.read())
+                pending = b""
+                while chunk := await response.content.read(WATCH_READ):
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            yield orjson.loads(line)
+                if pending.strip():
+                    yield orjson.loads(pending)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ApiError(0, f"watch {path}: {type(e).__name__}: {e}") from e
 
-    def get_pod(self, namespace: str, name: str) -> JsonObject:
-        result: JsonObject = self._call("GET", _pod_path(namespace, name))
+    async def get_pod(self, namespace: str, name: str) -> JsonObject:
+        result: JsonObject = await self._call("GET", _pod_path(namespace, name))
         return result
 
-    def bind_pod(
+    async def bind_pod(
         self,
         namespace: str,
         name: str,
@@ -159,7 +209,17 @@ class KubeApi:
             "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        self._call("POST", _pod_path(namespace, name) + "/binding", body=body)
+        await self._call("POST", _pod_path(namespace, name) + "/binding", body=body)
+
+
+def _raise_for_status(status: int, data: bytes) -> None:
+    if 200 <= status < 300:
+        return
+    try:
+        message = json.loads(data).get("message", "")
+    except (ValueError, AttributeError):
+        message = data.decode(errors="replace")[:300]
+    raise ApiError(status, message)
 
 
 def _pod_path(namespace: str, name: str) -> str:

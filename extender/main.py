@@ -13,7 +13,7 @@ import uvicorn
 from kubernetes.config import ConfigException
 
 from extender.app import create_app
-from extender.kube import KubeApi, load_client
+from extender.kube import KubeApi, load_configuration
 from extender.metrics import Metrics
 from extender.service import Extender
 from extender.state import ClusterState
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = PlacementEngine(profiles, default_policy=args.policy)
     state = ClusterState(engine, keys, heartbeat_timeout=timedelta(seconds=args.heartbeat_timeout))
     try:
-        kube = KubeApi(load_client(args.kubeconfig))
+        kube = KubeApi(load_configuration(args.kubeconfig))
     except (ConfigException, OSError) as e:
         print(f"tessera-extender: cannot load the Kubernetes client configuration: {e}", file=sys.stderr)
         return 2
@@ -136,9 +136,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.filter_keeps,
         keys.domain,
     )
-    # Bind and watch threads share the interpreter with the event loop answering filter and
-    # prioritize; a shorter switch interval (default 5 ms) keeps those answers from queueing.
-    sys.setswitchinterval(0.0005)
     # uvloop: with the verbs answered straight from ASGI messages, it cut the extender's CPU per
     # scheduled pod by about a fifth against the stdlib loop (docs/benchmarks.md, Extender).
     uvicorn.run(app, host=host, port=port, log_level=args.log_level, access_log=False, loop="uvloop")

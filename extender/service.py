@@ -6,6 +6,7 @@ answering in kube-scheduler's terms, the in-flight rule, and the bind's writes t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -69,6 +70,14 @@ _UNRESOLVABLE = attrgetter("unresolvable")
 _VettingKey = tuple[int, tuple[tuple[str, tuple[InflightKey, ...]], ...]]
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why bind cannot place a pod on the node now: the failure metric's reason, and the message."""
+
+    reason: str
+    message: str
+
+
 @dataclass(slots=True)
 class FilterAnswer:
     passed: list[str]
@@ -114,6 +123,9 @@ class Extender:
         self.filter_keeps_best = filter_keeps_best
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
         self._vetted: dict[_VettingKey, tuple[NodeFit, NodeFit | str]] = {}
+        # Binds waiting for a change of pods in flight (see _decide_waiting).
+        self._waiting_binds: set[asyncio.Event] = set()
+        state.on_pods_changed = self._wake_waiting_binds
 
     # ----------------------------------------------------------------------------------------------
     # filter
@@ -135,10 +147,9 @@ class Extender:
             return FilterAnswer(passed=list(names))
         shape = shape_of(request)
         uid = str((pod.get("metadata") or {}).get("uid", ""))
-        with self.state.lock:
-            evaluation = self.state.engine.evaluate(shape, names)
-            # Nodes where other pods are in flight: the rule may refuse this pod there.
-            inflight = self.state.nodes_with_inflight()
+        evaluation = self.state.engine.evaluate(shape, names)
+        # Nodes where other pods are in flight: the rule may refuse this pod there.
+        inflight = self.state.nodes_with_inflight()
         answer = FilterAnswer(passed=[])
         now = self.clock()
 
@@ -234,7 +245,7 @@ class Extender:
             inflight=others,
         )
         if len(self._vetted) >= REMEMBERED_VETTINGS:
-            self._vetted.clear()  # not an LRU: bind threads and the event loop share it
+            self._vetted.clear()  # not an LRU: hits stay free, and a refill is cheap
         self._vetted[key] = (fit, answer)
         return answer
 
@@ -259,22 +270,21 @@ class Extender:
             return [0] * len(names)
         if not request.wants_gpu:
             return [0] * len(names)
-        with self.state.lock:
-            fits = self.state.engine.evaluate(shape_of(request), names).fits
+        fits = self.state.engine.evaluate(shape_of(request), names).fits
         by_name = dict(zip((f.name for f in fits), score_fits(fits), strict=True))
         return [by_name.get(n, 0) for n in names]
 
     # ----------------------------------------------------------------------------------------------
     # bind
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Place and bind the pod on ``node``; returns "" on success, else the error for kube-scheduler."""
         self._require_synced()
         error = "no attempt made"
         # First from the copy kube-scheduler sent to filter; after a conflict, read afresh.
         remembered = self._filtered.get(uid)
         for _ in range(BIND_ATTEMPTS):
-            error, retry = self._bind_once(namespace, name, uid, node, remembered)
+            error, retry = await self._bind_once(namespace, name, uid, node, remembered)
             if not retry:
                 break
             remembered = None
@@ -283,7 +293,7 @@ class Extender:
             log.info("bind %s/%s on %s refused: %s", namespace, name, node, error)
         return error
 
-    def _bind_once(
+    async def _bind_once(
         self, namespace: str, name: str, uid: str, node: str, remembered: _Filtered | None
     ) -> tuple[str, bool]:
         """(error, worth retrying at once with the pod read afresh).
@@ -299,7 +309,7 @@ class Extender:
             pod, request = remembered.pod, remembered.request
         else:
             try:
-                pod = self.kube.get_pod(namespace, name)
+                pod = await self.kube.get_pod(namespace, name)
             except ApiError as e:
                 return self._fail("api", f"pod {key}: cannot read it: {e}"), False
             done = self._already_bound(pod, uid, node)
@@ -313,9 +323,9 @@ class Extender:
         now = self.clock()
         # Decide afresh against the current state (an allocation annotation on an unbound pod holds
         # nothing).
-        decided = self.decide(pod, request, node, now)
-        if isinstance(decided, str):
-            return decided, False
+        decided = await self._decide_waiting(pod, request, node, now)
+        if isinstance(decided, Refusal):
+            return self._fail(decided.reason, decided.message), False
         annotations = {
             self.keys.allocation: decided.model_dump_json(),
             self.keys.allocation_phase: Phase.ALLOCATING.value,
@@ -323,7 +333,7 @@ class Extender:
         }
         pod_uid = str(metadata.get("uid") or uid)
         try:
-            self.kube.bind_pod(
+            await self.kube.bind_pod(
                 namespace,
                 name,
                 uid=pod_uid,
@@ -337,8 +347,7 @@ class Extender:
                 # Changed under us, or bound by an earlier attempt whose answer was lost: read again.
                 return self._fail("conflict", f"pod {key} changed while binding: {e.message}"), True
             return self._fail("api", f"pod {key}: binding to {node} failed: {e}"), False
-        with self.state.lock:
-            self.state.engine.context.shape_mix.record(shape_of(request))
+        self.state.engine.context.shape_mix.record(shape_of(request))
         return "", False
 
     def _already_bound(self, pod: JsonObject, uid: str, node: str) -> str | None:
@@ -362,36 +371,54 @@ class Extender:
             return ""
         return self._fail("bound", f"pod {key} is already bound to node {bound_to}")
 
-    def decide(self, pod: JsonObject, request: PodRequest, node: str, now: datetime) -> Allocation | str:
+    async def _decide_waiting(
+        self, pod: JsonObject, request: PodRequest, node: str, now: datetime
+    ) -> Allocation | Refusal:
+        """:meth:`decide`, waiting up to ``inflight_wait`` while only the in-flight rule refuses.
+
+        Other pods are being admitted on the node: the device plugin usually serves them within a
+        second, and waiting here beats failing the bind into kube-scheduler's backoff.
+        """
+        deadline = time.monotonic() + self.inflight_wait.total_seconds()
+        while True:
+            decided = self.decide(pod, request, node, now)
+            remaining = deadline - time.monotonic()
+            if not isinstance(decided, Refusal) or decided.reason != "inflight" or remaining <= 0:
+                return decided
+            changed = asyncio.Event()
+            self._waiting_binds.add(changed)
+            try:
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
+            except TimeoutError:
+                pass
+            finally:
+                self._waiting_binds.discard(changed)
+
+    def _wake_waiting_binds(self) -> None:
+        for changed in self._waiting_binds:
+            changed.set()
+
+    def decide(self, pod: JsonObject, request: PodRequest, node: str, now: datetime) -> Allocation | Refusal:
         """Bind's in-memory half: the allocation on ``node`` against the current state, assumed at
-        once; or the error."""
-        metadata = pod.get("metadata") or {}
-        uid = str(metadata.get("uid"))
+        once; or why not."""
+        uid = str((pod.get("metadata") or {}).get("uid"))
         key = pod_key(pod)
         shape = shape_of(request)
-        deadline = time.monotonic() + self.inflight_wait.total_seconds()
-        with self.state.lock:
-            # Usually filter reserved the pod on this very node: that placement becomes the decision.
-            confirmed = self.state.confirm_reservation(uid, node, Phase.ALLOCATING.value, now)
-            if confirmed is not None:
-                return confirmed.allocation
-            self.state.unreserve(uid)  # the pod's own reservation must not stand in its way
-            while True:
-                evaluation = self.state.engine.evaluate(shape, [node])
-                if not evaluation.fits:
-                    reason = evaluation.rejections[0].reason
-                    return self._fail("no_fit", f"pod {key} no longer fits on node {node}: {reason}")
-                fit = self._keeping_inflight_rule(evaluation.fits[0], shape, evaluation.policy, uid, now)
-                if not isinstance(fit, str):
-                    break
-                # Other pods are being admitted on this node: the device plugin usually serves them
-                # within a second; waiting here beats failing the bind into kube-scheduler's backoff.
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return self._fail("inflight", fit)
-                self.state.pods_changed.wait(remaining)
-            allocation = to_allocation(fit.node, fit.placement, [c.name for c in request.containers])
-            self.state.assume(self._record(pod, allocation, now))
+        # Usually filter reserved the pod on this very node: that placement becomes the decision.
+        confirmed = self.state.confirm_reservation(uid, node, Phase.ALLOCATING.value, now)
+        if confirmed is not None:
+            return confirmed.allocation
+        self.state.unreserve(uid)  # the pod's own reservation must not stand in its way
+        evaluation = self.state.engine.evaluate(shape, [node])
+        if not evaluation.fits:
+            reason = evaluation.rejections[0].reason
+            return Refusal("no_fit", f"pod {key} no longer fits on node {node}: {reason}")
+        fit = self._keeping_inflight_rule(evaluation.fits[0], shape, evaluation.policy, uid, now)
+        if isinstance(fit, str):
+            return Refusal("inflight", fit)
+        allocation = to_allocation(fit.node, fit.placement, [c.name for c in request.containers])
+        self.state.assume(self._record(pod, allocation, now))
         return allocation
 
     def _record(self, pod: JsonObject, allocation: Allocation, now: datetime) -> PodAllocation:

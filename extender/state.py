@@ -10,14 +10,14 @@
   allocation on a pod that is not bound holds nothing.
 
 Every change rebuilds only the node concerned (``tessera.placement.build_node``) and hands it to the
-engine. Thread-safe: watches, the heartbeat sweep and the HTTP handlers share one lock.
+engine. Not thread-safe, by design: the extender's event loop owns it (watches, the heartbeat sweep
+and the HTTP handlers are all tasks on that one loop).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -90,9 +90,8 @@ class ClusterState:
         self.keys = keys
         self.heartbeat_timeout = heartbeat_timeout
         self.reservation_ttl = reservation_ttl
-        self.lock = threading.RLock()
-        # Notified (under the lock) whenever a pod's allocation or phase changes.
-        self.pods_changed = threading.Condition(self.lock)
+        # Called whenever a pod's allocation or phase changes (a bind waiting on the in-flight rule).
+        self.on_pods_changed: Callable[[], None] | None = None
         self._nodes: dict[str, _Node] = {}
         self._observed: dict[str, PodAllocation] = {}
         self._assumed: dict[str, PodAllocation] = {}
@@ -130,31 +129,28 @@ class ClusterState:
                 heartbeat = parse_time(heartbeat_text, field=f"annotation {self.keys.node_heartbeat}")
             except ContractError as e:
                 heartbeat_error = str(e)
-        with self.lock:
-            if inventory is None and inventory_error is None:
-                self._nodes.pop(name, None)
-                self.engine.remove_node(name)
-                return
-            record = _Node(inventory, inventory_error, heartbeat, heartbeat_error)
-            record.stale_reason = self._staleness(record, now)
-            self._nodes[name] = record
-            self._rebuild(name)
-
-    def delete_node(self, name: str) -> None:
-        with self.lock:
+        if inventory is None and inventory_error is None:
             self._nodes.pop(name, None)
             self.engine.remove_node(name)
+            return
+        record = _Node(inventory, inventory_error, heartbeat, heartbeat_error)
+        record.stale_reason = self._staleness(record, now)
+        self._nodes[name] = record
+        self._rebuild(name)
+
+    def delete_node(self, name: str) -> None:
+        self._nodes.pop(name, None)
+        self.engine.remove_node(name)
 
     def replace_nodes(self, nodes: Iterable[JsonObject], now: datetime) -> None:
         """After a (re)list: exactly these nodes exist."""
-        with self.lock:
-            seen = set()
-            for node in nodes:
-                seen.add(str(node["metadata"]["name"]))
-                self.upsert_node(node, now)
-            for name in set(self._nodes) - seen:
-                self.delete_node(name)
-            self.nodes_synced = True
+        seen = set()
+        for node in nodes:
+            seen.add(str(node["metadata"]["name"]))
+            self.upsert_node(node, now)
+        for name in set(self._nodes) - seen:
+            self.delete_node(name)
+        self.nodes_synced = True
 
     def _staleness(self, record: _Node, now: datetime) -> str | None:
         if record.heartbeat_error is not None:
@@ -172,13 +168,12 @@ class ClusterState:
     def sweep_heartbeats(self, now: datetime) -> list[str]:
         """Re-judge every node's heartbeat at ``now``; returns the nodes whose standing changed."""
         changed = []
-        with self.lock:
-            for name, record in self._nodes.items():
-                stale = self._staleness(record, now)
-                if (stale is None) != (record.stale_reason is None):
-                    record.stale_reason = stale
-                    changed.append(name)
-                    self._rebuild(name)
+        for name, record in self._nodes.items():
+            stale = self._staleness(record, now)
+            if (stale is None) != (record.stale_reason is None):
+                record.stale_reason = stale
+                changed.append(name)
+                self._rebuild(name)
         return changed
 
     # ----------------------------------------------------------------------------------------------
@@ -218,60 +213,56 @@ class ClusterState:
     def upsert_pod(self, pod: JsonObject) -> None:
         uid = str((pod.get("metadata") or {}).get("uid"))
         parsed = self._parse_pod(pod)
-        with self.lock:
-            if uid not in self._assumed and self._observed.get(uid) == parsed:
-                return  # nothing that counts changed (most pod events: status, other annotations)
-            assumed = self._assumed.get(uid)
-            if (
-                parsed is not None
-                and assumed is not None
-                and uid not in self._reserved_at
-                and (parsed.allocation, parsed.phase) == (assumed.allocation, assumed.phase)
-            ):
-                # The watch echoing a bind: the node's usage is the same; only the record (and its
-                # bind time, to the second) comes from the API server now.
-                self._observed[uid] = parsed
+        if uid not in self._assumed and self._observed.get(uid) == parsed:
+            return  # nothing that counts changed (most pod events: status, other annotations)
+        assumed = self._assumed.get(uid)
+        if (
+            parsed is not None
+            and assumed is not None
+            and uid not in self._reserved_at
+            and (parsed.allocation, parsed.phase) == (assumed.allocation, assumed.phase)
+        ):
+            # The watch echoing a bind: the node's usage is the same; only the record (and its
+            # bind time, to the second) comes from the API server now.
+            self._observed[uid] = parsed
+            del self._assumed[uid]
+            self._refresh_inflight(parsed.allocation.node)
+            return
+        touched = self._nodes_of(uid)
+        if parsed is None:
+            self._observed.pop(uid, None)
+        else:
+            self._observed[uid] = parsed
+            # Bound with the assumed allocation, or moved on by someone else (device plugin):
+            # the API server's word now holds.
+            if uid in self._assumed:
                 del self._assumed[uid]
-                self._refresh_inflight(parsed.allocation.node)
-                return
-            touched = self._nodes_of(uid)
-            if parsed is None:
-                self._observed.pop(uid, None)
-            else:
-                self._observed[uid] = parsed
-                # Bound with the assumed allocation, or moved on by someone else (device plugin):
-                # the API server's word now holds.
-                if uid in self._assumed:
-                    del self._assumed[uid]
-                    self._reserved_at.pop(uid, None)
-            self._reindex(uid, touched)
+                self._reserved_at.pop(uid, None)
+        self._reindex(uid, touched)
 
     def delete_pod(self, uid: str) -> None:
-        with self.lock:
-            touched = self._nodes_of(uid)
-            self._observed.pop(uid, None)
-            self._assumed.pop(uid, None)
-            self._reserved_at.pop(uid, None)
-            self._reindex(uid, touched)
+        touched = self._nodes_of(uid)
+        self._observed.pop(uid, None)
+        self._assumed.pop(uid, None)
+        self._reserved_at.pop(uid, None)
+        self._reindex(uid, touched)
 
     def replace_pods(self, pods: Iterable[JsonObject]) -> None:
         """After a (re)list: exactly these pods exist (assumptions for pods still there are kept)."""
-        with self.lock:
-            seen = set()
-            for pod in pods:
-                seen.add(str((pod.get("metadata") or {}).get("uid")))
-                self.upsert_pod(pod)
-            for uid in (set(self._observed) | set(self._assumed)) - seen:
-                self.delete_pod(uid)
-            self.pods_synced = True
+        seen = set()
+        for pod in pods:
+            seen.add(str((pod.get("metadata") or {}).get("uid")))
+            self.upsert_pod(pod)
+        for uid in (set(self._observed) | set(self._assumed)) - seen:
+            self.delete_pod(uid)
+        self.pods_synced = True
 
     def assume(self, record: PodAllocation) -> None:
         """Count ``record`` now (decided at bind, not yet seen through the watch)."""
-        with self.lock:
-            touched = self._nodes_of(record.uid)
-            self._assumed[record.uid] = record
-            self._reserved_at.pop(record.uid, None)
-            self._reindex(record.uid, touched)
+        touched = self._nodes_of(record.uid)
+        self._assumed[record.uid] = record
+        self._reserved_at.pop(record.uid, None)
+        self._reindex(record.uid, touched)
 
     def reserve(self, record: PodAllocation, now: datetime, fit: NodeFit | None = None) -> None:
         """Count ``record`` for a pod kube-scheduler is about to bind (it was scored best), until its
@@ -281,20 +272,18 @@ class ClusterState:
         reservation, pods of one shape would all pick the node the previous pod is filling, and
         all but one would fail at bind when it fills up.
         """
-        with self.lock:
-            if record.uid in self._assumed and record.uid not in self._reserved_at:
-                return  # a bind already decided
-            touched = self._nodes_of(record.uid)
-            self._assumed[record.uid] = record
-            self._reserved_at[record.uid] = now
-            self._reindex(record.uid, touched, fit)
+        if record.uid in self._assumed and record.uid not in self._reserved_at:
+            return  # a bind already decided
+        touched = self._nodes_of(record.uid)
+        self._assumed[record.uid] = record
+        self._reserved_at[record.uid] = now
+        self._reindex(record.uid, touched, fit)
 
     def unreserve(self, uid: str) -> None:
-        with self.lock:
-            if self._reserved_at.pop(uid, None) is not None:
-                touched = self._nodes_of(uid)
-                del self._assumed[uid]
-                self._reindex(uid, touched)
+        if self._reserved_at.pop(uid, None) is not None:
+            touched = self._nodes_of(uid)
+            del self._assumed[uid]
+            self._reindex(uid, touched)
 
     def confirm_reservation(self, uid: str, node: str, phase: str, now: datetime) -> PodAllocation | None:
         """Turn the pod's reservation on ``node`` into its bind decision (``phase``, bound at
@@ -305,66 +294,60 @@ class ClusterState:
         place, so it still fits, and the in-flight rule held with it (reserved pods count as in
         flight). The node's usage does not change: nothing is rebuilt.
         """
-        with self.lock:
-            record = self._assumed.get(uid)
-            if record is None or uid not in self._reserved_at or record.allocation.node != node:
-                return None
-            state = self.engine.nodes.get(node)
-            if state is None or not state.schedulable:
-                return None
-            healthy = {gpu.uuid for gpu in state.gpus if gpu.healthy}
-            if any(grant.uuid not in healthy for c in record.allocation.containers for grant in c.gpus):
-                return None
-            confirmed = PodAllocation(
-                uid=record.uid,
-                namespace=record.namespace,
-                name=record.name,
-                allocation=record.allocation,
-                phase=phase,
-                bind_time=now,
-            )
-            self._assumed[uid] = confirmed
-            del self._reserved_at[uid]
-            self._refresh_inflight(node)
-            return confirmed
+        record = self._assumed.get(uid)
+        if record is None or uid not in self._reserved_at or record.allocation.node != node:
+            return None
+        state = self.engine.nodes.get(node)
+        if state is None or not state.schedulable:
+            return None
+        healthy = {gpu.uuid for gpu in state.gpus if gpu.healthy}
+        if any(grant.uuid not in healthy for c in record.allocation.containers for grant in c.gpus):
+            return None
+        confirmed = PodAllocation(
+            uid=record.uid,
+            namespace=record.namespace,
+            name=record.name,
+            allocation=record.allocation,
+            phase=phase,
+            bind_time=now,
+        )
+        self._assumed[uid] = confirmed
+        del self._reserved_at[uid]
+        self._refresh_inflight(node)
+        return confirmed
 
     def expire_reservations(self, now: datetime) -> None:
-        with self.lock:
-            for uid, since in list(self._reserved_at.items()):
-                if now - since > self.reservation_ttl:
-                    self.unreserve(uid)
+        for uid, since in list(self._reserved_at.items()):
+            if now - since > self.reservation_ttl:
+                self.unreserve(uid)
 
     def forget(self, uid: str, allocation: Allocation) -> None:
         """Undo :meth:`assume` of ``allocation`` after a failed bind (and the observed copy of it)."""
-        with self.lock:
-            touched = self._nodes_of(uid)
-            if uid in self._assumed and self._assumed[uid].allocation == allocation:
-                del self._assumed[uid]
-                self._reserved_at.pop(uid, None)
-            if uid in self._observed and self._observed[uid].allocation == allocation:
-                del self._observed[uid]
-            self._reindex(uid, touched)
+        touched = self._nodes_of(uid)
+        if uid in self._assumed and self._assumed[uid].allocation == allocation:
+            del self._assumed[uid]
+            self._reserved_at.pop(uid, None)
+        if uid in self._observed and self._observed[uid].allocation == allocation:
+            del self._observed[uid]
+        self._reindex(uid, touched)
 
     def allocation_of(self, uid: str) -> PodAllocation | None:
-        with self.lock:
-            return self._assumed.get(uid) or self._observed.get(uid)
+        return self._assumed.get(uid) or self._observed.get(uid)
 
     def pods_on(self, node: str) -> list[PodAllocation]:
-        with self.lock:
-            found = (self.allocation_of(uid) for uid in self._pods_on.get(node, ()))
-            return [p for p in found if p is not None]
+        found = (self.allocation_of(uid) for uid in self._pods_on.get(node, ()))
+        return [p for p in found if p is not None]
 
     def inflight_on(
         self, node: str, now: datetime, timeout: timedelta, exclude_uid: str
     ) -> dict[str, tuple[InflightKey, ...]]:
         """Container keys of the pods in flight on ``node`` (phase allocating, bound less than
         ``timeout`` ago), by pod name."""
-        with self.lock:
-            return {
-                p.key: p.keys
-                for p in self._inflight.get(node, ())
-                if p.uid != exclude_uid and p.bind_time is not None and now - p.bind_time <= timeout
-            }
+        return {
+            p.key: p.keys
+            for p in self._inflight.get(node, ())
+            if p.uid != exclude_uid and p.bind_time is not None and now - p.bind_time <= timeout
+        }
 
     def nodes_with_inflight(self) -> AbstractSet[str]:
         """Nodes with a pod in phase allocating (however old) or reserved: where filter checks the
@@ -394,7 +377,8 @@ class ClusterState:
                 self.engine.set_node(apply(placed.node, placed.placement))
             else:
                 self._rebuild(node)
-        self.pods_changed.notify_all()
+        if self.on_pods_changed is not None:
+            self.on_pods_changed()
 
     def _refresh_inflight(self, name: str) -> list[PodAllocation]:
         """Recompute the pods in flight on node ``name``; returns all its pods."""

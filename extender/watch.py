@@ -3,9 +3,9 @@ list again when the watch ends or the server says 410 Gone (history compacted)."
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
-import threading
 from collections.abc import Callable
 from datetime import datetime
 
@@ -37,6 +37,9 @@ class _RelistError(Exception):
 
 
 class Watcher:
+    """Lists and watches nodes and pods, and sweeps heartbeats and reservations, as tasks on the
+    extender's event loop (the loop that answers kube-scheduler owns the state alone)."""
+
     def __init__(
         self, kube: KubeApi, state: ClusterState, clock: Callable[[], datetime], sweep_every: float = 1.0
     ) -> None:
@@ -44,24 +47,22 @@ class Watcher:
         self.state = state
         self.clock = clock
         self.sweep_every = sweep_every
-        self._stop = threading.Event()
         self._settled = False
-        self._threads = [
-            threading.Thread(
-                target=self._run, args=("/api/v1/nodes", self._nodes), name="watch-nodes", daemon=True
-            ),
-            threading.Thread(
-                target=self._run, args=("/api/v1/pods", self._pods), name="watch-pods", daemon=True
-            ),
-            threading.Thread(target=self._sweep, name="heartbeats", daemon=True),
-        ]
+        self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        """Start the tasks on the running loop."""
+        self._tasks = [
+            asyncio.create_task(self._run("/api/v1/nodes", self._nodes), name="watch-nodes"),
+            asyncio.create_task(self._run("/api/v1/pods", self._pods), name="watch-pods"),
+            asyncio.create_task(self._sweep(), name="heartbeats"),
+        ]
 
-    def stop(self) -> None:
-        self._stop.set()
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
 
     def _nodes(self, kind: str, obj: JsonObject | None, items: list[JsonObject] | None) -> None:
         if items is not None:
@@ -79,41 +80,39 @@ class Watcher:
         elif obj is not None:
             self.state.upsert_pod(obj)
 
-    def _run(
+    async def _run(
         self, path: str, apply: Callable[[str, JsonObject | None, list[JsonObject] | None], None]
     ) -> None:
-        while not self._stop.is_set():
+        while True:
             try:
-                items, version = self.kube.list(path)
+                items, version = await self.kube.list(path)
                 apply("LIST", None, items)
                 self._settle_once()
-                while not self._stop.is_set():
-                    version = self._watch(path, version, apply)
+                while True:
+                    version = await self._watch(path, version, apply)
             except _RelistError:
                 log.info("%s: watch expired, listing again", path)
             except ApiError as e:
                 log.warning("%s: %s; listing again in %.0f s", path, e, RETRY_PAUSE)
-                self._stop.wait(RETRY_PAUSE)
-            except Exception:  # a dropped connection or a bad object must not end the watch for good
+                await asyncio.sleep(RETRY_PAUSE)
+            except Exception:  # a bad object must not end the watch for good
                 log.exception("%s: watch failed; listing again in %.0f s", path, RETRY_PAUSE)
-                self._stop.wait(RETRY_PAUSE)
+                await asyncio.sleep(RETRY_PAUSE)
 
     def _settle_once(self) -> None:
-        with self.state.lock:  # the other list may finish at the same moment
-            if self._settled or self.state.unsynced():
-                return
-            self._settled = True
-            settle_heap()
+        if self._settled or self.state.unsynced():
+            return
+        self._settled = True
+        settle_heap()
 
-    def _watch(
+    async def _watch(
         self,
         path: str,
         version: str,
         apply: Callable[[str, JsonObject | None, list[JsonObject] | None], None],
     ) -> str:
         try:
-            events = self.kube.watch(path, version, WATCH_SECONDS)
-            for event in events:
+            async for event in self.kube.watch(path, version, WATCH_SECONDS):
                 kind = event.get("type", "")
                 obj = event.get("object") or {}
                 if kind == "ERROR":
@@ -123,18 +122,21 @@ class Watcher:
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind != "BOOKMARK":
                     apply(kind, obj, None)
-                if self._stop.is_set():
-                    break
         except ApiError as e:
             if e.status == HTTP_GONE:
                 raise _RelistError from None
             raise
         return version
 
-    def _sweep(self) -> None:
-        while not self._stop.wait(self.sweep_every):
-            self.state.expire_reservations(self.clock())
-            changed = self.state.sweep_heartbeats(self.clock())
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_every)
+            try:
+                self.state.expire_reservations(self.clock())
+                changed = self.state.sweep_heartbeats(self.clock())
+            except Exception:  # the sweep must go on
+                log.exception("sweep failed")
+                continue
             if changed:
                 log.info(
                     "heartbeat standing changed on %d node(s): %s", len(changed), ", ".join(changed[:10])

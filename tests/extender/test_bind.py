@@ -3,6 +3,7 @@ write, preconditions, retries after a conflict, idempotence, nothing counted aft
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,16 +30,19 @@ class FakeApi:
         self.binds = 0
         self.fail_next_bind: ApiError | None = None
 
-    def get_pod(self, namespace: str, name: str) -> JsonObject:
+    def pod(self, name: str) -> JsonObject:
         if name not in self.pods:
             raise ApiError(404, f'pods "{name}" not found')
         return copy.deepcopy(self.pods[name])
+
+    async def get_pod(self, namespace: str, name: str) -> JsonObject:
+        return self.pod(name)
 
     def touch(self, name: str) -> None:
         self.version += 1
         self.pods[name]["metadata"]["resourceVersion"] = str(self.version)
 
-    def bind_pod(
+    async def bind_pod(
         self,
         namespace: str,
         name: str,
@@ -90,13 +94,17 @@ def extender(state: ClusterState, api: FakeApi) -> Extender:
     )
 
 
+def bind(ext: Extender, namespace: str, name: str, uid: str, node: str) -> str:
+    return asyncio.run(ext.bind(namespace, name, uid, node))
+
+
 def used(state: ClusterState) -> int:
     return state.engine.nodes["n"].gpus[0].used_memory_mib
 
 
 def test_bind_writes_the_allocation_with_the_binding_and_counts_it_at_once(state: ClusterState) -> None:
     api = FakeApi([api_pod("p")])
-    assert extender(state, api).bind("default", "p", "uid-p", "n") == ""
+    assert bind(extender(state, api), "default", "p", "uid-p", "n") == ""
     annotations = api.pods["p"]["metadata"]["annotations"]
     assert parse_allocation(annotations[KEYS.allocation]).containers[0].gpus[0].uuid == "GPU-n-0"
     assert annotations[KEYS.allocation_phase] == Phase.ALLOCATING
@@ -108,9 +116,9 @@ def test_bind_writes_the_allocation_with_the_binding_and_counts_it_at_once(state
 def test_a_conflict_is_retried_with_the_pod_read_again(state: ClusterState) -> None:
     api = FakeApi([api_pod("p")])
     ext = extender(state, api)
-    ext.filter(api.get_pod("default", "p"), ["n"])  # bind starts from filter's copy...
+    ext.filter(api.pod("p"), ["n"])  # bind starts from filter's copy...
     api.touch("p")  # ...which is now stale
-    assert ext.bind("default", "p", "uid-p", "n") == ""
+    assert bind(ext, "default", "p", "uid-p", "n") == ""
     assert api.binds == 2
     assert used(state) == 4096
 
@@ -118,16 +126,16 @@ def test_a_conflict_is_retried_with_the_pod_read_again(state: ClusterState) -> N
 def test_a_retried_bind_that_went_through_is_a_success(state: ClusterState) -> None:
     api = FakeApi([api_pod("p")])
     ext = extender(state, api)
-    assert ext.bind("default", "p", "uid-p", "n") == ""
+    assert bind(ext, "default", "p", "uid-p", "n") == ""
     state.delete_pod("uid-p")  # as if the extender restarted before the watch caught up
-    assert ext.bind("default", "p", "uid-p", "n") == ""
+    assert bind(ext, "default", "p", "uid-p", "n") == ""
     assert used(state) == 4096  # counted again from the pod's annotation
 
 
 def test_a_failed_bind_counts_nothing(state: ClusterState) -> None:
     api = FakeApi([api_pod("p")])
     api.fail_next_bind = ApiError(500, "etcd is down")
-    error = extender(state, api).bind("default", "p", "uid-p", "n")
+    error = bind(extender(state, api), "default", "p", "uid-p", "n")
     assert error == "pod default/p: binding to n failed: HTTP 500: etcd is down"
     assert used(state) == 0
     assert "nodeName" not in api.pods["p"]["spec"]
@@ -136,14 +144,14 @@ def test_a_failed_bind_counts_nothing(state: ClusterState) -> None:
 def test_refusals_name_the_reason(state: ClusterState) -> None:
     api = FakeApi([api_pod("big", memory=16000), api_pod("other")])
     ext = extender(state, api)
-    assert ext.bind("default", "big", "uid-big", "n") == (
+    assert bind(ext, "default", "big", "uid-big", "n") == (
         "pod default/big no longer fits on node n: no GPU with 16000 MiB of memory; largest has 15360 MiB"
     )
-    assert ext.bind("default", "gone", "uid-gone", "n").startswith(
+    assert bind(ext, "default", "gone", "uid-gone", "n").startswith(
         "pod default/gone: cannot read it: HTTP 404"
     )
     assert (
-        ext.bind("default", "other", "uid-else", "n")
+        bind(ext, "default", "other", "uid-else", "n")
         == "pod default/other is now UID uid-other, not uid-else"
     )
 
@@ -151,14 +159,37 @@ def test_refusals_name_the_reason(state: ClusterState) -> None:
 def test_the_inflight_rule_refuses_a_different_key_after_waiting(state: ClusterState) -> None:
     api = FakeApi([api_pod("first"), api_pod("second", memory=2048)])
     ext = extender(state, api)
-    assert ext.bind("default", "first", "uid-first", "n") == ""
+    assert bind(ext, "default", "first", "uid-first", "n") == ""
     # Echo the first pod as bound and in flight, as the watch would.
-    state.upsert_pod(api.get_pod("default", "first"))
-    error = ext.bind("default", "second", "uid-second", "n")
+    state.upsert_pod(api.pod("first"))
+    error = bind(ext, "default", "second", "uid-second", "n")
     assert error.startswith("pod default/first is still being admitted on node n with a 1-GPU container")
     # Served by the device plugin: the second one binds.
-    served = api.get_pod("default", "first")
+    served = api.pod("first")
     served["metadata"]["annotations"][KEYS.allocation_phase] = Phase.ALLOCATED.value
     state.upsert_pod(served)
-    assert ext.bind("default", "second", "uid-second", "n") == ""
+    assert bind(ext, "default", "second", "uid-second", "n") == ""
+    assert used(state) == 4096 + 2048
+
+
+def test_a_bind_waiting_on_the_inflight_rule_goes_on_when_the_other_pod_is_served(
+    state: ClusterState,
+) -> None:
+    api = FakeApi([api_pod("first"), api_pod("second", memory=2048)])
+    ext = extender(state, api)
+    ext.inflight_wait = timedelta(minutes=10)
+    assert bind(ext, "default", "first", "uid-first", "n") == ""
+    state.upsert_pod(api.pod("first"))
+
+    async def serve_first_while_second_waits() -> str:
+        second = asyncio.create_task(ext.bind("default", "second", "uid-second", "n"))
+        await asyncio.sleep(0.05)
+        assert not second.done(), "the in-flight rule should hold the second pod"
+        served = api.pod("first")
+        served["metadata"]["annotations"][KEYS.allocation_phase] = Phase.ALLOCATED.value
+        state.upsert_pod(served)
+        # Woken by the change, not by the end of its ten minutes.
+        return await asyncio.wait_for(second, 30)
+
+    assert asyncio.run(serve_first_while_second_waits()) == ""
     assert used(state) == 4096 + 2048

@@ -23,7 +23,7 @@ def test_the_token_is_refreshed_through_the_hook_at_most_once_per_ttl(
         conf.api_key_prefix = {"authorization": "Bearer"}
 
     configuration.refresh_api_key_hook = refresh
-    api = KubeApi(client.ApiClient(configuration))
+    api = KubeApi(configuration)
     clock = [1000.0]
     monkeypatch.setattr(kube.time, "monotonic", lambda: clock[0])
     assert api._headers()["Authorization"] == "Bearer token-1"

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -21,14 +20,14 @@ NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 class FakeKube:
     """Nodes: the first watch says 410 Gone; the second list has a new node, whose watch then adds
-    a third before the server ends it. Pods: nothing."""
+    a third before the server ends it; later watches fail. Pods: nothing."""
 
     def __init__(self) -> None:
         self.node_lists = 0
         self.watches: list[tuple[str, str]] = []
-        self.third_added = threading.Event()
+        self.third_added = asyncio.Event()
 
-    def list(self, path: str) -> tuple[list[JsonObject], str]:
+    async def list(self, path: str) -> tuple[list[JsonObject], str]:
         if path == "/api/v1/pods":
             return [], "1"
         self.node_lists += 1
@@ -37,10 +36,12 @@ class FakeKube:
             self.node_lists * 10
         )
 
-    def watch(self, path: str, resource_version: str, timeout_seconds: int) -> Iterator[JsonObject]:
+    async def watch(
+        self, path: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[JsonObject]:
         self.watches.append((path, resource_version))
         if path == "/api/v1/pods":
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
             return
         if resource_version == "10":
             yield {
@@ -48,11 +49,12 @@ class FakeKube:
                 "object": {"kind": "Status", "code": 410, "message": "too old resource version"},
             }
             return
-        if resource_version == "20":
+        if resource_version == "20" and not self.third_added.is_set():
             yield {"type": "ADDED", "object": node_object("c", inventory("c", "Tesla T4", 15360), NOW)}
             yield {"type": "DELETED", "object": {"metadata": {"name": "a"}}}
             self.third_added.set()
             return
+        await asyncio.sleep(0.05)
         raise ApiError(500, "unexpected")
 
 
@@ -62,15 +64,19 @@ def test_relists_after_410_and_applies_events(monkeypatch: pytest.MonkeyPatch) -
     state = ClusterState(PlacementEngine(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(minutes=5))
     kube = FakeKube()
     watcher = Watcher(kube, state, clock=lambda: NOW, sweep_every=0.05)  # type: ignore[arg-type]
-    watcher.start()
-    try:
-        assert kube.third_added.wait(10)
-        deadline = time.monotonic() + 5
-        # Nodes and pods are listed by threads of their own: wait for both.
-        while (set(state.engine.nodes) != {"b", "c"} or state.unsynced()) and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        watcher.stop()
+
+    async def run() -> None:
+        watcher.start()
+        try:
+            await asyncio.wait_for(kube.third_added.wait(), 10)
+            # Nodes and pods are listed by tasks of their own: wait for both.
+            async with asyncio.timeout(10):
+                while set(state.engine.nodes) != {"b", "c"} or state.unsynced():
+                    await asyncio.sleep(0.01)
+        finally:
+            await watcher.stop()
+
+    asyncio.run(run())
     assert set(state.engine.nodes) == {"b", "c"}
     assert kube.node_lists >= 2
     assert ("/api/v1/nodes", "10") in kube.watches
