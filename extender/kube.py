@@ -145,12 +145,13 @@ class KubeApi:
         _raise_for_status(response.status, data)
         return orjson.loads(data)
 
-    async def list(self, path: str) -> tuple[list[JsonObject], str]:
-        """Every item at ``path`` (paged) and the list's resourceVersion."""
+    async def list(self, path: str, field_selector: str = "") -> tuple[list[JsonObject], str]:
+        """Every item at ``path`` (paged) matching ``field_selector``, and the list's resourceVersion."""
         items: list[JsonObject] = []
         token = ""
         while True:
-            query = [("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
+            query = [("limit", str(LIST_PAGE)), *_selecting(field_selector)]
+            query += [("continue", token)] if token else []
             page = await self._call("GET", path, query=query)
             items.extend(page.get("items") or [])
             token = page.get("metadata", {}).get("continue") or ""
@@ -158,14 +159,16 @@ class KubeApi:
                 return items, str(page.get("metadata", {}).get("resourceVersion", ""))
 
     async def watch(
-        self, path: str, resource_version: str, timeout_seconds: int
+        self, path: str, resource_version: str, timeout_seconds: int, field_selector: str = ""
     ) -> AsyncIterator[JsonObject]:
-        """Watch events after ``resource_version`` until the server ends the watch."""
+        """Watch events after ``resource_version`` (of items matching ``field_selector``) until the
+        server ends the watch."""
         query = [
             ("watch", "1"),
             ("resourceVersion", resource_version),
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", str(timeout_seconds)),
+            *_selecting(field_selector),
         ]
         try:
             async with self._request(
@@ -210,6 +213,10 @@ class KubeApi:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         await self._call("POST", _pod_path(namespace, name) + "/binding", body=body)
+
+
+def _selecting(field_selector: str) -> list[tuple[str, str]]:
+    return [("fieldSelector", field_selector)] if field_selector else []
 
 
 def _raise_for_status(status: int, data: bytes) -> None:

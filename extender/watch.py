@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 WATCH_SECONDS = 240
 RETRY_PAUSE = 1.0
 HTTP_GONE = 410
+# Only bound pods hold GPUs (an allocation on an unbound pod holds nothing), so pods waiting to be
+# scheduled are not watched: their creation and kube-scheduler's status updates are half the pod
+# events of a busy cluster. A pod comes into the watch when it is bound. (The reservation of a
+# pending pod deleted before its bind lapses after its TTL instead of at once.)
+BOUND_PODS = "spec.nodeName!="
 
 
 def settle_heap() -> None:
@@ -53,8 +58,8 @@ class Watcher:
     def start(self) -> None:
         """Start the tasks on the running loop."""
         self._tasks = [
-            asyncio.create_task(self._run("/api/v1/nodes", self._nodes), name="watch-nodes"),
-            asyncio.create_task(self._run("/api/v1/pods", self._pods), name="watch-pods"),
+            asyncio.create_task(self._run("/api/v1/nodes", "", self._nodes), name="watch-nodes"),
+            asyncio.create_task(self._run("/api/v1/pods", BOUND_PODS, self._pods), name="watch-pods"),
             asyncio.create_task(self._sweep(), name="heartbeats"),
         ]
 
@@ -81,15 +86,18 @@ class Watcher:
             self.state.upsert_pod(obj)
 
     async def _run(
-        self, path: str, apply: Callable[[str, JsonObject | None, list[JsonObject] | None], None]
+        self,
+        path: str,
+        field_selector: str,
+        apply: Callable[[str, JsonObject | None, list[JsonObject] | None], None],
     ) -> None:
         while True:
             try:
-                items, version = await self.kube.list(path)
+                items, version = await self.kube.list(path, field_selector)
                 apply("LIST", None, items)
                 self._settle_once()
                 while True:
-                    version = await self._watch(path, version, apply)
+                    version = await self._watch(path, field_selector, version, apply)
             except _RelistError:
                 log.info("%s: watch expired, listing again", path)
             except ApiError as e:
@@ -108,11 +116,12 @@ class Watcher:
     async def _watch(
         self,
         path: str,
+        field_selector: str,
         version: str,
         apply: Callable[[str, JsonObject | None, list[JsonObject] | None], None],
     ) -> str:
         try:
-            async for event in self.kube.watch(path, version, WATCH_SECONDS):
+            async for event in self.kube.watch(path, version, WATCH_SECONDS, field_selector):
                 kind = event.get("type", "")
                 obj = event.get("object") or {}
                 if kind == "ERROR":

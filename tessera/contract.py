@@ -310,6 +310,8 @@ def parse_integer_quantity(value: object, *, field: str) -> int:
         raise ContractError(f"{field}: {value!r} must be an integer")
     if isinstance(value, int):
         return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)  # the common case ("4096"), without the regular expression and Fraction
     text = str(value).strip()
     match = _QUANTITY.match(text)
     if not match:

@@ -25,9 +25,11 @@ class FakeKube:
     def __init__(self) -> None:
         self.node_lists = 0
         self.watches: list[tuple[str, str]] = []
+        self.selectors: dict[str, str] = {}
         self.third_added = asyncio.Event()
 
-    async def list(self, path: str) -> tuple[list[JsonObject], str]:
+    async def list(self, path: str, field_selector: str) -> tuple[list[JsonObject], str]:
+        self.selectors[path] = field_selector
         if path == "/api/v1/pods":
             return [], "1"
         self.node_lists += 1
@@ -37,8 +39,9 @@ class FakeKube:
         )
 
     async def watch(
-        self, path: str, resource_version: str, timeout_seconds: int
+        self, path: str, resource_version: str, timeout_seconds: int, field_selector: str
     ) -> AsyncIterator[JsonObject]:
+        assert field_selector == self.selectors[path]
         self.watches.append((path, resource_version))
         if path == "/api/v1/pods":
             await asyncio.sleep(0.05)
@@ -82,4 +85,5 @@ def test_relists_after_410_and_applies_events(monkeypatch: pytest.MonkeyPatch) -
     assert ("/api/v1/nodes", "10") in kube.watches
     assert ("/api/v1/nodes", "20") in kube.watches
     assert state.unsynced() == []
+    assert kube.selectors == {"/api/v1/nodes": "", "/api/v1/pods": "spec.nodeName!="}  # bound pods only
     assert settled == [[]]  # the heap is settled once, when both caches first are
