@@ -127,6 +127,7 @@ class KubeApi:
             headers=self._headers(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=read_timeout),
             proxy=self.configuration.proxy or None,
+            server_hostname=self.configuration.tls_server_name or None,  # kubeconfig's tls-server-name
         )
 
     async def _call(
