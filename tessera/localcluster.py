@@ -256,6 +256,14 @@ class ControlPlane:
         wait_http_ok(f"{self.api_url}/readyz", apiserver, timeout, token=ADMIN_TOKEN)
         self.kubeconfig_for(ADMIN_TOKEN, "admin")
 
+    def restart_apiserver(self, timeout: float = 90.0) -> None:
+        """Stop kube-apiserver and start it again on the same port, with the same certificates and
+        etcd (clients see their connections drop and their watches end, as in an upgrade)."""
+        [apiserver] = [p for p in self.processes if p.name == "kube-apiserver"]
+        apiserver.stop()
+        apiserver.start()
+        wait_http_ok(f"{self.api_url}/readyz", apiserver, timeout, token=ADMIN_TOKEN)
+
     def start_scheduler(
         self, config_yaml: str, name: str = "kube-scheduler", timeout: float = 60.0
     ) -> ManagedProcess:

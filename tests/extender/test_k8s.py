@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client
 
 from tessera.contract import KEYS, Phase, now, parse_allocation, parse_inventory, parse_pod_request
+from tessera.localcluster import ControlPlane
 from tessera.placement import PlacementEngine, SpeedProfiles, build_node, choose, shape_of
 from tests.extender.conftest import (
     CLUSTER,
@@ -98,6 +99,40 @@ def test_pods_land_where_the_rules_say(
         for n in ("pack-1", "pack-2")
     ]
     assert grants[0] == grants[1]
+
+
+def test_an_api_server_restart_loses_nothing(
+    kube: client.ApiClient,
+    namespace: str,
+    gpu_cluster: dict[str, str],
+    extender_with_scheduler: Callable[[int], ExtenderServer],
+    control_plane: ControlPlane,
+) -> None:
+    core = client.CoreV1Api(kube)
+    extender = extender_with_scheduler(600)
+    on_a100 = {"kubernetes.io/hostname": "a100-0"}
+
+    def pinned(name: str, memory: int) -> dict[str, Any]:
+        pod = gpu_pod(name, memory=memory)
+        pod["spec"]["nodeSelector"] = on_a100
+        return pod
+
+    # Each of a100-0's four 40960 MiB GPUs holds a 30000 MiB pod (served one after the other, as
+    # the device plugin would: the in-flight rule keeps different GPUs from being in flight at once).
+    for i in range(4):
+        create(core, namespace, pinned(f"fill-{i}", 30000))
+        wait_for(lambda n=f"fill-{i}": node_of(core, namespace, n), what=f"fill-{i} bound")
+        served = {"metadata": {"annotations": {KEYS.allocation_phase: Phase.ALLOCATED.value}}}
+        core.patch_namespaced_pod(f"fill-{i}", namespace, served)
+    control_plane.restart_apiserver()
+    # The extender's watches and connections broke; it listed again and still counts every GPU used.
+    create(core, namespace, pinned("one-more", 30000))
+    create(core, namespace, pinned("small", 8000))
+    assert wait_for(lambda: node_of(core, namespace, "small"), what="small bound") == "a100-0"
+    reasons = wait_for(lambda: failed_scheduling(core, namespace, "one-more"), what="FailedScheduling")
+    assert "no GPU with 30000 MiB free; largest free" in reasons[-1], reasons
+    assert node_of(core, namespace, "one-more") is None
+    assert extender.process is not None and extender.process.running
 
 
 def test_impossible_pod_stays_pending_with_the_extenders_reason(
