@@ -19,7 +19,7 @@ from typing import Any
 
 from extender.kube import ApiError, KubeApi
 from extender.metrics import Metrics
-from extender.state import ClusterState, PodAllocation
+from extender.state import ClusterState, InflightPods, PodAllocation
 from tessera.contract import (
     Allocation,
     ContractError,
@@ -32,7 +32,6 @@ from tessera.contract import (
     parse_time,
 )
 from tessera.placement import (
-    InflightKey,
     NodeFit,
     NodeRejection,
     PlacementPolicy,
@@ -66,8 +65,8 @@ _NODE = attrgetter("node")
 _REASON = attrgetter("reason")
 _SHORTFALL = attrgetter("shortfall")
 _UNRESOLVABLE = attrgetter("unresolvable")
-# (id of a fit, the pods in flight on its node with their container keys)
-_VettingKey = tuple[int, tuple[tuple[str, tuple[InflightKey, ...]], ...]]
+# (id of a fit, id of the pods in flight on its node, the UID left out of them or "")
+_VettingKey = tuple[int, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +121,7 @@ class Extender:
         self.clock = clock
         self.filter_keeps_best = filter_keeps_best
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
-        self._vetted: dict[_VettingKey, tuple[NodeFit, NodeFit | str]] = {}
+        self._vetted: dict[_VettingKey, tuple[NodeFit, InflightPods, NodeFit | str]] = {}
         # Binds waiting for a change of pods in flight (see _decide_waiting).
         self._waiting_binds: set[asyncio.Event] = set()
         state.on_pods_changed = self._wake_waiting_binds
@@ -226,16 +225,18 @@ class Extender:
     def _keeping_inflight_rule(
         self, fit: NodeFit, shape: PodShape, policy: PlacementPolicy, uid: str, now: datetime
     ) -> NodeFit | str:
-        others = self.state.inflight_on(fit.name, now, self.inflight_timeout, exclude_uid=uid)
+        pods = self.state.inflight_pods(fit.name, now, self.inflight_timeout)
+        others = pods.without(uid)
         if not others:
             return fit
         # While a node's pods stay in flight, every pod of a shape asks the same question there.
         # The fit object stands for (node state, shape, policy, context version): the engine makes
-        # a new one when any of them changes. It is kept in the value, so its id is not reused.
-        key = (id(fit), tuple(sorted(others.items())))
+        # a new one when any of them changes; the state makes a new InflightPods when the node's
+        # pods in flight change. Both are kept in the value, so their ids are not reused.
+        key = (id(fit), id(pods), uid if uid in pods.names else "")
         known = self._vetted.get(key)
-        if known is not None and known[0] is fit:
-            return known[1]
+        if known is not None and known[0] is fit and known[1] is pods:
+            return known[2]
         answer = fit_keeping_inflight_rule(
             fit,
             shape,
@@ -246,7 +247,7 @@ class Extender:
         )
         if len(self._vetted) >= REMEMBERED_VETTINGS:
             self._vetted.clear()  # not an LRU: hits stay free, and a refill is cheap
-        self._vetted[key] = (fit, answer)
+        self._vetted[key] = (fit, pods, answer)
         return answer
 
     # ----------------------------------------------------------------------------------------------

@@ -69,6 +69,24 @@ class PodAllocation:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass(frozen=True, slots=True)
+class InflightPods:
+    """The pods in flight on a node, as of some moment: container keys and names by pod UID. The
+    same until one of them times out (``until``) or the node's pods change."""
+
+    keys: dict[str, tuple[InflightKey, ...]]  # by pod name ("namespace/name")
+    names: dict[str, str]  # by pod UID
+    timeout: timedelta
+    until: datetime | None
+
+    def without(self, uid: str) -> dict[str, tuple[InflightKey, ...]]:
+        """The keys of the pods other than ``uid``."""
+        name = self.names.get(uid)
+        if name is None:
+            return self.keys
+        return {pod: keys for pod, keys in self.keys.items() if pod != name}
+
+
 @dataclass(slots=True)
 class _Node:
     inventory: tuple[GpuInfo, ...] | None
@@ -99,6 +117,7 @@ class ClusterState:
         self._reserved_at: dict[str, datetime] = {}
         self._pods_on: dict[str, set[str]] = {}
         self._inflight: dict[str, list[PodAllocation]] = {}
+        self._inflight_pods: dict[str, InflightPods] = {}  # derived from _inflight, per node
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -343,11 +362,24 @@ class ClusterState:
     ) -> dict[str, tuple[InflightKey, ...]]:
         """Container keys of the pods in flight on ``node`` (phase allocating, bound less than
         ``timeout`` ago), by pod name."""
-        return {
-            p.key: p.keys
+        return self.inflight_pods(node, now, timeout).without(exclude_uid)
+
+    def inflight_pods(self, node: str, now: datetime, timeout: timedelta) -> InflightPods:
+        """The pods in flight on ``node`` at ``now``: one object for as long as they stay the same
+        (filter asks about the same nodes pod after pod; see Extender._keeping_inflight_rule)."""
+        known = self._inflight_pods.get(node)
+        if known is not None and known.timeout == timeout and (known.until is None or now <= known.until):
+            return known
+        live = tuple(
+            p
             for p in self._inflight.get(node, ())
-            if p.uid != exclude_uid and p.bind_time is not None and now - p.bind_time <= timeout
-        }
+            if p.bind_time is not None and now - p.bind_time <= timeout
+        )
+        # Until the first of them times out (none comes back: bind times only age).
+        until = min((p.bind_time + timeout for p in live if p.bind_time is not None), default=None)
+        pods = InflightPods({p.key: p.keys for p in live}, {p.uid: p.key for p in live}, timeout, until)
+        self._inflight_pods[node] = pods
+        return pods
 
     def nodes_with_inflight(self) -> AbstractSet[str]:
         """Nodes with a pod in phase allocating (however old) or reserved: where filter checks the
@@ -385,6 +417,7 @@ class ClusterState:
         pods = self.pods_on(name)
         # Reserved pods count as in flight: their bind is on its way.
         inflight = [p for p in pods if p.phase == Phase.ALLOCATING or p.uid in self._reserved_at]
+        self._inflight_pods.pop(name, None)
         if inflight:
             self._inflight[name] = inflight
         else:

@@ -109,6 +109,27 @@ def test_reservations_count_as_in_flight_and_expire(state: ClusterState) -> None
     assert state.nodes_with_inflight() == set()
 
 
+def test_the_pods_in_flight_on_a_node_are_one_object_until_they_change(state: ClusterState) -> None:
+    timeout = timedelta(minutes=5)
+    state.assume(record("a"))
+    first = state.inflight_pods("n", NOW, timeout)
+    assert first.keys == {"ns/a": ((1, ("GPU-n-0",), ((4096, 30),)),)}
+    assert first.without("a") == {}
+    assert first.without("other") is first.keys
+    # Unchanged: the same object (filter's in-flight answers are remembered by it).
+    assert state.inflight_pods("n", NOW + timedelta(minutes=1), timeout) is first
+    state.assume(
+        PodAllocation("b", "ns", "b", allocation(2048), Phase.ALLOCATING.value, NOW + timedelta(minutes=2))
+    )
+    second = state.inflight_pods("n", NOW + timedelta(minutes=2), timeout)
+    assert second is not first
+    assert set(second.keys) == {"ns/a", "ns/b"}
+    # a's bind times out: b alone, in a new object.
+    third = state.inflight_pods("n", NOW + timedelta(minutes=6), timeout)
+    assert set(third.keys) == {"ns/b"}
+    assert state.inflight_pods("n", NOW + timedelta(minutes=6), timeout) is third
+
+
 def test_a_bind_decision_replaces_the_reservation(state: ClusterState) -> None:
     state.reserve(record("a", memory=2048), NOW)
     state.unreserve("a")
