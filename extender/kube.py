@@ -46,7 +46,7 @@ class ApiError(Exception):
     dropped, timed out)."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
+        super().__init__(f"HTTP {status}: {message}" if status else message)
         self.status = status
         self.message = message
 
