@@ -29,7 +29,7 @@ JsonObject = dict[str, Any]
 
 # Requests other than watches give up after this long, in seconds: to connect, then between reads.
 CONNECT_TIMEOUT = 5.0
-READ_TIMEOUT = 30.0
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=30.0)
 LIST_PAGE = 500
 # Open connections kept to the API server: kube-scheduler binds many pods at once, and each new
 # connection costs a TLS handshake.
@@ -117,7 +117,7 @@ class KubeApi:
         *,
         query: list[tuple[str, str]] | None = None,
         body: object = None,
-        read_timeout: float = READ_TIMEOUT,
+        timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
     ) -> Any:
         return self._open().request(
             method,
@@ -125,7 +125,7 @@ class KubeApi:
             params=query,
             data=None if body is None else orjson.dumps(body),
             headers=self._headers(),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=read_timeout),
+            timeout=timeout,
             proxy=self.configuration.proxy or None,
             server_hostname=self.configuration.tls_server_name or None,  # kubeconfig's tls-server-name
         )
@@ -173,7 +173,7 @@ class KubeApi:
         ]
         try:
             async with self._request(
-                "GET", path, query=query, read_timeout=timeout_seconds + 30.0
+                "GET", path, query=query, timeout=_watch_timeout(timeout_seconds)
             ) as response:
                 if not 200 <= response.status < 300:
                     _raise_for_status(response.status, await response.read())
@@ -214,6 +214,12 @@ class KubeApi:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         await self._call("POST", _pod_path(namespace, name) + "/binding", body=body)
+
+
+def _watch_timeout(timeout_seconds: int) -> aiohttp.ClientTimeout:
+    """The server ends a watch after ``timeout_seconds``; a silent one is given up 30 s later. A
+    whole-request limit rather than one between reads, which aiohttp would re-arm on every chunk."""
+    return aiohttp.ClientTimeout(total=timeout_seconds + 30.0, sock_connect=CONNECT_TIMEOUT)
 
 
 def _selecting(field_selector: str) -> list[tuple[str, str]]:
