@@ -18,6 +18,7 @@ from tessera.contract import KEYS, Phase
 from tessera.localcluster import ControlPlane
 from tests.deviceplugin.conftest import PluginProcess
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -173,9 +174,18 @@ def test_agent_works_with_exactly_the_deployed_rbac(
 
     agent = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
     agent.patch_node(node, {"metadata": {"annotations": {"example.com/own": "yes"}}})
-    with pytest.raises(client.ApiException) as denied:
-        agent.patch_node(other, {"metadata": {"annotations": {"example.com/own": "no"}}})
-    assert denied.value.status in (403, 422) and "may change only its own Node" in str(denied.value.body)
+
+    def patch_other_node() -> client.ApiException | None:
+        try:
+            agent.patch_node(other, {"metadata": {"annotations": {"example.com/own": "no"}}})
+        except client.ApiException as e:
+            return e
+        return None
+
+    # The API server loads a new admission policy from its own watch, a second or so after the
+    # fixture created it: poll until the policy is in force.
+    denied = wait_for(patch_other_node, timeout=30, what="the admission policy to refuse another node")
+    assert denied.status in (403, 422) and "may change only its own Node" in str(denied.body)
     with pytest.raises(client.ApiException) as forbidden:
         agent.list_namespaced_secret(namespace)
     assert forbidden.value.status == 403
