@@ -212,15 +212,16 @@ class Extender:
     def _reserve(self, pod: JsonObject, remembered: _Filtered, fit: NodeFit) -> None:
         allocation = to_allocation(fit.node, fit.placement, [c.name for c in remembered.request.containers])
         metadata = pod.get("metadata") or {}
+        now = self.clock()
         record = PodAllocation(
             uid=str(metadata.get("uid")),
             namespace=str(metadata.get("namespace", "")),
             name=str(metadata.get("name", "")),
             allocation=allocation,
             phase=None,
-            bind_time=self.clock(),  # the in-flight rule's timeout runs from the reservation
+            bind_time=now,  # the in-flight rule's timeout runs from the reservation
         )
-        self.state.reserve(record, self.clock(), fit)
+        self.state.reserve(record, now, fit)
 
     def _keeping_inflight_rule(
         self, fit: NodeFit, shape: PodShape, policy: PlacementPolicy, uid: str, now: datetime

@@ -357,16 +357,10 @@ class ClusterState:
         found = (self.allocation_of(uid) for uid in self._pods_on.get(node, ()))
         return [p for p in found if p is not None]
 
-    def inflight_on(
-        self, node: str, now: datetime, timeout: timedelta, exclude_uid: str
-    ) -> dict[str, tuple[InflightKey, ...]]:
-        """Container keys of the pods in flight on ``node`` (phase allocating, bound less than
-        ``timeout`` ago), by pod name."""
-        return self.inflight_pods(node, now, timeout).without(exclude_uid)
-
     def inflight_pods(self, node: str, now: datetime, timeout: timedelta) -> InflightPods:
-        """The pods in flight on ``node`` at ``now``: one object for as long as they stay the same
-        (filter asks about the same nodes pod after pod; see Extender._keeping_inflight_rule)."""
+        """The pods in flight on ``node`` at ``now`` (phase allocating or reserved, bound less than
+        ``timeout`` ago): one object for as long as they stay the same (filter asks about the same
+        nodes pod after pod; see Extender._keeping_inflight_rule)."""
         known = self._inflight_pods.get(node)
         if known is not None and known.timeout == timeout and (known.until is None or now <= known.until):
             return known

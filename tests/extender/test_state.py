@@ -99,7 +99,7 @@ def test_reservations_count_as_in_flight_and_expire(state: ClusterState) -> None
     state.reserve(record("a"), NOW)
     assert used(state) == 4096
     assert state.nodes_with_inflight() == {"n"}
-    assert state.inflight_on("n", NOW, timedelta(minutes=5), exclude_uid="other") == {
+    assert state.inflight_pods("n", NOW, timedelta(minutes=5)).without("other") == {
         "ns/a": ((1, ("GPU-n-0",), ((4096, 30),)),)
     }
     state.expire_reservations(NOW + timedelta(seconds=5))
@@ -140,7 +140,7 @@ def test_a_bind_decision_replaces_the_reservation(state: ClusterState) -> None:
 
 def test_inflight_ignores_old_binds_and_served_pods(state: ClusterState) -> None:
     state.upsert_pod(pod("a", bound=True))
-    assert state.inflight_on("n", NOW + timedelta(minutes=6), timedelta(minutes=5), exclude_uid="x") == {}
+    assert state.inflight_pods("n", NOW + timedelta(minutes=6), timedelta(minutes=5)).without("x") == {}
     state.upsert_pod(pod("a", bound=True, phase="allocated"))
     assert state.nodes_with_inflight() == set()
 
@@ -178,7 +178,7 @@ def test_a_reservation_confirmed_at_bind_becomes_the_decision_without_a_rebuild(
     assert state.engine.nodes["n"] is before  # same usage: the engine's caches stay
     state.expire_reservations(NOW + timedelta(minutes=1))  # a decision now, not a reservation
     assert used(state) == 4096
-    assert state.inflight_on("n", later, timedelta(minutes=5), exclude_uid="x") == {"ns/a": confirmed.keys}
+    assert state.inflight_pods("n", later, timedelta(minutes=5)).without("x") == {"ns/a": confirmed.keys}
     assert state.confirm_reservation("a", "n", Phase.ALLOCATING.value, later) is None  # only once
 
 
