@@ -158,11 +158,7 @@ class PlacementEngine:
         fits: list[NodeFit | None] = list(map(cache.fits.get, wanted))
         rejections: list[NodeRejection | None] = list(map(cache.rejections.get, wanted))
         for i in list(compress(range(len(wanted)), map(is_, fits, rejections))):  # both None
-            outcome = self._outcome(wanted[i], shape, policy)
-            if isinstance(outcome, NodeFit):
-                fits[i] = cache.fits[wanted[i]] = outcome
-            else:
-                rejections[i] = cache.rejections[wanted[i]] = outcome
+            fits[i], rejections[i] = self._computed(cache, wanted[i], shape, policy)
         answer = _Answer(wanted, fits, rejections)
         # (Names kube-scheduler sends are distinct; an answer naming one twice is not kept, since a
         # change would be patched at one of its places only.)
@@ -178,14 +174,19 @@ class PlacementEngine:
             i = last.positions.get(name)
             if i is None:
                 continue
-            outcome = self._outcome(name, shape, policy)
-            if isinstance(outcome, NodeFit):
-                cache.fits[name] = outcome
-                last.fits[i], last.rejections[i] = outcome, None
-            else:
-                cache.rejections[name] = outcome
-                last.fits[i], last.rejections[i] = None, outcome
+            last.fits[i], last.rejections[i] = self._computed(cache, name, shape, policy)
         last.stale.clear()
+
+    def _computed(
+        self, cache: _Outcomes, name: str, shape: PodShape, policy: PlacementPolicy
+    ) -> tuple[NodeFit | None, NodeRejection | None]:
+        """Node ``name``'s outcome, computed and cached: (its fit, None) or (None, its rejection)."""
+        outcome = self._outcome(name, shape, policy)
+        if isinstance(outcome, NodeFit):
+            cache.fits[name] = outcome
+            return outcome, None
+        cache.rejections[name] = outcome
+        return None, outcome
 
     def _outcome(self, name: str, shape: PodShape, policy: PlacementPolicy) -> NodeOutcome:
         node = self.nodes.get(name)
