@@ -8,15 +8,16 @@ STAMP := $(VENV)/.installed
 .PHONY: demo simulate test lint native proto k8s-binaries sandbox-deps clean
 
 # A virtual environment with the project and its test tools, rebuilt when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# The product and, beside it, the tools (tools/pyproject.toml: simulator, sandbox, fake GPU).
+$(STAMP): pyproject.toml tools/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -e './tools[simulate,sandbox]'
 	touch $@
 
 native: $(STAMP)
 	$(MAKE) -C hook PYTHON=$(abspath $(BIN)/python)
-	$(MAKE) -C tests/fakegpu PYTHON=$(abspath $(BIN)/python)
+	$(MAKE) -C tools/fakegpu PYTHON=$(abspath $(BIN)/python)
 
 # Regenerate the gRPC stubs under proto/ from the .proto files (tests fail when they are stale).
 proto: $(STAMP)
@@ -46,4 +47,4 @@ simulate: $(STAMP)
 	$(BIN)/tessera simulate
 
 clean:
-	rm -rf $(VENV) hook/build tests/fakegpu/build
+	rm -rf $(VENV) hook/build tools/fakegpu/build

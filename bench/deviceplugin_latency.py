@@ -33,6 +33,8 @@ sys.path.insert(0, str(REPO))
 
 from kubernetes import client, config  # noqa: E402
 
+import fakegpu  # noqa: E402
+from sandbox.controlplane import ControlPlane, ManagedProcess, fake_node_body  # noqa: E402
 from tessera.contract import (  # noqa: E402
     KEYS,
     Allocation,
@@ -43,8 +45,6 @@ from tessera.contract import (  # noqa: E402
     format_time,
     now,
 )
-from tessera.localcluster import ControlPlane, ManagedProcess, fake_node_body  # noqa: E402
-from tests import fakegpu  # noqa: E402
 from tests.deviceplugin.kubelet_standin import KubeletStandIn  # noqa: E402
 
 NODE = "bench-gpu-node"

@@ -253,7 +253,7 @@ def http_round_trip(nodes: int, requests: int, seed: int, *, keep_best: bool) ->
     import uvicorn  # noqa: PLC0415
 
     from extender.app import create_app  # noqa: PLC0415
-    from tessera.localcluster import free_port  # noqa: PLC0415
+    from sandbox.controlplane import free_port  # noqa: PLC0415
 
     extender, names = build(nodes, seed, keep_best=keep_best)
     port = free_port()

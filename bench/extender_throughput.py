@@ -49,8 +49,8 @@ sys.path.insert(0, str(REPO))
 
 from fleet import GPUS_PER_NODE, SPLIT, node_inventory, node_model  # noqa: E402
 
+from sandbox.controlplane import ControlPlane, ManagedProcess, fake_node_body, free_port  # noqa: E402
 from tessera.contract import KEYS, Phase, dump_inventory, format_time, now  # noqa: E402
-from tessera.localcluster import ControlPlane, ManagedProcess, fake_node_body, free_port  # noqa: E402
 
 QPS = 500
 # (label, with the extender, device plugin stand-in writing)

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests import fakegpu  # noqa: E402
+import fakegpu  # noqa: E402
 from tests.hook.conftest import HOOK_LIBRARY, _cuda_include, _make  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from tessera.sandbox import cluster
+from sandbox import cluster
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "shared-gpu.yaml"
 

@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python bench/simulate_headroom.py --traces ../shared/traces/alibaba-gpu-v2023 \\
         [--variant default] [--seeds 42] [--policies fragmentation,fgd-paper,binpack] [--load 100]
 
-For each seed and policy, replays the FGD paper's packing experiment (``tessera.simulate``) up to
+For each seed and policy, replays the FGD paper's packing experiment (``simulator``) up to
 ``--load`` % arrived and prints:
 
 * the pods that failed, by class (GPUs asked, fractional or whole, bound to a GPU model or not), with
@@ -30,12 +30,12 @@ import bisect
 from collections import Counter
 from pathlib import Path
 
+from simulator.inputs import load_inputs
+from simulator.model import MILLI_PER_GPU, Cluster, SimPod, Workload
+from simulator.packing import arrival_order
+from simulator.scheduler import SimScheduler, system_named
 from tessera.placement import SpeedProfiles
 from tessera.placement.fragmentation import free_share
-from tessera.simulate.inputs import load_inputs
-from tessera.simulate.model import MILLI_PER_GPU, Cluster, SimPod, Workload
-from tessera.simulate.packing import arrival_order
-from tessera.simulate.scheduler import SimScheduler, system_named
 
 # "What 90% of the pods ask": the 10th percentile of a request.
 PERCENTILE = 10

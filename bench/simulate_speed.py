@@ -16,10 +16,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from simulator.command import REPO_SPEED_PROFILES
+from simulator.experiment import Experiment, Options, run_all
+from simulator.inputs import load_inputs
 from tessera.placement import SpeedProfiles
-from tessera.simulate.command import REPO_SPEED_PROFILES
-from tessera.simulate.experiment import Experiment, Options, run_all
-from tessera.simulate.inputs import load_inputs
 
 
 def main() -> int:

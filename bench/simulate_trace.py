@@ -6,7 +6,7 @@ Usage::
         [--variants default,gpushare40,...] [--seeds 42,43,44] [--jobs 2] [--json out/simulate-trace.json]
 
 For each trace variant (openb_pod_list_<variant>.csv on openb_node_list_gpu_node.csv) and seed, runs
-the packing experiment of every policy through ``tessera.simulate`` and prints, as Markdown, the mean
+the packing experiment of every policy through ``simulator`` and prints, as Markdown, the mean
 over seeds of the allocation rate and the unallocated GPUs at 90/95/100% arrived load, and
 fragmentation's cut in unallocated GPUs against binpack and against the best other policy. With
 ``--time`` it also runs the time experiment on the default trace. Wall and CPU time of each
@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from simulator import report
+from simulator.command import POLICY_NAMES, REPO_SPEED_PROFILES
+from simulator.experiment import Experiment, Options, SystemResult, run_all
+from simulator.inputs import load_inputs
 from tessera.placement import SpeedProfiles
-from tessera.simulate import report
-from tessera.simulate.command import POLICY_NAMES, REPO_SPEED_PROFILES
-from tessera.simulate.experiment import Experiment, Options, SystemResult, run_all
-from tessera.simulate.inputs import load_inputs
 
 LOADS = (90, 95, 100)
 

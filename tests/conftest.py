@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from tessera.localcluster import ControlPlane, ManagedProcess, fake_node_body
+from sandbox.controlplane import ControlPlane, ManagedProcess, fake_node_body
 
 
 @pytest.fixture(scope="session")

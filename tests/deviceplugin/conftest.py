@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+import fakegpu
+from sandbox.controlplane import ControlPlane, ManagedProcess
 from tessera.contract import KEYS
-from tessera.localcluster import ControlPlane, ManagedProcess
-from tests import fakegpu
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from kubernetes import client, config
 
+from sandbox.controlplane import ControlPlane
 from tessera.contract import KEYS, Phase
-from tessera.localcluster import ControlPlane
 from tests.deviceplugin.conftest import PluginProcess
 from tests.deviceplugin.kubelet_standin import KubeletStandIn
 from tests.waiting import wait_for

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from kubernetes import client
 
+from sandbox.controlplane import ControlPlane, ManagedProcess, free_port
 from tessera.contract import KEYS, Phase, dump_inventory, format_time, now
-from tessera.localcluster import ControlPlane, ManagedProcess, free_port
 from tests.extender.helpers import inventory
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from sandbox.controlplane import ControlPlane
 from tessera.contract import KEYS, Phase, now, parse_allocation, parse_inventory, parse_pod_request
-from tessera.localcluster import ControlPlane
 from tessera.placement import PlacementEngine, SpeedProfiles, build_node, choose, shape_of
 from tests.extender.conftest import (
     CLUSTER,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakegpu import FakeGpuSpec, build, client_env, cuclient, example_gpu, gpu_uuid, write_config
+from fakegpu import FakeGpuSpec, build, client_env, cuclient, example_gpu, gpu_uuid, write_config
 from tests.processes import Processes
 
 NVML_PROBE = Path(__file__).resolve().parent / "clients" / "nvml_probe.py"

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.fakegpu import BUILD_DIR, write_config
+from fakegpu import BUILD_DIR, write_config
 from tests.fakegpu.conftest import BINDINGS_PROBE, ClientProcesses, Gpus, fields
 
 MIB = 2**20

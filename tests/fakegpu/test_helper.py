@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakegpu import client_env, example_gpu, gpu_uuid, inject_xid, set_lost, write_config
+from fakegpu import client_env, example_gpu, gpu_uuid, inject_xid, set_lost, write_config
 
 
 def test_write_config_writes_one_line_per_gpu(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_controls_land_in_the_state_dir(tmp_path: Path) -> None:
 
 def test_client_env_puts_the_fake_driver_first(tmp_path: Path) -> None:
     env = client_env(tmp_path / "c", tmp_path / "s", {"LD_LIBRARY_PATH": "/opt/lib", "KEEP": "1"})
-    assert env["LD_LIBRARY_PATH"].endswith("tests/fakegpu/build:/opt/lib")
+    assert env["LD_LIBRARY_PATH"].endswith("tools/fakegpu/build:/opt/lib")
     assert env["FAKEGPU_CONFIG"] == str(tmp_path / "c")
     assert env["FAKEGPU_STATE"] == str(tmp_path / "s")
     assert env["KEEP"] == "1"

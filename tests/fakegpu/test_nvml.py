@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tests.fakegpu import BUILD_DIR, inject_xid, set_lost
+from fakegpu import BUILD_DIR, inject_xid, set_lost
 from tests.fakegpu.conftest import NVML_PROBE, ClientProcesses, Gpus
 
 CUCLIENT = BUILD_DIR / "cuclient"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.fakegpu import BUILD_DIR, find_headers_dir
+from fakegpu import BUILD_DIR, find_headers_dir
 from tests.fakegpu.conftest import ClientProcesses, Gpus, fields
 
 INTERPOSER = """

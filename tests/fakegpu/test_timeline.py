@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.fakegpu import BUILD_DIR
+from fakegpu import BUILD_DIR
 from tests.fakegpu.conftest import ClientProcesses, Gpus, fields
 
 CUCLIENT = BUILD_DIR / "cuclient"

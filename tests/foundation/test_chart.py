@@ -12,8 +12,8 @@ import pytest
 import yaml
 from kubernetes import client
 
+from sandbox.controlplane import ControlPlane, find_binaries
 from tessera.contract import KEYS
-from tessera.localcluster import ControlPlane, find_binaries
 
 pytestmark = pytest.mark.k8s
 

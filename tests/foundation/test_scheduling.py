@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from sandbox.controlplane import ManagedProcess
 from tessera.contract import KEYS
-from tessera.localcluster import ManagedProcess
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s

@@ -17,7 +17,7 @@ from pathlib import Path
 import nvidia  # the headers of nvidia-cuda-runtime, a test dependency
 import pytest
 
-from tests import fakegpu
+import fakegpu
 from tests.processes import Processes
 
 ROOT = Path(__file__).resolve().parents[2]

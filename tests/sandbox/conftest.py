@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from tessera.sandbox import cluster, host
-from tessera.sandbox.layout import BRIDGE, CGROUP_ROOT
+from sandbox import cluster, host
+from sandbox.layout import BRIDGE, CGROUP_ROOT
 
 
 @dataclass(frozen=True)

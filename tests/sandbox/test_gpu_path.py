@@ -22,9 +22,9 @@ from kubernetes import config
 from kubernetes.stream import stream
 
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
+from sandbox import cluster, gpu
+from sandbox.layout import HOST_KUBELET_DIR, Layout
 from tessera.contract import KEYS, Phase, parse_allocation, parse_inventory, slice_gpu
-from tessera.sandbox import cluster, gpu
-from tessera.sandbox.layout import HOST_KUBELET_DIR, Layout
 from tests.sandbox.conftest import HostView, Sandbox, differences
 from tests.waiting import wait_for
 

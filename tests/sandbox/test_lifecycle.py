@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.localcluster import ControlPlaneError
-from tessera.sandbox import cluster, images
+from sandbox import cluster, images
+from sandbox.controlplane import ControlPlaneError
 from tests.sandbox.conftest import HostView, Sandbox, differences
 
 pytestmark = pytest.mark.sandbox

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sandbox import containerd, fakenode, gpu, host, images, kubelet
+from sandbox.layout import CGROUP_ROOT, Layout
 from tessera.contract import KEYS
-from tessera.sandbox import containerd, fakenode, gpu, host, images, kubelet
-from tessera.sandbox.layout import CGROUP_ROOT, Layout
 
 LAYOUT = Layout(Path("/srv/sbx"))
 

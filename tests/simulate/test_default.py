@@ -5,12 +5,12 @@ from __future__ import annotations
 import statistics
 from importlib import resources
 
-from tessera.simulate import generate_default
-from tessera.simulate.inputs import load_default
+from simulator import generate_default
+from simulator.inputs import load_default
 
 
 def test_shipped_default_is_what_the_generator_writes() -> None:
-    shipped = (resources.files("tessera.simulate") / "data" / "default.yaml").read_text(encoding="utf-8")
+    shipped = (resources.files("simulator") / "data" / "default.yaml").read_text(encoding="utf-8")
     assert shipped == generate_default.render()
 
 

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
+from simulator import report
+from simulator.experiment import Experiment, Options, run_all, run_system
+from simulator.inputs import Inputs, load_inputs
+from simulator.model import Cluster, SimNode, SimPod, Workload
+from simulator.packing import arrival_order
+from simulator.scheduler import SimScheduler, system_named
+from simulator.timeline import run_time
 from tessera.placement import SpeedProfiles
-from tessera.simulate import report
-from tessera.simulate.experiment import Experiment, Options, run_all, run_system
-from tessera.simulate.inputs import Inputs, load_inputs
-from tessera.simulate.model import Cluster, SimNode, SimPod, Workload
-from tessera.simulate.packing import arrival_order
-from tessera.simulate.scheduler import SimScheduler, system_named
-from tessera.simulate.timeline import run_time
 
 PROFILES = SpeedProfiles.from_mapping({"models": {"V100": 1.0, "T4": 0.4}})
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tessera.simulate import alibaba, yamlformat
-from tessera.simulate.inputs import load_inputs
-from tessera.simulate.model import InputError, SimPod
+from simulator import alibaba, yamlformat
+from simulator.inputs import load_inputs
+from simulator.model import InputError, SimPod
 
 NODES_CSV = """sn,cpu_milli,memory_mib,gpu,model
 node-a,96000,393216,8,G2

@@ -1,5 +1,5 @@
 """Queries NVML through nvidia-ml-py (pynvml) and prints one JSON object per command, for the fake
-GPU's tests (run it with tests.fakegpu.client_env so the fake libnvidia-ml.so.1 is loaded).
+GPU's tests (run it with fakegpu.client_env so the fake libnvidia-ml.so.1 is loaded).
 
 Commands: ``inventory``; ``memory I``; ``processes I``; ``utilization I``; ``process-utilization I``;
 ``xid-wait I TIMEOUT_MS`` (prints ``{"registered": ...}`` once the event set listens, then the event

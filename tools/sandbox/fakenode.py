@@ -4,7 +4,7 @@ across several nodes is visible. Pods bound to one stay Pending (nothing runs th
 One process per fake node keeps what a device plugin would keep fresh: the heartbeat annotation
 (the extender ignores nodes with a stale one) and the node's Ready condition.
 
-Run as ``python -m tessera.sandbox.fakenode --kubeconfig FILE --node NAME --gpu a100 --gpu t4``.
+Run as ``python -m sandbox.fakenode --kubeconfig FILE --node NAME --gpu a100 --gpu t4``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from types import FrameType
 
 from kubernetes import client, config
 
+from sandbox.controlplane import fake_node_body
 from tessera.contract import KEYS, GpuInfo, dump_inventory, format_time, now
-from tessera.localcluster import fake_node_body
 
 SPLIT = 10
 HEARTBEAT_SECONDS = 10.0

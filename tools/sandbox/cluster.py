@@ -1,10 +1,10 @@
 """`tessera sandbox up/down/status`: the whole path on one machine, every part a real process.
 
 ``up`` starts, with all state under one directory: containerd (with the project's images imported),
-etcd + kube-apiserver + kube-scheduler (:mod:`tessera.localcluster`), the extender, a kubelet
+etcd + kube-apiserver + kube-scheduler (:mod:`sandbox.controlplane`), the extender, a kubelet
 registered as a real node, and the device plugin on that node over the fake GPU driver. It records
 what it started in ``sandbox.json`` and returns; the processes run on. ``down`` stops them newest
-first and removes what they left on the host (:mod:`tessera.sandbox.host`).
+first and removes what they left on the host (:mod:`sandbox.host`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import yaml
 from kubernetes import client, config
 from pydantic import BaseModel, ConfigDict
 
+from sandbox import containerd, fakenode, gpu, host, images, kubelet
+from sandbox.controlplane import ControlPlane, ManagedProcess, default_bin_dir
+from sandbox.layout import HOST_DEVICE_PLUGIN_DIR, Layout
+from sandbox.processes import Started, StartError, adopt, alive, start, stop, wait_for
 from tessera.contract import KEYS, ContractError, parse_allocation, parse_inventory
-from tessera.localcluster import ControlPlane, ManagedProcess, default_bin_dir
-from tessera.sandbox import containerd, fakenode, gpu, host, images, kubelet
-from tessera.sandbox.layout import HOST_DEVICE_PLUGIN_DIR, Layout
-from tessera.sandbox.processes import Started, StartError, adopt, alive, start, stop, wait_for
 
 KUBERNETES_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubelet")
 
@@ -82,7 +82,7 @@ def save_state(layout: Layout, state: SandboxState) -> None:
 
 
 def _recorded(process: ManagedProcess) -> Started:
-    """A control-plane process (started by localcluster) in the sandbox's own record."""
+    """A control-plane process (started by sandbox.controlplane) in the sandbox's own record."""
     assert process.popen is not None, f"{process.name} was not started"
     return adopt(process.name, process.popen.pid, process.log_path, process.args)
 
@@ -296,7 +296,7 @@ def add_node(root: Path, name: str, models: Sequence[str], timeout: float = 60.0
     argv = [
         sys.executable,
         "-m",
-        "tessera.sandbox.fakenode",
+        "sandbox.fakenode",
         f"--kubeconfig={state.kubeconfig}",
         f"--node={name}",
     ]

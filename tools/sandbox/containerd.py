@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera.sandbox.images import PAUSE_IMAGE
-from tessera.sandbox.layout import BRIDGE, NETWORK_NAME, POD_SUBNET, Layout
-from tessera.sandbox.processes import Started, start, wait_for
+from sandbox.images import PAUSE_IMAGE
+from sandbox.layout import BRIDGE, NETWORK_NAME, POD_SUBNET, Layout
+from sandbox.processes import Started, start, wait_for
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
 K8S_NAMESPACE = "k8s.io"

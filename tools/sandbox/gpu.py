@@ -3,7 +3,7 @@ device plugin, all run as processes beside the real kubelet.
 
 The fake GPUs are the only simulated thing. Their description (two GPUs: an A100 40 GB and a T4
 16 GB) is one file; the fake ``libcuda.so.1`` / ``libnvidia-ml.so.1`` built by ``make -C
-tests/fakegpu`` read it, on the host (the device plugin's NVML) and inside containers (where the
+tools/fakegpu`` read it, on the host (the device plugin's NVML) and inside containers (where the
 sandbox's containerd places the driver like the NVIDIA container toolkit does). Every process of
 every container that uses one fake GPU shares that GPU's state files, as they would share the device.
 """
@@ -23,14 +23,14 @@ from typing import Any
 
 import yaml
 
-from tessera.sandbox.containerd import BindMount
-from tessera.sandbox.images import DRIVER_LIBRARY_DIR
-from tessera.sandbox.layout import Layout
-from tessera.sandbox.processes import Started, start
+from fakegpu import BUILD_DIR as FAKE_DRIVER_BUILD
+from hook._library import BUILD_LIBRARY as HOOK_BUILD
+from sandbox.containerd import BindMount
+from sandbox.images import DRIVER_LIBRARY_DIR
+from sandbox.layout import Layout
+from sandbox.processes import Started, start
 
 REPO = Path(__file__).resolve().parents[2]
-FAKE_DRIVER_BUILD = REPO / "tests" / "fakegpu" / "build"
-HOOK_BUILD = REPO / "hook" / "build" / "libvgpu.so"
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler-config.yaml"
 DRIVER_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
 

@@ -15,8 +15,8 @@ import grpc
 import yaml
 
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
-from tessera.sandbox.layout import CGROUP_ROOT, Layout
-from tessera.sandbox.processes import Started, start
+from sandbox.layout import CGROUP_ROOT, Layout
+from sandbox.processes import Started, start
 
 LOOPBACK = "127.0.0.1"
 

@@ -26,10 +26,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from simulator.model import MILLI_PER_GPU, Cluster, Progress, SimPod, Workload
+from simulator.scheduler import MILLI_PER_CORE, SimScheduler
 from tessera.contract import MAX_CORES
 from tessera.placement import NodeFit, PodShape, SpeedProfiles
-from tessera.simulate.model import MILLI_PER_GPU, Cluster, Progress, SimPod, Workload
-from tessera.simulate.scheduler import MILLI_PER_CORE, SimScheduler
 
 # Gavel (OSDI '20), Fig. 2 / Table 2 pairs on V100: median throughput kept when sharing a GPU.
 GAVEL_COLOCATION_THROUGHPUT = 0.68

@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from tessera.sandbox import cluster, gpu
-from tessera.sandbox.processes import StartError
+from sandbox import cluster, gpu
+from sandbox.processes import StartError
 
 EXAMPLES = gpu.REPO / "deploy" / "examples"
 EXAMPLE_FILES = ("shared-gpu.yaml", "too-big.yaml")

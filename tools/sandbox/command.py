@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sandbox import cluster, demo, fakenode
+from sandbox.controlplane import ControlPlaneError
+from sandbox.layout import DEFAULT_ROOT
+from sandbox.processes import StartError
 from tessera.cliargs import port
-from tessera.localcluster import ControlPlaneError
-from tessera.sandbox import cluster, demo, fakenode
-from tessera.sandbox.layout import DEFAULT_ROOT
-from tessera.sandbox.processes import StartError
 
 
 def _progress(message: str) -> None:

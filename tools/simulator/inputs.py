@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from tessera.simulate import alibaba, yamlformat
-from tessera.simulate.model import Cluster, InputError, Workload
+from simulator import alibaba, yamlformat
+from simulator.model import Cluster, InputError, Workload
 
-DEFAULT_NAME = "embedded default (tessera/simulate/data/default.yaml)"
+DEFAULT_NAME = "embedded default (tools/simulator/data/default.yaml)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ def _load_yaml(path: Path) -> yamlformat.Document:
 
 
 def load_default() -> Inputs:
-    with resources.as_file(resources.files("tessera.simulate") / "data" / "default.yaml") as path:
+    with resources.as_file(resources.files("simulator") / "data" / "default.yaml") as path:
         document = yamlformat.load(path)
     assert document.cluster is not None and document.workload is not None  # the shipped file has both
     return Inputs(document.cluster, document.workload, DEFAULT_NAME)

@@ -54,7 +54,7 @@ def alive(process: Started) -> bool:
 
 
 def adopt(name: str, pid: int, log: Path, argv: Sequence[str]) -> Started:
-    """Record a process started elsewhere (the control plane, by tessera.localcluster)."""
+    """Record a process started elsewhere (the control plane, by sandbox.controlplane)."""
     ticks = _start_ticks(pid)
     if ticks is None:
         raise StartError(f"{name} (pid {pid}) is not running; see {log}")

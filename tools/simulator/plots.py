@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 
-from tessera.simulate.experiment import SystemResult
+from simulator.experiment import SystemResult
 
 
 def plot_packing(results: Sequence[SystemResult], path: Path) -> None:

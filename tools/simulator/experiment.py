@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TextIO
 
+from simulator.inputs import Inputs
+from simulator.model import Progress
+from simulator.packing import PackingResult, arrival_order, run_packing
+from simulator.scheduler import SimScheduler, System, system_named
+from simulator.timeline import GAVEL_COLOCATION_THROUGHPUT, TimeResult, run_time
 from tessera.placement import SpeedProfiles
-from tessera.simulate.inputs import Inputs
-from tessera.simulate.model import Progress
-from tessera.simulate.packing import PackingResult, arrival_order, run_packing
-from tessera.simulate.scheduler import SimScheduler, System, system_named
-from tessera.simulate.timeline import GAVEL_COLOCATION_THROUGHPUT, TimeResult, run_time
 
 
 class Experiment(StrEnum):

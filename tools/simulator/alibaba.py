@@ -15,7 +15,7 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 
-from tessera.simulate.model import (
+from simulator.model import (
     GPU_MEMORY_MIB,
     MILLI_PER_GPU,
     Cluster,

@@ -29,7 +29,7 @@ def _fraction(text: str) -> float:
 
 def _policies(text: str) -> tuple[str, ...]:
     # Every system the simulator knows may be named; the default compares POLICY_NAMES.
-    from tessera.simulate.scheduler import SYSTEMS  # noqa: PLC0415
+    from simulator.scheduler import SYSTEMS  # noqa: PLC0415
 
     known = [s.name for s in SYSTEMS]
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
@@ -105,12 +105,12 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from simulator import plots, report  # noqa: PLC0415
+    from simulator.experiment import Experiment, Options, ProgressBar, run_all, work_units  # noqa: PLC0415
+    from simulator.inputs import load_inputs  # noqa: PLC0415
+    from simulator.model import InputError  # noqa: PLC0415
     from tessera.contract import ContractError  # noqa: PLC0415
     from tessera.placement import SpeedProfiles  # noqa: PLC0415
-    from tessera.simulate import plots, report  # noqa: PLC0415
-    from tessera.simulate.experiment import Experiment, Options, ProgressBar, run_all, work_units  # noqa: PLC0415
-    from tessera.simulate.inputs import load_inputs  # noqa: PLC0415
-    from tessera.simulate.model import InputError  # noqa: PLC0415
 
     try:
         inputs = load_inputs(args.nodes, args.pods)

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from simulator.model import MILLI_PER_GPU, Cluster, SimPod, derived_memory_mib
 from tessera.contract import MAX_CORES, PodPreferences
 from tessera.placement import (
     ClusterContext,
@@ -43,7 +44,6 @@ from tessera.placement import (
     release,
 )
 from tessera.placement.policies import Binpack, Spread, register_policy
-from tessera.simulate.model import MILLI_PER_GPU, Cluster, SimPod, derived_memory_mib
 
 # Slices per GPU: the device plugin's default --split.
 SLICES_PER_GPU = 10

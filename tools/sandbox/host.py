@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.sandbox.layout import (
+from sandbox.layout import (
     BRIDGE,
     CGROUP_ROOT,
     HOST_CNI_STATE,
@@ -276,7 +276,7 @@ def _cmdline(pid: int) -> list[str]:
 COMPONENT_PROGRAMS = frozenset(
     {"containerd", "containerd-shim-runc-v2", "kubelet", "etcd", "kube-apiserver", "kube-scheduler"}
 )
-COMPONENT_MODULES = frozenset({"extender.main", "deviceplugin.main", "tessera.sandbox.fakenode"})
+COMPONENT_MODULES = frozenset({"extender.main", "deviceplugin.main", "sandbox.fakenode"})
 
 
 def is_component(args: Sequence[str], root: str) -> bool:

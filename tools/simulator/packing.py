@@ -22,10 +22,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from simulator.model import MILLI_PER_GPU, Cluster, Progress, SimPod, Workload
+from simulator.scheduler import Request, SimScheduler, System, pod_shape, shape_mix
 from tessera.placement import ClusterContext, NodeState
 from tessera.placement.fragmentation import Fragmentation, free_share
-from tessera.simulate.model import MILLI_PER_GPU, Cluster, Progress, SimPod, Workload
-from tessera.simulate.scheduler import Request, SimScheduler, System, pod_shape, shape_mix
 
 REPORTED_LOADS = (90, 95, 100)
 FRAGMENTATION_LOADS = (50, 75, 90, 95, 100)

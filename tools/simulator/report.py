@@ -6,9 +6,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from tessera.simulate.experiment import Options, SystemResult
-from tessera.simulate.inputs import Inputs
-from tessera.simulate.packing import REPORTED_LOADS
+from simulator.experiment import Options, SystemResult
+from simulator.inputs import Inputs
+from simulator.packing import REPORTED_LOADS
 
 FRAGMENTATION_SHOWN = 90
 

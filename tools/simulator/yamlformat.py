@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from tessera.simulate.model import (
+from simulator.model import (
     GPU_MEMORY_MIB,
     MILLI_PER_GPU,
     Cluster,

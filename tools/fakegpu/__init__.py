@@ -1,0 +1,205 @@
+"""The fake GPU for tests: builds the fake libcuda.so.1 / libnvidia-ml.so.1, writes their config and
+drives the test-side controls (XID events, lost GPUs). See docs/fakegpu.md.
+
+Typical use::
+
+    build_dir = build()
+    write_config(tmp / "gpus.conf", [example_gpu(0), example_gpu(1, memory_mib=8192)])
+    env = client_env(tmp / "gpus.conf", tmp / "state")
+    subprocess.run([str(cuclient()), "info"], env=env)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BUILD_DIR = HERE / "build"
+
+_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_PCI = re.compile(r"^([0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}\.[0-7]$")
+
+
+@dataclass(frozen=True)
+class FakeGpuSpec:
+    """One fake GPU, as the config file describes it."""
+
+    name: str
+    uuid: str
+    memory_mib: int
+    sm_count: int
+    compute_capability: tuple[int, int]
+    pci_bus_id: str
+    numa_node: int | None = None
+    nvlink_peers: tuple[str, ...] = ()
+    pci_device_id: int | None = None
+
+    def config_line(self) -> str:
+        """The `gpu ...` line of the config file; ValueError naming the field if a value is bad."""
+        if not self.name or any(c in self.name for c in '"\n'):
+            raise ValueError(f"FakeGpuSpec.name: bad value {self.name!r}")
+        if not _UUID.match(self.uuid):
+            raise ValueError(f"FakeGpuSpec.uuid: bad value {self.uuid!r}")
+        if self.memory_mib <= 0:
+            raise ValueError(f"FakeGpuSpec.memory_mib: bad value {self.memory_mib!r}")
+        if self.sm_count <= 0:
+            raise ValueError(f"FakeGpuSpec.sm_count: bad value {self.sm_count!r}")
+        major, minor = self.compute_capability
+        if major < 1 or not 0 <= minor <= 9:
+            raise ValueError(f"FakeGpuSpec.compute_capability: bad value {self.compute_capability!r}")
+        if not _PCI.match(self.pci_bus_id):
+            raise ValueError(f"FakeGpuSpec.pci_bus_id: bad value {self.pci_bus_id!r}")
+        for peer in self.nvlink_peers:
+            if not _UUID.match(peer):
+                raise ValueError(f"FakeGpuSpec.nvlink_peers: bad value {peer!r}")
+        fields = [
+            f'name="{self.name}"',
+            f"uuid={self.uuid}",
+            f"memory={self.memory_mib}MiB",
+            f"sms={self.sm_count}",
+            f"cc={major}.{minor}",
+            f"pci={self.pci_bus_id}",
+        ]
+        if self.numa_node is not None:
+            fields.append(f"numa={self.numa_node}")
+        if self.nvlink_peers:
+            fields.append("nvlink=" + ",".join(self.nvlink_peers))
+        if self.pci_device_id is not None:
+            fields.append(f"pci_device_id={self.pci_device_id:#x}")
+        return "gpu " + " ".join(fields)
+
+
+def gpu_uuid(index: int) -> str:
+    """A well-formed, deterministic UUID for the index-th fake GPU of a test."""
+    return f"GPU-{index:08x}-0000-4000-8000-{index:012x}"
+
+
+def example_gpu(
+    index: int,
+    *,
+    name: str = "NVIDIA A100-SXM4-80GB",
+    memory_mib: int = 81920,
+    sm_count: int = 108,
+    compute_capability: tuple[int, int] = (8, 0),
+    numa_node: int | None = None,
+    nvlink_peers: tuple[str, ...] = (),
+) -> FakeGpuSpec:
+    """A GPU with a UUID and PCI bus id derived from its index (bus 0x10 + index)."""
+    return FakeGpuSpec(
+        name=name,
+        uuid=gpu_uuid(index),
+        memory_mib=memory_mib,
+        sm_count=sm_count,
+        compute_capability=compute_capability,
+        pci_bus_id=f"0000:{0x10 + index:02x}:00.0",
+        numa_node=numa_node,
+        nvlink_peers=nvlink_peers,
+    )
+
+
+def find_headers_dir(header: str) -> Path:
+    """The include directory of `header` (cuda.h, cudaTypedefs.h, nvml.h) in NVIDIA's PyPI packages."""
+    done = subprocess.run(
+        [sys.executable, str(HERE / "scripts" / "find_headers.py"), header],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip())
+    return Path(done.stdout.strip())
+
+
+def build() -> Path:
+    """Builds the fake driver (make -C tools/fakegpu), one build at a time across processes; returns
+    the build dir."""
+    BUILD_DIR.mkdir(exist_ok=True)
+    with open(BUILD_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = subprocess.run(
+            ["make", "-s", "-C", str(HERE), f"PYTHON={sys.executable}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if result.returncode != 0:
+        raise RuntimeError(f"building the fake GPU failed:\n{result.stdout}{result.stderr}")
+    return BUILD_DIR
+
+
+def cuclient() -> Path:
+    """The driver-API test client (see the comment at the top of clients/cuclient.c)."""
+    return BUILD_DIR / "cuclient"
+
+
+def write_config(
+    path: Path,
+    specs: Sequence[FakeGpuSpec],
+    *,
+    driver_version: str | None = None,
+    cuda_version: int | None = None,
+    util_window_ms: int | None = None,
+) -> Path:
+    """Writes the config file describing `specs`; returns its path."""
+    if not specs:
+        raise ValueError("write_config: specs: at least one GPU is needed")
+    lines = ["# fake GPUs (docs/fakegpu.md)"]
+    driver = []
+    if driver_version is not None:
+        if not re.match(r"^[0-9][0-9.]*$", driver_version):
+            raise ValueError(f"write_config: driver_version: bad value {driver_version!r}")
+        driver.append(f"version={driver_version}")
+    if cuda_version is not None:
+        driver.append(f"cuda={cuda_version}")
+    if util_window_ms is not None:
+        driver.append(f"util_window_ms={util_window_ms}")
+    if driver:
+        lines.append("driver " + " ".join(driver))
+    lines.extend(spec.config_line() for spec in specs)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def client_env(config: Path, state: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for a process that should load the fake driver: `base` (default os.environ) plus
+    LD_LIBRARY_PATH, FAKEGPU_CONFIG and FAKEGPU_STATE."""
+    env = dict(os.environ if base is None else base)
+    library_path = env.get("LD_LIBRARY_PATH")
+    env["LD_LIBRARY_PATH"] = f"{BUILD_DIR}:{library_path}" if library_path else str(BUILD_DIR)
+    env["FAKEGPU_CONFIG"] = str(config)
+    env["FAKEGPU_STATE"] = str(state)
+    return env
+
+
+def _control(state: Path, uuid: str, kind: str) -> Path:
+    if not _UUID.match(uuid):
+        raise ValueError(f"uuid: bad value {uuid!r}")
+    state.mkdir(parents=True, exist_ok=True)
+    return state / f"{uuid}.{kind}"
+
+
+def inject_xid(state: Path, uuid: str, xid: int) -> None:
+    """Raises XID error `xid` on the GPU: NVML event sets registered for it report it."""
+    if xid < 0:
+        raise ValueError(f"inject_xid: xid: bad value {xid!r}")
+    fd = os.open(_control(state, uuid, "xid"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, f"{xid}\n".encode())  # one small append: readers never see half a line
+    finally:
+        os.close(fd)
+
+
+def set_lost(state: Path, uuid: str, lost: bool) -> None:
+    """Marks the GPU as fallen off the bus (NVML answers NVML_ERROR_GPU_IS_LOST for it) or recovers it."""
+    marker = _control(state, uuid, "lost")
+    if lost:
+        marker.touch()
+    else:
+        marker.unlink(missing_ok=True)
