@@ -40,6 +40,16 @@ CONTAINER_HOOK_LIBRARY = "/usr/local/tessera/libvgpu.so"
 CONTAINER_LD_SO_PRELOAD = "/etc/ld.so.preload"
 
 MAX_CORES = 100
+# Quotas are MiB on the wire (resources, annotations) and bytes in the hook's limits file.
+MIB = 2**20
+
+# A Kubernetes object or request body as decoded JSON.
+JsonObject = dict[str, Any]
+
+
+def pod_ref(namespace: str, name: str) -> str:
+    """A pod's ``namespace/name``, as messages and logs name it."""
+    return f"{namespace}/{name}"
 
 
 class ContractError(ValueError):
@@ -264,13 +274,13 @@ def _jsonable(value: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ContainerRequest:
-    """What one container asks for: ``vgpu`` distinct GPUs, each with this memory and compute share.
+    """What one container asks for: ``gpu_count`` distinct GPUs, each with this memory and compute share.
 
     ``memory_mib`` None means the whole GPU's memory; ``cores`` None means no compute reserved.
     """
 
     name: str
-    vgpu: int
+    gpu_count: int
     memory_mib: int | None
     cores: int | None
 
@@ -366,7 +376,7 @@ def _container_request(container: Mapping[str, Any], keys: ContractKeys) -> Cont
         raise ContractError(f"container {name!r}: {keys.vgpu_memory}: {memory} must be more than 0 MiB")
     if cores is not None and not 1 <= cores <= MAX_CORES:
         raise ContractError(f"container {name!r}: {keys.vgpu_cores}: {cores} is outside 1..{MAX_CORES}")
-    return ContainerRequest(name=name, vgpu=vgpu, memory_mib=memory, cores=cores)
+    return ContainerRequest(name=name, gpu_count=vgpu, memory_mib=memory, cores=cores)
 
 
 def _split_models(text: str) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ Rules (docs/placement.md has them with examples):
 * A GPU is *eligible* for a pod when it is healthy, its model matches ``<domain>/gpu-models`` (any
   entry, case-insensitive substring; no entries = any model) and no ``<domain>/gpu-models-exclude``
   entry, and its speed for the pod's workload is at least ``<domain>/min-speed``.
-* A container asking ``vgpu: n`` gets n *distinct* eligible GPUs, each with a free slice, free
+* A container asking ``gpu_count: n`` gets n *distinct* eligible GPUs, each with a free slice, free
   memory >= its ``vgpu-memory`` (absent: the GPU's whole memory, i.e. none of it in use) and free
   compute >= its ``vgpu-cores`` (absent: none reserved). Containers of one pod may share a GPU
   when the quotas allow; each takes its own slice.
@@ -148,7 +148,7 @@ def find_placement(
     order = sorted(
         range(len(shape.containers)),
         key=lambda i: (
-            -shape.containers[i].vgpu,
+            -shape.containers[i].gpu_count,
             -(shape.containers[i].memory_mib or 1 << 40),
             -shape.containers[i].cores_needed,
         ),
@@ -165,10 +165,10 @@ def find_placement(
             candidates = _fitting(gpus, [i for i in pinned[order[step]] if i in eligible], container)
         else:
             candidates = _fitting(gpus, eligible, container)
-        if len(candidates) < container.vgpu:
+        if len(candidates) < container.gpu_count:
             return False
         candidates.sort(key=lambda i: policy.gpu_key(gpus[i], container, context))
-        for gpu_set in _gpu_sets(node, candidates, container.vgpu):
+        for gpu_set in _gpu_sets(node, candidates, container.gpu_count):
             if budget <= 0:
                 return False
             budget -= 1
@@ -199,16 +199,16 @@ def _place_one_container(
     container placed after it, the search keeps the first GPU set it tries, and this is that set."""
     gpus = node.gpus
     candidates = _fitting(gpus, eligible, container)
-    if len(candidates) < container.vgpu:
+    if len(candidates) < container.gpu_count:
         return None
     # The policy's keys in one C-level pass (map), not a lambda call per GPU.
     keys = list(map(policy.gpu_key, map(gpus.__getitem__, candidates), repeat(container), repeat(context)))
-    if container.vgpu == 1:
+    if container.gpu_count == 1:
         # The first of the smallest keys: what the stable sort would put first, without sorting.
         gpu_set: tuple[int, ...] = (candidates[keys.index(min(keys))],)
     else:
         ranked = [candidates[k] for k in sorted(range(len(keys)), key=keys.__getitem__)]
-        gpu_set = next(_gpu_sets(node, ranked, container.vgpu))
+        gpu_set = next(_gpu_sets(node, ranked, container.gpu_count))
     grants = tuple(Grant(i, container.memory_on(gpus[i]), container.cores_needed) for i in gpu_set)
     return Placement(node=node.name, containers=(grants,))
 
@@ -301,7 +301,7 @@ def _models(node: NodeState, positions: Sequence[int]) -> str:
 def _ineligibility(
     node: NodeState, shape: PodShape, eligible: Sequence[int], profiles: SpeedProfiles
 ) -> tuple[str, Shortfall] | None:
-    needed = max(c.vgpu for c in shape.containers)
+    needed = max(c.gpu_count for c in shape.containers)
     if len(eligible) >= needed:
         return None
     if not node.gpus:
@@ -341,7 +341,7 @@ def _count(n: int) -> str:
 def _container_shortfall(
     node: NodeState, container: ContainerShape, eligible: Sequence[int]
 ) -> tuple[str, Shortfall] | None:
-    k = container.vgpu
+    k = container.gpu_count
     need = "" if k == 1 else f"; {k} needed"
     gpus = [node.gpus[i] for i in eligible]
     whole = container.memory_mib is None

@@ -152,7 +152,7 @@ def node_fragmentation(node: NodeState, targets: tuple[TargetShape, ...]) -> flo
         runs = True
         for container in target.containers:
             takers = [i for i in allowed if _takes(node.gpus[i], container)]
-            if len(takers) < container.vgpu:
+            if len(takers) < container.gpu_count:
                 runs = False
                 break
             useful.update(takers)
@@ -165,7 +165,7 @@ def cpu_per_gpu(targets: tuple[TargetShape, ...]) -> float | None:
     """The target workload's CPU requests over its GPU requests, in milli-CPU per percent of a GPU
     (a container without a compute share counts whole GPUs); None when the target asks no GPU."""
     gpu_percent = sum(
-        t.weight * sum(c.vgpu * (c.cores_needed or MAX_CORES) for c in t.containers) for t in targets
+        t.weight * sum(c.gpu_count * (c.cores_needed or MAX_CORES) for c in t.containers) for t in targets
     )
     if not gpu_percent:
         return None

@@ -92,7 +92,7 @@ def _pins(
             keys.setdefault(key[0], set()).add(key)
     pins: dict[int, list[int]] = {}
     for index, container in enumerate(shape.containers):
-        found = keys.get(container.vgpu)
+        found = keys.get(container.gpu_count)
         if not found:
             continue
         if len(found) > 1:

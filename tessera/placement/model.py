@@ -125,7 +125,7 @@ class ContainerShape:
     ``memory_mib`` None = the whole memory of each GPU it gets; ``cores`` None = no compute reserved.
     """
 
-    vgpu: int
+    gpu_count: int
     memory_mib: int | None
     cores: int | None
     # ``cores`` or 0; a field, not a property, as the fit search reads it per GPU tried. Left out of
@@ -141,7 +141,7 @@ class ContainerShape:
     def describe(self) -> str:
         memory = "whole GPU memory" if self.memory_mib is None else f"{self.memory_mib} MiB"
         cores = f", {self.cores}% compute" if self.cores else ""
-        return f"{self.vgpu} x ({memory}{cores})"
+        return f"{self.gpu_count} x ({memory}{cores})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,12 +159,12 @@ class PodShape:
 
     @property
     def gpu_count(self) -> int:
-        return sum(c.vgpu for c in self.containers)
+        return sum(c.gpu_count for c in self.containers)
 
 
 def shape_of(request: PodRequest) -> PodShape:
     return PodShape(
-        containers=tuple(ContainerShape(c.vgpu, c.memory_mib, c.cores) for c in request.containers),
+        containers=tuple(ContainerShape(c.gpu_count, c.memory_mib, c.cores) for c in request.containers),
         preferences=request.preferences,
     )
 

@@ -69,7 +69,7 @@ def test_derived_values_follow_the_fields() -> None:
 def test_derived_values_stay_out_of_equality_hashes_and_reprs() -> None:
     assert ContainerShape(1, 4096, 25) == ContainerShape(1, 4096, 25)
     assert hash(ContainerShape(1, 4096, 25)) == hash((1, 4096, 25))
-    assert repr(ContainerShape(1, 4096, None)) == "ContainerShape(vgpu=1, memory_mib=4096, cores=None)"
+    assert repr(ContainerShape(1, 4096, None)) == "ContainerShape(gpu_count=1, memory_mib=4096, cores=None)"
     gpu = GpuState("GPU-0", 0, "Tesla T4", 15360, 4)
     assert "free_" not in repr(gpu)
     assert "healthy_positions" not in repr(NodeState("n", (gpu,)))
