@@ -1,7 +1,9 @@
 # One image for Tessera's node agent (tessera-device-plugin, with libvgpu.so) and the scheduler
 # extender (tessera-extender). Build: docker build -t tessera:0.1.0 .
 # The hook is compiled against the CUDA and NVML headers that NVIDIA publishes on PyPI; the image
-# carries no CUDA driver: on a GPU node the NVIDIA container toolkit provides it.
+# carries no CUDA driver: on a GPU node the NVIDIA container toolkit provides it. Only the product is
+# copied in (.dockerignore): the simulator, the sandbox and the fake GPU are tools under tools/ and
+# never ship; tests/foundation/test_packaging.py checks that the wheel built here holds the product alone.
 
 FROM python:3.11-slim AS build
 RUN apt-get update && apt-get install -y --no-install-recommends gcc make && rm -rf /var/lib/apt/lists/*
