@@ -94,7 +94,7 @@ def four_gpus() -> list[fakegpu.FakeGpuSpec]:
     return [
         fakegpu.example_gpu(
             i,
-            name="NVIDIA A100-SXM4-40GB",
+            model="NVIDIA A100-SXM4-40GB",
             memory_mib=40960,
             numa_node=i // 2,
             nvlink_peers=(fakegpu.gpu_uuid(i ^ 1),),

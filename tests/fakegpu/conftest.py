@@ -44,7 +44,7 @@ def gpus(tmp_path: Path, built: Path) -> Gpus:
     specs = [
         example_gpu(0, memory_mib=8192, numa_node=0, nvlink_peers=(gpu_uuid(1),)),
         example_gpu(
-            1, name="NVIDIA H100 80GB HBM3", memory_mib=1024, sm_count=132, compute_capability=(9, 0)
+            1, model="NVIDIA H100 80GB HBM3", memory_mib=1024, sm_count=132, compute_capability="9.0"
         ),
     ]
     config = write_config(tmp_path / "gpus.conf", specs, util_window_ms=200)

@@ -32,7 +32,7 @@ def test_cuda_bindings_sees_the_configured_gpus(gpus: Gpus, procs: ClientProcess
     report = bindings_report(procs, gpus.env())
     assert report["devices"] == [
         {
-            "name": spec.name,
+            "name": spec.model,
             "uuid": spec.uuid.removeprefix("GPU-").replace("-", ""),
             "total": spec.memory_mib * MIB,
             "pci": spec.pci_bus_id,

@@ -24,12 +24,13 @@ def test_write_config_writes_one_line_per_gpu(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("name", 'say "hi"'),
+        ("model", 'say "hi"'),
         ("uuid", "GPU-123"),
         ("memory_mib", 0),
         ("sm_count", -1),
-        ("compute_capability", (8, 10)),
+        ("compute_capability", "8.10"),
         ("pci_bus_id", "7:00"),
+        ("numa_node", -1),
         ("nvlink_peers", ("nope",)),
     ],
 )

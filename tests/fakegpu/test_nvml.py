@@ -26,7 +26,7 @@ def test_pynvml_reports_the_configured_gpus(gpus: Gpus, procs: ClientProcesses) 
     assert report["gpus"] == [
         {
             "index": 0,
-            "name": a100.name,
+            "name": a100.model,
             "uuid": a100.uuid,
             "memory_total": a100.memory_mib * MIB,
             "memory_used": 0,
@@ -38,7 +38,7 @@ def test_pynvml_reports_the_configured_gpus(gpus: Gpus, procs: ClientProcesses) 
         },
         {
             "index": 1,
-            "name": h100.name,
+            "name": h100.model,
             "uuid": h100.uuid,
             "memory_total": h100.memory_mib * MIB,
             "memory_used": 0,
@@ -55,7 +55,7 @@ def test_nvml_ignores_cuda_visible_devices_but_not_the_runtime(gpus: Gpus, procs
     names = [
         g["name"] for g in json.loads(procs.probe(gpus.env(CUDA_VISIBLE_DEVICES="1"), "inventory")[0])["gpus"]
     ]
-    assert names == [spec.name for spec in gpus.specs]
+    assert names == [spec.model for spec in gpus.specs]
     env = gpus.env(NVIDIA_VISIBLE_DEVICES=gpus.specs[1].uuid)
     assert [g["uuid"] for g in json.loads(procs.probe(env, "inventory")[0])["gpus"]] == [gpus.specs[1].uuid]
 

@@ -105,7 +105,7 @@ def _run_probe_pod(sandbox: Sandbox, pod: dict[str, Any]) -> tuple[Any, dict[str
 def test_node_advertises_both_fake_gpus(sbx: Sandbox) -> None:
     node = sbx.core.read_node(sbx.state.node)
     inventory = parse_inventory(node.metadata.annotations[KEYS.node_gpus])
-    assert [(g.model, g.memory_mib) for g in inventory] == [(A100.name, 40960), (T4.name, 15360)]
+    assert [(g.model, g.memory_mib) for g in inventory] == [(A100.model, 40960), (T4.model, 15360)]
     assert int(node.status.allocatable[KEYS.vgpu]) == sum(g.split for g in inventory)
 
 
@@ -119,7 +119,7 @@ def test_pod_is_placed_by_the_extender_admitted_after_allocate_and_held_to_its_q
     (grant,) = allocation.for_container("probe").gpus  # type: ignore[union-attr]
     assert (grant.uuid, grant.memory_mib, grant.cores) == (A100.uuid, 1024, 30)
     # Inside the container, through the hook over the fake driver:
-    assert report["device"] == A100.name
+    assert report["device"] == A100.model
     assert report["total_mib"] == "1024"
     assert report["allocations_ok"] == "4"
     assert report["refused_with"] == str(CUDA_ERROR_OUT_OF_MEMORY)
@@ -205,7 +205,7 @@ def test_device_plugin_restart_reregisters_and_allocations_still_agree(sbx: Sand
         ("after-kubelet-restart", "probe"),
     }
     _, report = _run_probe_pod(sbx, _another("after-plugin-restart"))
-    assert (report["device"], report["total_mib"], report["allocations_ok"]) == (T4.name, "1024", "4")
+    assert (report["device"], report["total_mib"], report["allocations_ok"]) == (T4.model, "1024", "4")
 
 
 def test_added_node_without_kubelet_takes_what_fits_only_there(sbx: Sandbox) -> None:

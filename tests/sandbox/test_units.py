@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import fakegpu
 from sandbox import containerd, fakenode, gpu, host, images, kubelet
 from sandbox.layout import CGROUP_ROOT, Layout
 from tessera.contract import KEYS
@@ -203,7 +204,7 @@ def test_gpu_files_place_the_driver_where_the_container_toolkit_does() -> None:
 
 
 def test_fake_gpu_description_lists_both_gpus() -> None:
-    lines = gpu.render_gpu_config(gpu.SANDBOX_GPUS).splitlines()[1:]
+    lines = fakegpu.render_config(gpu.SANDBOX_GPUS).splitlines()[1:]
     assert lines == [
         'gpu name="NVIDIA A100-SXM4-40GB" uuid=GPU-6a1e0b7c-0000-4000-8000-00000000a100 memory=40960MiB '
         "sms=108 cc=8.0 pci=0000:3b:00.0 numa=0",

@@ -1,5 +1,6 @@
-"""The fake GPU for tests: builds the fake libcuda.so.1 / libnvidia-ml.so.1, writes their config and
-drives the test-side controls (XID events, lost GPUs). See docs/fakegpu.md.
+"""The fake GPU for tests, the sandbox and the benches: builds the fake libcuda.so.1 /
+libnvidia-ml.so.1, writes their config (the one writer of that file) and drives the test-side
+controls (XID events, lost GPUs). See docs/fakegpu.md.
 
 Typical use::
 
@@ -22,20 +23,26 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "build"
+# The environment variables the fake driver reads: its config file and its shared state directory.
+CONFIG_ENV = "FAKEGPU_CONFIG"
+STATE_ENV = "FAKEGPU_STATE"
 
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _PCI = re.compile(r"^([0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}\.[0-7]$")
+# What the fake driver's parser accepts: major 1-99, minor 0-9.
+_COMPUTE_CAPABILITY = re.compile(r"^[1-9][0-9]?\.[0-9]$")
 
 
 @dataclass(frozen=True)
 class FakeGpuSpec:
-    """One fake GPU, as the config file describes it."""
+    """One fake GPU, as the config file describes it. The fields are named as in
+    `tessera.contract.GpuInfo`, which the node agent fills from what the fake NVML reports."""
 
-    name: str
+    model: str
     uuid: str
     memory_mib: int
     sm_count: int
-    compute_capability: tuple[int, int]
+    compute_capability: str  # "major.minor", as in GpuInfo
     pci_bus_id: str
     numa_node: int | None = None
     nvlink_peers: tuple[str, ...] = ()
@@ -43,28 +50,29 @@ class FakeGpuSpec:
 
     def config_line(self) -> str:
         """The `gpu ...` line of the config file; ValueError naming the field if a value is bad."""
-        if not self.name or any(c in self.name for c in '"\n'):
-            raise ValueError(f"FakeGpuSpec.name: bad value {self.name!r}")
+        if not self.model or any(c in self.model for c in '"\n'):
+            raise ValueError(f"FakeGpuSpec.model: bad value {self.model!r}")
         if not _UUID.match(self.uuid):
             raise ValueError(f"FakeGpuSpec.uuid: bad value {self.uuid!r}")
         if self.memory_mib <= 0:
             raise ValueError(f"FakeGpuSpec.memory_mib: bad value {self.memory_mib!r}")
         if self.sm_count <= 0:
             raise ValueError(f"FakeGpuSpec.sm_count: bad value {self.sm_count!r}")
-        major, minor = self.compute_capability
-        if major < 1 or not 0 <= minor <= 9:
+        if not _COMPUTE_CAPABILITY.match(self.compute_capability):
             raise ValueError(f"FakeGpuSpec.compute_capability: bad value {self.compute_capability!r}")
         if not _PCI.match(self.pci_bus_id):
             raise ValueError(f"FakeGpuSpec.pci_bus_id: bad value {self.pci_bus_id!r}")
+        if self.numa_node is not None and not 0 <= self.numa_node <= 1023:
+            raise ValueError(f"FakeGpuSpec.numa_node: bad value {self.numa_node!r}")
         for peer in self.nvlink_peers:
             if not _UUID.match(peer):
                 raise ValueError(f"FakeGpuSpec.nvlink_peers: bad value {peer!r}")
         fields = [
-            f'name="{self.name}"',
+            f'name="{self.model}"',
             f"uuid={self.uuid}",
             f"memory={self.memory_mib}MiB",
             f"sms={self.sm_count}",
-            f"cc={major}.{minor}",
+            f"cc={self.compute_capability}",
             f"pci={self.pci_bus_id}",
         ]
         if self.numa_node is not None:
@@ -84,16 +92,16 @@ def gpu_uuid(index: int) -> str:
 def example_gpu(
     index: int,
     *,
-    name: str = "NVIDIA A100-SXM4-80GB",
+    model: str = "NVIDIA A100-SXM4-80GB",
     memory_mib: int = 81920,
     sm_count: int = 108,
-    compute_capability: tuple[int, int] = (8, 0),
+    compute_capability: str = "8.0",
     numa_node: int | None = None,
     nvlink_peers: tuple[str, ...] = (),
 ) -> FakeGpuSpec:
     """A GPU with a UUID and PCI bus id derived from its index (bus 0x10 + index)."""
     return FakeGpuSpec(
-        name=name,
+        model=model,
         uuid=gpu_uuid(index),
         memory_mib=memory_mib,
         sm_count=sm_count,
@@ -139,22 +147,22 @@ def cuclient() -> Path:
     return BUILD_DIR / "cuclient"
 
 
-def write_config(
-    path: Path,
+def render_config(
     specs: Sequence[FakeGpuSpec],
     *,
     driver_version: str | None = None,
     cuda_version: int | None = None,
     util_window_ms: int | None = None,
-) -> Path:
-    """Writes the config file describing `specs`; returns its path."""
+) -> str:
+    """The config file describing `specs` (format in docs/fakegpu.md); ValueError naming the field
+    and value if one is bad."""
     if not specs:
-        raise ValueError("write_config: specs: at least one GPU is needed")
+        raise ValueError("render_config: specs: at least one GPU is needed")
     lines = ["# fake GPUs (docs/fakegpu.md)"]
     driver = []
     if driver_version is not None:
         if not re.match(r"^[0-9][0-9.]*$", driver_version):
-            raise ValueError(f"write_config: driver_version: bad value {driver_version!r}")
+            raise ValueError(f"render_config: driver_version: bad value {driver_version!r}")
         driver.append(f"version={driver_version}")
     if cuda_version is not None:
         driver.append(f"cuda={cuda_version}")
@@ -163,7 +171,22 @@ def write_config(
     if driver:
         lines.append("driver " + " ".join(driver))
     lines.extend(spec.config_line() for spec in specs)
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_config(
+    path: Path,
+    specs: Sequence[FakeGpuSpec],
+    *,
+    driver_version: str | None = None,
+    cuda_version: int | None = None,
+    util_window_ms: int | None = None,
+) -> Path:
+    """Writes the config file describing `specs` (see render_config); returns its path."""
+    text = render_config(
+        specs, driver_version=driver_version, cuda_version=cuda_version, util_window_ms=util_window_ms
+    )
+    path.write_text(text)
     return path
 
 
@@ -173,8 +196,8 @@ def client_env(config: Path, state: Path, base: Mapping[str, str] | None = None)
     env = dict(os.environ if base is None else base)
     library_path = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = f"{BUILD_DIR}:{library_path}" if library_path else str(BUILD_DIR)
-    env["FAKEGPU_CONFIG"] = str(config)
-    env["FAKEGPU_STATE"] = str(state)
+    env[CONFIG_ENV] = str(config)
+    env[STATE_ENV] = str(state)
     return env
 
 

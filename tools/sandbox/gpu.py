@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from fakegpu import BUILD_DIR as FAKE_DRIVER_BUILD
-from hook._library import BUILD_LIBRARY as HOOK_BUILD
+from fakegpu import BUILD_DIR, CONFIG_ENV, STATE_ENV, FakeGpuSpec, write_config
+from hook._library import BUILD_LIBRARY as HOOK_LIBRARY
 from sandbox.containerd import BindMount
 from sandbox.images import DRIVER_LIBRARY_DIR
 from sandbox.layout import Layout
@@ -37,40 +37,29 @@ DRIVER_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
 # Inside containers: where the sandbox mounts the fake GPUs' description and their shared state.
 CONTAINER_GPU_CONFIG = "/etc/tessera-fakegpu/gpus.conf"
 CONTAINER_GPU_STATE = "/run/tessera-fakegpu"
-CONFIG_ENV = "FAKEGPU_CONFIG"
-STATE_ENV = "FAKEGPU_STATE"
 LOOPBACK = "127.0.0.1"
 
-
-@dataclass(frozen=True, slots=True)
-class FakeGpu:
-    name: str
-    uuid: str
-    memory_mib: int
-    sms: int
-    cc: str
-    pci: str
-    numa: int = 0
-
-
 SANDBOX_GPUS = (
-    FakeGpu(
-        "NVIDIA A100-SXM4-40GB", "GPU-6a1e0b7c-0000-4000-8000-00000000a100", 40960, 108, "8.0", "0000:3b:00.0"
+    FakeGpuSpec(
+        model="NVIDIA A100-SXM4-40GB",
+        uuid="GPU-6a1e0b7c-0000-4000-8000-00000000a100",
+        memory_mib=40960,
+        sm_count=108,
+        compute_capability="8.0",
+        pci_bus_id="0000:3b:00.0",
+        numa_node=0,
     ),
     # NVML reports a T4 (sold as 16 GB) with 15360 MiB.
-    FakeGpu("Tesla T4", "GPU-7b2f1c8d-0000-4000-8000-000000000074", 15360, 40, "7.5", "0000:af:00.0"),
+    FakeGpuSpec(
+        model="Tesla T4",
+        uuid="GPU-7b2f1c8d-0000-4000-8000-000000000074",
+        memory_mib=15360,
+        sm_count=40,
+        compute_capability="7.5",
+        pci_bus_id="0000:af:00.0",
+        numa_node=0,
+    ),
 )
-
-
-def render_gpu_config(gpus: tuple[FakeGpu, ...]) -> str:
-    """The fake driver's description file (format in docs/fakegpu.md)."""
-    lines = ["# Fake GPUs of the tessera sandbox; read by the fake libcuda.so.1 and libnvidia-ml.so.1."]
-    lines += [
-        f'gpu name="{g.name}" uuid={g.uuid} memory={g.memory_mib}MiB sms={g.sms} cc={g.cc} '
-        f"pci={g.pci} numa={g.numa}"
-        for g in gpus
-    ]
-    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +92,7 @@ class GpuFiles:
 
 def missing_builds() -> list[str]:
     """What `make native` has not built yet."""
-    wanted = [FAKE_DRIVER_BUILD / s for s in DRIVER_SONAMES] + [HOOK_BUILD]
+    wanted = [BUILD_DIR / s for s in DRIVER_SONAMES] + [HOOK_LIBRARY]
     return [f"{p} (run `make native`)" for p in wanted if not p.exists()]
 
 
@@ -117,16 +106,16 @@ def files_for(layout: Layout) -> GpuFiles:
     )
 
 
-def prepare(layout: Layout, gpus: tuple[FakeGpu, ...] = SANDBOX_GPUS) -> GpuFiles:
+def prepare(layout: Layout, gpus: tuple[FakeGpuSpec, ...] = SANDBOX_GPUS) -> GpuFiles:
     files = files_for(layout)
     for directory in (files.driver, files.state, files.agent_state):
         directory.mkdir(parents=True, exist_ok=True)
     # Every container's processes write the GPU state (the device is shared by all of them).
     files.state.chmod(0o1777)
     for soname in DRIVER_SONAMES:
-        shutil.copy2(FAKE_DRIVER_BUILD / soname, files.driver / soname)
-    shutil.copy2(HOOK_BUILD, files.hook)
-    files.config.write_text(render_gpu_config(gpus))
+        shutil.copy2(BUILD_DIR / soname, files.driver / soname)
+    shutil.copy2(HOOK_LIBRARY, files.hook)
+    write_config(files.config, gpus)
     return files
 
 
