@@ -1,7 +1,8 @@
 """The device plugin's Allocate latency and its re-registration time after a kubelet restart.
 
-Runs the real ``tessera-device-plugin`` on 4 fake GPUs (tests/fakegpu) against the real
-kube-apiserver (etcd + apiserver from hack/k8s-binaries.sh) and the kubelet stand-in of the tests.
+Runs the real ``tessera-device-plugin`` on 4 fake GPUs (tools/fakegpu) against the real
+kube-apiserver (etcd + apiserver from hack/k8s-binaries.sh) and the kubelet stand-in
+(``sandbox.kubelet_standin``, as in the tests).
 
 - Allocate: rounds of ``--pods`` pods bound to the node at once (phase ``allocating``, one GPU each, the
   same key, as the in-flight rule allows), then admitted one by one as the kubelet does
@@ -28,14 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from kubernetes import client, config
 
-from kubernetes import client, config  # noqa: E402
-
-import fakegpu  # noqa: E402
-from sandbox.controlplane import ControlPlane, ManagedProcess, fake_node_body  # noqa: E402
-from tessera.contract import (  # noqa: E402
+import fakegpu
+from sandbox.controlplane import ControlPlane, ManagedProcess, fake_node_body
+from sandbox.kubelet_standin import KubeletStandIn
+from tessera.contract import (
     KEYS,
     Allocation,
     ContainerAllocation,
@@ -45,7 +44,6 @@ from tessera.contract import (  # noqa: E402
     format_time,
     now,
 )
-from tests.deviceplugin.kubelet_standin import KubeletStandIn  # noqa: E402
 
 NODE = "bench-gpu-node"
 NAMESPACE = "bench"
@@ -86,6 +84,7 @@ def main() -> None:
     args = parser.parse_args()
 
     fakegpu.build()
+    hook_library = fakegpu.build_hook()
     work = Path(tempfile.mkdtemp(prefix="dp-bench-"))
     plugin_dir = Path(tempfile.mkdtemp(prefix="dpb-", dir="/tmp"))
     plane = ControlPlane(work_dir=work / "control-plane")
@@ -116,7 +115,7 @@ def main() -> None:
                 f"--kubeconfig={plane.kubeconfig}",
                 f"--split={split}",
                 "--metrics-port=0",
-                f"--hook-library={REPO / 'hook' / 'build' / 'libvgpu.so'}",
+                f"--hook-library={hook_library}",
             ],
             work / "device-plugin.log",
             env=env,

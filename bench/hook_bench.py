@@ -11,16 +11,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import fakegpu
 
-import fakegpu  # noqa: E402
-from tests.hook.conftest import HOOK_LIBRARY, _cuda_include, _make  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def percentile(values: list[int], q: float) -> float:
@@ -29,7 +26,7 @@ def percentile(values: list[int], q: float) -> float:
 
 
 def build(work: Path) -> Path:
-    _make(ROOT / "hook")
+    fakegpu.build_hook()
     fake = fakegpu.build()
     binary = work / "hook_calls"
     subprocess.run(
@@ -40,7 +37,7 @@ def build(work: Path) -> Path:
             "-Wall",
             "-Wextra",
             "-Werror",
-            f"-I{_cuda_include()}",
+            f"-I{fakegpu.find_headers_dir('cuda.h')}",
             "-o",
             str(binary),
             str(ROOT / "bench" / "hook_calls.c"),
@@ -57,7 +54,7 @@ def environment(work: Path, *, hooked: bool, **variables: str) -> dict[str, str]
     env = fakegpu.client_env(config, work / "state")
     env.pop("LD_PRELOAD", None)
     if hooked:
-        env["LD_PRELOAD"] = str(HOOK_LIBRARY)
+        env["LD_PRELOAD"] = str(fakegpu.HOOK_LIBRARY)
     env.update(variables)
     return env
 

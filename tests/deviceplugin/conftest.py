@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,12 +18,12 @@ from kubernetes import client
 
 import fakegpu
 from sandbox.controlplane import ControlPlane, ManagedProcess
+from sandbox.kubelet_standin import KubeletStandIn
 from tessera.contract import KEYS
-from tests.deviceplugin.kubelet_standin import KubeletStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_SCRIPT = Path(sys.executable).parent / "tessera-device-plugin"
-HOOK_LIBRARY = ROOT / "hook" / "build" / "libvgpu.so"
+HOOK_LIBRARY = fakegpu.HOOK_LIBRARY
 CUCLIENT = fakegpu.cuclient()
 _METRICS_LINE = re.compile(r"metrics on http://[\d.]+:(\d+)/metrics")
 
@@ -79,14 +78,7 @@ class FakeGpus:
 def native() -> None:
     """The hook and the fake GPU, built as CI builds them."""
     fakegpu.build()
-    done = subprocess.run(
-        ["make", "-s", "-C", str(ROOT / "hook"), f"PYTHON={sys.executable}"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, f"make -C hook failed:\n{done.stdout}{done.stderr}"
+    fakegpu.build_hook()
 
 
 def four_gpus() -> list[fakegpu.FakeGpuSpec]:

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 from kubernetes import client
 
+from sandbox.kubelet_standin import KubeletStandIn
 from tessera.contract import KEYS
 from tests.deviceplugin.conftest import PluginProcess
-from tests.deviceplugin.kubelet_standin import KubeletStandIn
 
 pytestmark = pytest.mark.k8s
 

@@ -22,6 +22,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
+from sandbox.kubelet_standin import KubeletStandIn
 from tessera.contract import (
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
@@ -41,7 +42,6 @@ from tessera.contract import (
     parse_time,
 )
 from tests.deviceplugin.conftest import CUCLIENT, HOOK_LIBRARY, FakeGpus, PluginProcess
-from tests.deviceplugin.kubelet_standin import KubeletStandIn
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s

@@ -15,9 +15,9 @@ import yaml
 from kubernetes import client, config
 
 from sandbox.controlplane import ControlPlane
+from sandbox.kubelet_standin import KubeletStandIn
 from tessera.contract import KEYS, Phase
 from tests.deviceplugin.conftest import PluginProcess
-from tests.deviceplugin.kubelet_standin import KubeletStandIn
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s

@@ -9,45 +9,23 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nvidia  # the headers of nvidia-cuda-runtime, a test dependency
 import pytest
 
 import fakegpu
 from tests.processes import Processes
 
 ROOT = Path(__file__).resolve().parents[2]
-HOOK_LIBRARY = ROOT / "hook" / "build" / "libvgpu.so"
+HOOK_LIBRARY = fakegpu.HOOK_LIBRARY
 CLIENT_SOURCE = Path(__file__).resolve().parent / "clients" / "hook_client.c"
 BINDINGS_CLIENT = Path(__file__).resolve().parent / "clients" / "bindings_client.py"
 NVML_CLIENT = Path(__file__).resolve().parent / "clients" / "nvml_client.py"
 NVML_WATCH = Path(__file__).resolve().parent / "clients" / "nvml_watch.py"
 GIB = 2**30
 MIB = 2**20
-
-
-def _make(directory: Path) -> None:
-    done = subprocess.run(
-        ["make", "-s", "-C", str(directory), f"PYTHON={sys.executable}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if done.returncode:
-        raise RuntimeError(f"make -C {directory} failed:\n{done.stdout}{done.stderr}")
-
-
-def _cuda_include() -> str:
-    for base in nvidia.__path__:
-        found = sorted(Path(base).glob("**/include/cuda.h"))
-        if found:
-            return str(found[0].parent)
-    raise RuntimeError("cuda.h not found in the nvidia PyPI packages")
 
 
 @dataclass(frozen=True)
@@ -61,10 +39,11 @@ class Clients:
 
 @pytest.fixture(scope="session")
 def clients(tmp_path_factory: pytest.TempPathFactory) -> Clients:
-    _make(ROOT / "hook")
+    fakegpu.build_hook()
     fake_build = fakegpu.build()
     out = tmp_path_factory.mktemp("hook-clients")
-    common = ["cc", "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{_cuda_include()}"]
+    cuda_include = fakegpu.find_headers_dir("cuda.h")
+    common = ["cc", "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{cuda_include}"]
     linked, dynamic = out / "hook_client_linked", out / "hook_client"
     subprocess.run(
         [

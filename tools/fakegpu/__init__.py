@@ -1,6 +1,6 @@
 """The fake GPU for tests, the sandbox and the benches: builds the fake libcuda.so.1 /
-libnvidia-ml.so.1, writes their config (the one writer of that file) and drives the test-side
-controls (XID events, lost GPUs). See docs/fakegpu.md.
+libnvidia-ml.so.1 (and the hook that runs over them), writes their config (the one writer of that
+file) and drives the test-side controls (XID events, lost GPUs). See docs/fakegpu.md.
 
 Typical use::
 
@@ -21,8 +21,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hook._library import BUILD_LIBRARY
+
 HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "build"
+# The hook as `make -C hook` builds it, and that directory.
+HOOK_LIBRARY = BUILD_LIBRARY
+HOOK_DIR = HOOK_LIBRARY.parent.parent
 # The environment variables the fake driver reads: its config file and its shared state directory.
 CONFIG_ENV = "FAKEGPU_CONFIG"
 STATE_ENV = "FAKEGPU_STATE"
@@ -125,21 +130,34 @@ def find_headers_dir(header: str) -> Path:
     return Path(done.stdout.strip())
 
 
-def build() -> Path:
-    """Builds the fake driver (make -C tools/fakegpu), one build at a time across processes; returns
-    the build dir."""
-    BUILD_DIR.mkdir(exist_ok=True)
-    with open(BUILD_DIR / ".lock", "w") as lock:
+def make(directory: Path, *, timeout: float = 900) -> None:
+    """Runs ``make -s -C directory`` with this interpreter (its venv has NVIDIA's header packages),
+    one build of a directory at a time across processes; RuntimeError with make's output if it fails."""
+    build_dir = directory / "build"
+    build_dir.mkdir(exist_ok=True)
+    with open(build_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         result = subprocess.run(
-            ["make", "-s", "-C", str(HERE), f"PYTHON={sys.executable}"],
+            ["make", "-s", "-C", str(directory), f"PYTHON={sys.executable}"],
             capture_output=True,
             text=True,
+            timeout=timeout,
             check=False,
         )
     if result.returncode != 0:
-        raise RuntimeError(f"building the fake GPU failed:\n{result.stdout}{result.stderr}")
+        raise RuntimeError(f"make -C {directory} failed:\n{result.stdout}{result.stderr}")
+
+
+def build() -> Path:
+    """Builds the fake driver (make -C tools/fakegpu); returns the build dir."""
+    make(HERE)
     return BUILD_DIR
+
+
+def build_hook() -> Path:
+    """Builds the hook (make -C hook); returns its libvgpu.so."""
+    make(HOOK_DIR)
+    return HOOK_LIBRARY
 
 
 def cuclient() -> Path:

@@ -23,8 +23,7 @@ from typing import Any
 
 import yaml
 
-from fakegpu import BUILD_DIR, CONFIG_ENV, STATE_ENV, FakeGpuSpec, write_config
-from hook._library import BUILD_LIBRARY as HOOK_LIBRARY
+from fakegpu import BUILD_DIR, CONFIG_ENV, HOOK_LIBRARY, STATE_ENV, FakeGpuSpec, write_config
 from sandbox.containerd import BindMount
 from sandbox.images import DRIVER_LIBRARY_DIR
 from sandbox.layout import Layout

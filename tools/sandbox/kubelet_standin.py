@@ -1,5 +1,5 @@
-"""A kubelet stand-in for device plugin tests: the kubelet's side of the v1beta1 protocol, over real
-unix sockets with the project's real protos.
+"""A kubelet stand-in for the device plugin's tests and benchmarks: the kubelet's side of the v1beta1
+protocol, over real unix sockets with the project's real protos.
 
 As the kubelet does: it serves ``v1beta1.Registration`` on ``<dir>/kubelet.sock``; inside ``Register``
 it checks the version, dials the plugin's socket and calls ``GetDevicePluginOptions`` before
