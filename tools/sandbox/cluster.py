@@ -24,7 +24,7 @@ from kubernetes import client, config
 from pydantic import BaseModel, ConfigDict
 
 from sandbox import containerd, fakenode, gpu, host, images, kubelet
-from sandbox.controlplane import ControlPlane, ManagedProcess, default_bin_dir
+from sandbox.controlplane import LOOPBACK, ControlPlane, ManagedProcess, default_bin_dir, free_port
 from sandbox.layout import HOST_DEVICE_PLUGIN_DIR, Layout
 from sandbox.processes import Started, StartError, adopt, alive, start, stop, wait_for
 from tessera.contract import KEYS, ContractError, parse_allocation, parse_inventory
@@ -173,8 +173,8 @@ def _start_all(
         starting.add(_recorded(process))
 
     report("extender and kube-scheduler (tessera-scheduler profile)")
-    extender_port = gpu.free_port()
-    extender_url = f"http://{gpu.LOOPBACK}:{extender_port}"
+    extender_port = free_port()
+    extender_url = f"http://{LOOPBACK}:{extender_port}"
     extender = starting.add(gpu.start_extender(layout, plane.kubeconfig, extender_port))
     wait_for("the extender", lambda: gpu.extender_ready(extender_port), extender, options.timeout)
     template = yaml.safe_load(gpu.SCHEDULER_CONFIG.read_text())

@@ -60,15 +60,6 @@ def free_port() -> int:
         return port
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((LOOPBACK, port))
-        except OSError:
-            return False
-        return True
-
-
 @dataclass
 class ManagedProcess:
     """A child process in its own process group, with its output in a log file."""

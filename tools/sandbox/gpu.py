@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -25,6 +24,7 @@ import yaml
 
 from fakegpu import BUILD_DIR, CONFIG_ENV, HOOK_LIBRARY, STATE_ENV, FakeGpuSpec, write_config
 from sandbox.containerd import BindMount
+from sandbox.controlplane import LOOPBACK
 from sandbox.images import DRIVER_LIBRARY_DIR
 from sandbox.layout import Layout
 from sandbox.processes import Started, start
@@ -36,7 +36,6 @@ DRIVER_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
 # Inside containers: where the sandbox mounts the fake GPUs' description and their shared state.
 CONTAINER_GPU_CONFIG = "/etc/tessera-fakegpu/gpus.conf"
 CONTAINER_GPU_STATE = "/run/tessera-fakegpu"
-LOOPBACK = "127.0.0.1"
 
 SANDBOX_GPUS = (
     FakeGpuSpec(
@@ -120,13 +119,6 @@ def prepare(layout: Layout, gpus: tuple[FakeGpuSpec, ...] = SANDBOX_GPUS) -> Gpu
 
 # --------------------------------------------------------------------------------------------------
 # The extender and the scheduler profile that calls it.
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def start_extender(layout: Layout, kubeconfig: Path, port: int) -> Started:

@@ -79,10 +79,6 @@ class PackingResult:
         return percent, percent * self.total_gpus / 100
 
     @property
-    def final_load(self) -> int:
-        return max(self.allocation)
-
-    @property
     def mean_decision_ms(self) -> float:
         return 1000 * self.decision_seconds / self.pods if self.pods else 0.0
 
