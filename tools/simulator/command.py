@@ -106,7 +106,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from simulator import plots, report  # noqa: PLC0415
-    from simulator.experiment import Experiment, Options, ProgressBar, run_all, work_units  # noqa: PLC0415
+    from simulator.experiment import Experiment, Options, progress_bar, run_all, work_units  # noqa: PLC0415
     from simulator.inputs import load_inputs  # noqa: PLC0415
     from simulator.model import InputError  # noqa: PLC0415
     from tessera.contract import ContractError  # noqa: PLC0415
@@ -140,8 +140,8 @@ def run(args: argparse.Namespace) -> int:
     options = Options(args.policies, experiments, args.seed, args.inflation, args.colocation)
     if profiles_path is None:
         sys.stdout.write("Note: no speed profiles found; every GPU model counts as speed 1.0.\n")
-    bar = ProgressBar(work_units(inputs, options))
-    results = run_all(inputs, options, profiles, args.jobs, bar)
+    with progress_bar(work_units(inputs, options)) as show:
+        results = run_all(inputs, options, profiles, args.jobs, show)
     sys.stdout.write(report.render(inputs, options, results) + "\n")
     try:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import multiprocessing
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TextIO
+
+import rich.console
+import rich.progress
 
 from simulator.inputs import Inputs
 from simulator.model import Progress
@@ -107,35 +109,35 @@ def _run_in_worker(inputs: Inputs, name: str, options: Options, profiles: SpeedP
     return run_system(inputs, system_named(name), options, profiles, _count)
 
 
-class ProgressBar:
-    """A one-line bar on a terminal, drawn once a run has taken more than ``delay`` seconds."""
+@contextmanager
+def progress_bar(total: int, delay: float = 2.0) -> Iterator[Callable[[int], None]]:
+    """A bar of pod decisions on stderr (rich), drawn only on a terminal and once the run has taken
+    more than ``delay`` seconds; yields the function to call with the decisions done so far."""
+    console = rich.console.Console(stderr=True)
+    bar = rich.progress.Progress(
+        rich.progress.BarColumn(),
+        rich.progress.TaskProgressColumn(),
+        rich.progress.MofNCompleteColumn(),
+        rich.progress.TextColumn("pod decisions,"),
+        rich.progress.TimeElapsedColumn(),
+        rich.progress.TextColumn("elapsed, ~"),
+        rich.progress.TimeRemainingColumn(),
+        rich.progress.TextColumn("left"),
+        console=console,
+        disable=not console.is_terminal,
+    )
+    task = bar.add_task("simulate", total=max(1, total))
+    started = time.monotonic()
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr, delay: float = 2.0) -> None:
-        self.total = max(1, total)
-        self.stream = stream
-        self.delay = delay
-        self.started = time.monotonic()
-        self.drawn = False
+    def show(done: int) -> None:
+        bar.update(task, completed=done)
+        if not bar.live.is_started and time.monotonic() - started >= delay:
+            bar.start()
 
-    def show(self, done: int) -> None:
-        elapsed = time.monotonic() - self.started
-        if elapsed < self.delay or not self.stream.isatty():
-            return
-        fraction = min(1.0, done / self.total)
-        width = 30
-        filled = round(width * fraction)
-        eta = elapsed / fraction - elapsed if fraction > 0 else 0.0
-        self.stream.write(
-            f"\r  [{'#' * filled}{'.' * (width - filled)}] {100 * fraction:5.1f}%  "
-            f"{done}/{self.total} pod decisions, {elapsed:4.0f}s elapsed, ~{eta:3.0f}s left "
-        )
-        self.stream.flush()
-        self.drawn = True
-
-    def close(self) -> None:
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
+    try:
+        yield show
+    finally:
+        bar.stop()
 
 
 def run_all(
@@ -143,9 +145,10 @@ def run_all(
     options: Options,
     profiles: SpeedProfiles,
     jobs: int,
-    bar: ProgressBar | None = None,
+    show: Callable[[int], None] | None = None,
 ) -> list[SystemResult]:
-    """Every system of ``options``, ``jobs`` at a time; results in the order of ``options.systems``."""
+    """Every system of ``options``, ``jobs`` at a time; results in the order of ``options.systems``.
+    ``show`` is called now and then with the pod decisions done so far (see ``work_units``)."""
     systems: Sequence[System] = [system_named(name) for name in options.systems]
     if jobs <= 1:
         done = 0
@@ -153,8 +156,8 @@ def run_all(
         def count(n: int) -> None:
             nonlocal done
             done += n
-            if bar is not None:
-                bar.show(done)
+            if show is not None:
+                show(done)
 
         results = [run_system(inputs, s, options, profiles, count) for s in systems]
     else:
@@ -167,9 +170,7 @@ def run_all(
             pending = set(futures)
             while pending:
                 _, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-                if bar is not None:
-                    bar.show(counter.value)
+                if show is not None:
+                    show(counter.value)
             results = [f.result() for f in futures]
-    if bar is not None:
-        bar.close()
     return results
