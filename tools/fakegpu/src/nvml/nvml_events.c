@@ -1,4 +1,4 @@
-/* XID events. A test appends "<xid>\n" lines to <state>/<uuid>.xid (tests/fakegpu inject_xid);
+/* XID events. A test appends "<xid>\n" lines to <state>/<uuid>.xid (fakegpu.inject_xid);
  * an event set delivers the lines written after a device was registered with it. */
 #include <errno.h>
 #include <fcntl.h>
