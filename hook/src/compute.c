@@ -69,10 +69,10 @@ static int throttling_configured(void) {
     /* Racing first callers compute the same answer from the same configuration: no lock needed. */
     int t = __atomic_load_n(&throttling, __ATOMIC_RELAXED);
     if (t) return t == 2;
-    const struct vgpu_config *c = vgpu_config();
-    int any = c->all.cores > 0 && c->all.cores < 100;
-    for (int i = 0; i < c->file_devices; i++) any |= c->by_uuid[i].limit.cores > 0 && c->by_uuid[i].limit.cores < 100;
-    for (int i = 0; i < VGPU_MAX_DEVICES; i++) any |= c->by_ordinal[i].cores > 0 && c->by_ordinal[i].cores < 100;
+    const struct vgpu_limits *c = vgpu_limits();
+    int any = c->all.cores > 0 && c->all.cores < VGPU_MAX_CORES;
+    for (int i = 0; i < c->file_devices; i++) any |= c->by_uuid[i].quota.cores > 0 && c->by_uuid[i].quota.cores < VGPU_MAX_CORES;
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) any |= c->by_ordinal[i].cores > 0 && c->by_ordinal[i].cores < VGPU_MAX_CORES;
     __atomic_store_n(&throttling, any ? 2 : 1, __ATOMIC_RELAXED);
     return any;
 }
@@ -100,8 +100,8 @@ static void sleep_ns(uint64_t ns) {
 }
 
 static double rate_of(const struct vgpu_device *d) {
-    if (vgpu_config()->elastic && vgpu_monitor_gpu_is_ours(d->rdev)) return 1.0;
-    return d->limit.cores / 100.0;
+    if (vgpu_limits()->elastic && vgpu_monitor_gpu_is_ours(d->rdev)) return 1.0;
+    return d->quota.cores / (double)VGPU_MAX_CORES;
 }
 
 static void refill(struct vgpu_region_device *g, uint64_t now, double rate) {
@@ -199,7 +199,7 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
     CUresult err;
     const struct vgpu_device *d = vgpu_device_current(&err);
     struct vgpu_region *r = d && d->rdev >= 0 ? vgpu_region_attach() : NULL;
-    if (!r || d->limit.cores <= 0 || d->limit.cores >= 100) return go(args);
+    if (!r || d->quota.cores <= 0 || d->quota.cores >= VGPU_MAX_CORES) return go(args);
     collect(r, 0, NULL);
     struct signature *sig;
     int must_measure, unknown;

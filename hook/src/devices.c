@@ -1,5 +1,6 @@
 /* The GPUs this process's CUDA sees, each tied to its physical identity (UUID), so that the
- * accounting is per physical GPU whatever CUDA_VISIBLE_DEVICES reorders or hides. */
+ * accounting is per physical GPU whatever CUDA_VISIBLE_DEVICES reorders or hides; and joining a
+ * GPU to the region, which starts the monitor. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,11 +13,20 @@ static int device_count;
 static int devices_ready;
 static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
 
-void vgpu_format_uuid(const CUuuid *uuid, char out[VGPU_UUID_LEN]) {
+static void format_uuid(const CUuuid *uuid, char out[VGPU_UUID_LEN]) {
     const unsigned char *b = (const unsigned char *)uuid->bytes;
     snprintf(out, VGPU_UUID_LEN,
              "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
              b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+/* The monitor is started here rather than by region.c: the region is the shared data, the monitor
+ * one of its users (it reclaims dead processes' slots through region.c), so region.c needs nothing
+ * that needs it. */
+int vgpu_device_join(const char *uuid, struct vgpu_quota quota, int elastic) {
+    int rdev = vgpu_region_device(uuid, quota.memory, quota.cores, elastic);
+    if (rdev >= 0 || vgpu_region_attach()) vgpu_monitor_ensure();
+    return rdev;
 }
 
 static CUresult enumerate(void) {
@@ -30,16 +40,16 @@ static CUresult enumerate(void) {
     int n = 0;
     if ((err = REAL(cuDeviceGetCount)(&n)) != CUDA_SUCCESS) goto out;
     if (n > VGPU_MAX_DEVICES) n = VGPU_MAX_DEVICES;
-    int elastic = vgpu_config()->elastic;
+    int elastic = vgpu_limits()->elastic;
     for (int i = 0; i < n; i++) {
         struct vgpu_device *d = &devices[i];
         CUuuid uuid;
         if ((err = REAL(cuDeviceGet)(&d->cu, i)) != CUDA_SUCCESS ||
             (err = REAL(cuDeviceGetUuid_v2)(&uuid, d->cu)) != CUDA_SUCCESS)
             goto out;
-        vgpu_format_uuid(&uuid, d->uuid);
-        d->limit = vgpu_config_limit(d->uuid, i);
-        d->rdev = vgpu_region_device(d->uuid, d->limit.memory, d->limit.cores, elastic);
+        format_uuid(&uuid, d->uuid);
+        d->quota = vgpu_quota_of(d->uuid, i);
+        d->rdev = vgpu_device_join(d->uuid, d->quota, elastic);
     }
     device_count = n;
     __atomic_store_n(&devices_ready, 1, __ATOMIC_RELEASE);

@@ -1,8 +1,6 @@
 /* Memory quota: every way to get device memory reserves quota in the region before the driver is
  * asked, and gives it back if the driver fails, so a refused allocation leaves nothing behind and
  * concurrent allocations can never overshoot. Frees give back what tracking.c recorded. */
-#include <string.h>
-
 #include "symbols.h"
 #include "vgpu.h"
 #include "wrappers.h"
@@ -14,7 +12,7 @@ static CUresult reserve(int cu, uint64_t bytes, const struct vgpu_device **out) 
     CUresult err = CUDA_SUCCESS;
     const struct vgpu_device *d = cu >= 0 ? vgpu_device_of((CUdevice)cu, &err) : vgpu_device_current(&err);
     if (!d) return err;
-    if (vgpu_region_reserve(d->rdev, bytes, d->limit.memory) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (vgpu_region_reserve(d->rdev, bytes, d->quota.memory) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     *out = d;
     return CUDA_SUCCESS;
 }
@@ -93,7 +91,7 @@ VGPU_API CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, s
     if (r == CUDA_SUCCESS) {
         /* Settle the reservation on the pitch the driver chose. */
         uint64_t actual = (uint64_t)*pitch * height;
-        if (actual > bytes && vgpu_region_reserve(d->rdev, actual - bytes, d->limit.memory) != 0) {
+        if (actual > bytes && vgpu_region_reserve(d->rdev, actual - bytes, d->quota.memory) != 0) {
             REAL(cuMemFree_v2)(*dptr);
             vgpu_region_release(d->rdev, bytes);
             return CUDA_ERROR_OUT_OF_MEMORY;
@@ -302,10 +300,10 @@ VGPU_API CUresult CUDAAPI cuMemGetInfo_v2(size_t *free_bytes, size_t *total_byte
     if (r != CUDA_SUCCESS) return r;
     CUresult err;
     const struct vgpu_device *d = vgpu_device_current(&err);
-    if (!d || d->limit.memory == VGPU_UNLIMITED) return d ? r : err;
+    if (!d || d->quota.memory == VGPU_UNLIMITED) return d ? r : err;
     uint64_t used = vgpu_region_used(d->rdev);
-    uint64_t left = used < d->limit.memory ? d->limit.memory - used : 0;
-    if (total_bytes) *total_bytes = d->limit.memory;
+    uint64_t left = used < d->quota.memory ? d->quota.memory - used : 0;
+    if (total_bytes) *total_bytes = d->quota.memory;
     if (free_bytes && left < *free_bytes) *free_bytes = left;
     return r;
 }
@@ -317,6 +315,6 @@ VGPU_API CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     CUresult err;
     const struct vgpu_device *d = vgpu_device_of(dev, &err);
     if (!d) return err;
-    if (d->limit.memory < *bytes) *bytes = d->limit.memory;
+    if (d->quota.memory < *bytes) *bytes = d->quota.memory;
     return r;
 }

@@ -1,5 +1,5 @@
-/* One background thread per process (started on first use of the region, restarted in a forked
- * child), which wakes every MONITOR_PERIOD_NS to
+/* One background thread per process (started by devices.c once the process joins the region,
+ * restarted in a forked child), which wakes every MONITOR_PERIOD_NS to
  *  - return the memory of dead processes: whichever process's thread finds the region's last scan
  *    older than SCAN_PERIOD_NS claims the scan with a compare-and-swap, so a container scans about
  *    four times a second however many processes it has;
@@ -36,12 +36,7 @@ struct elastic_state {
 };
 static struct elastic_state elastic[VGPU_MAX_DEVICES];
 
-uint64_t vgpu_now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
+/* Relaxed: a launch that reads a stale verdict runs one launch at the old rate, nothing worse. */
 int vgpu_monitor_gpu_is_ours(int rdev) { return __atomic_load_n(&elastic[rdev].ours, __ATOMIC_RELAXED); }
 
 static void scan_if_due(struct vgpu_region *r, uint64_t now) {
@@ -79,7 +74,7 @@ static void judge_elastic(struct vgpu_region *r, int d, uint64_t now) {
 
 static void *monitor(void *unused) {
     (void)unused;
-    const struct vgpu_config *c = vgpu_config();
+    const struct vgpu_limits *c = vgpu_limits();
     int nvml = c->elastic && REAL(nvmlInit_v2) && REAL(nvmlInit_v2)() == NVML_SUCCESS;
     uint64_t started = vgpu_now_ns();
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) elastic[d].others_seen_ns = started;
@@ -92,7 +87,7 @@ static void *monitor(void *unused) {
         scan_if_due(r, now);
         uint32_t devices = __atomic_load_n(&r->devices, __ATOMIC_ACQUIRE);
         for (uint32_t d = 0; nvml && d < devices; d++)
-            if (r->dev[d].cores > 0 && r->dev[d].cores < 100) judge_elastic(r, (int)d, now);
+            if (r->dev[d].cores > 0 && r->dev[d].cores < VGPU_MAX_CORES) judge_elastic(r, (int)d, now);
     }
     return NULL;
 }

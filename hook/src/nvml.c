@@ -6,16 +6,16 @@
 #include "symbols.h"
 #include "vgpu.h"
 
-/* The quota and the container's usage of an NVML device; 0 if it has no memory quota. */
+/* The memory quota and the container's usage of an NVML device; 0 if it has none. */
 static int quota_of(nvmlDevice_t device, uint64_t *quota, uint64_t *used) {
     char uuid[VGPU_UUID_LEN];
     if (!REAL(nvmlDeviceGetUUID) || REAL(nvmlDeviceGetUUID)(device, uuid, sizeof uuid) != NVML_SUCCESS) return 0;
-    const struct vgpu_config *c = vgpu_config();
-    int ordinal = !c->from_file && c->has_ordinal_limits ? vgpu_ordinal_of_uuid(uuid) : -1;
-    struct vgpu_limit limit = vgpu_config_limit(uuid, ordinal);
-    if (limit.memory == VGPU_UNLIMITED) return 0;
-    int rdev = vgpu_region_device(uuid, limit.memory, limit.cores, c->elastic);
-    *quota = limit.memory;
+    const struct vgpu_limits *c = vgpu_limits();
+    int ordinal = !c->from_file && c->has_ordinal_quotas ? vgpu_ordinal_of_uuid(uuid) : -1;
+    struct vgpu_quota q = vgpu_quota_of(uuid, ordinal);
+    if (q.memory == VGPU_UNLIMITED) return 0;
+    int rdev = vgpu_device_join(uuid, q, c->elastic);
+    *quota = q.memory;
     *used = vgpu_region_used(rdev);
     if (*used > *quota) *used = *quota;
     return 1;

@@ -1,5 +1,7 @@
 /* The shared accounting region: attach (create or map), slots, exact reservations, reclaiming dead
- * processes. See region.h for the invariants. */
+ * processes. See region.h for the invariants. It is data only: it uses the quotas' source
+ * (limits.c), the clock and the log, and nothing that uses it; the monitor thread that keeps it is
+ * started by devices.c. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -151,7 +153,7 @@ struct vgpu_region *vgpu_region_attach(void) {
     if (__atomic_load_n(&attached_pid, __ATOMIC_ACQUIRE) == pid) return region;
     pthread_mutex_lock(&attach_lock);
     if (attached_pid != pid) {
-        const char *path = vgpu_config()->region;
+        const char *path = vgpu_limits()->region;
         region_private = !*path;
         region_fd = region_private ? memfd_create("tessera-region", MFD_CLOEXEC)
                                    : open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
@@ -170,11 +172,10 @@ struct vgpu_region *vgpu_region_attach(void) {
         __atomic_store_n(&attached_pid, pid, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&attach_lock);
-    if (region) vgpu_monitor_ensure();
     return region;
 }
 
-int vgpu_region_device(const char *uuid, uint64_t quota, int cores, int elastic) {
+int vgpu_region_device(const char *uuid, uint64_t memory_quota, int cores, int elastic) {
     struct vgpu_region *r = vgpu_region_attach();
     if (!r) return -1;
     vgpu_region_lock(r);
@@ -189,7 +190,7 @@ int vgpu_region_device(const char *uuid, uint64_t quota, int cores, int elastic)
         __atomic_store_n(&r->devices, (uint32_t)d + 1, __ATOMIC_RELEASE);
     }
     if (d >= 0) {
-        r->dev[d].quota = quota;
+        r->dev[d].memory_quota = memory_quota;
         r->dev[d].cores = (uint32_t)cores;
         r->dev[d].elastic = (uint32_t)elastic;
     }
@@ -228,6 +229,7 @@ void vgpu_region_release(int d, uint64_t bytes) {
     vgpu_region_unlock(r);
 }
 
+/* Without the lock, for reporting: the total is one aligned word, and a moment-old one will do. */
 uint64_t vgpu_region_used(int d) {
     struct vgpu_region *r = vgpu_region_attach();
     return r && d >= 0 ? __atomic_load_n(&r->dev[d].used, __ATOMIC_RELAXED) : 0;

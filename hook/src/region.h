@@ -15,16 +15,16 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define VGPU_MAX_DEVICES 16
+#include "contract.h"
+
 #define VGPU_MAX_PROCS 1024
-#define VGPU_UUID_LEN 80
 #define VGPU_REGION_MAGIC 0x3147455253534554ull /* "TESSREG1" */
 #define VGPU_REGION_VERSION 1
 #define VGPU_SLOT_LOCK_BASE (1ll << 30)
 
 struct vgpu_region_device {
     char uuid[VGPU_UUID_LEN];
-    uint64_t quota; /* informational, for metrics: the last quota a process enforced */
+    uint64_t memory_quota; /* informational, for metrics: the last one a process enforced */
     uint64_t used;  /* sum of the slots' used[d]; under lock */
     uint32_t cores;
     uint32_t elastic;
@@ -58,7 +58,7 @@ struct vgpu_region {
 /* This process's view; vgpu_region_attach() must succeed before the other calls. */
 struct vgpu_region *vgpu_region_attach(void);
 /* Index of the GPU in the region, added if new; -1 if the region is full or unusable. */
-int vgpu_region_device(const char *uuid, uint64_t quota, int cores, int elastic);
+int vgpu_region_device(const char *uuid, uint64_t memory_quota, int cores, int elastic);
 /* Reserves bytes on device d if the container's usage stays within quota: 0, or -1. */
 int vgpu_region_reserve(int d, uint64_t bytes, uint64_t quota);
 void vgpu_region_release(int d, uint64_t bytes);

@@ -48,7 +48,7 @@ VGPU_API int vgpu_region_read(const char *path, struct vgpu_device_usage *out, i
     for (int d = 0; d < n; d++) {
         memcpy(out[d].uuid, r->dev[d].uuid, sizeof out[d].uuid);
         out[d].uuid[sizeof out[d].uuid - 1] = 0;
-        out[d].memory_quota = __atomic_load_n(&r->dev[d].quota, __ATOMIC_RELAXED);
+        out[d].memory_quota = __atomic_load_n(&r->dev[d].memory_quota, __ATOMIC_RELAXED);
         out[d].busy_ns = __atomic_load_n(&r->dev[d].busy_ns, __ATOMIC_RELAXED);
         out[d].throttled_ns = __atomic_load_n(&r->dev[d].throttled_ns, __ATOMIC_RELAXED);
         out[d].launches = __atomic_load_n(&r->dev[d].launches, __ATOMIC_RELAXED);

@@ -1,11 +1,14 @@
-/* The read-only view of a region exported to Python (hook/region.py mirrors this struct). */
+/* The read-only view of a region exported to Python (hook/region.py mirrors this struct, checked by
+ * tests/hook/test_constants.py). */
 #ifndef VGPU_SNAPSHOT_H
 #define VGPU_SNAPSHOT_H
 
 #include <stdint.h>
 
+#include "contract.h"
+
 struct vgpu_device_usage {
-    char uuid[80];
+    char uuid[VGPU_UUID_LEN];
     uint64_t memory_used; /* by live processes only */
     uint64_t memory_quota;
     uint64_t busy_ns;

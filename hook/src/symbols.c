@@ -50,7 +50,7 @@ static dlsym_fn glibc_dlsym(void) {
     return fn;
 }
 
-void *vgpu_real_dlsym(void *handle, const char *name) {
+static void *real_dlsym(void *handle, const char *name) {
     dlsym_fn fn = glibc_dlsym();
     return fn ? fn(handle, name) : NULL;
 }
@@ -61,7 +61,7 @@ static void resolve(enum vgpu_library lib) {
     if (!handle) handle = dlopen(library_names[lib], RTLD_NOW);
     if (!handle) return;
     for (int i = 0; i < VGPU_SYM_COUNT; i++)
-        if (symbols[i].lib == lib) real[i] = vgpu_real_dlsym(handle, symbols[i].abi);
+        if (symbols[i].lib == lib) real[i] = real_dlsym(handle, symbols[i].abi);
 }
 static void resolve_cuda(void) { resolve(VGPU_LIB_CUDA); }
 static void resolve_nvml(void) { resolve(VGPU_LIB_NVML); }

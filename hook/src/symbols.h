@@ -3,7 +3,11 @@
  * X(abi name, base name asked of cuGetProcAddress, first cudaVersion of this ABI, per-thread-stream
  *   variant, library). An intercepted symbol is exported under its ABI name (for programs linked with
  *   -lcuda / -lnvidia-ml), returned by dlsym in its place, and returned by cuGetProcAddress when the
- *   base name, version and flags select that ABI. */
+ *   base name, version and flags select that ABI.
+ *
+ * The table names the wrappers (memory.c, nvml.c, compute.c, symbols.c) so that symbols.c can hand
+ * them out, and the wrappers reach the driver through it (REAL): the one two-way link between the
+ * hook's files, and the price of a single table that lists every intercepted symbol. */
 #ifndef VGPU_SYMBOLS_H
 #define VGPU_SYMBOLS_H
 

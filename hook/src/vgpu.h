@@ -1,16 +1,23 @@
 /* Internal declarations shared by the files of libvgpu.so. One concern per file:
  *   symbols.c   the one table of intercepted symbols, dlsym and cuGetProcAddress interception
- *   config.c    limits file and standalone environment
+ *   limits.c    the quotas: limits file, or standalone environment
  *   region.c    the shared accounting region of one container (mapped file)
- *   devices.c   CUDA ordinals and NVML devices mapped to physical GPUs (UUIDs)
+ *   devices.c   CUDA ordinals and NVML devices mapped to physical GPUs (UUIDs); joins the region
  *   tracking.c  this process's live allocations (what each free gives back)
- *   memory.c    memory wrappers (quota)
+ *   memory.c    memory wrappers (memory quota)
  *   nvml.c      NVML memory wrappers
- *   compute.c   launch wrappers (SM time-slice quota)
- *   monitor.c   background thread: dead processes, elastic neighbours; the clock
+ *   compute.c   launch wrappers (compute quota)
+ *   monitor.c   background thread: dead processes, elastic neighbours
  *   process.c   fork handlers
  *   snapshot.c  the read-only region reader exported to Python
- *   log.c       messages on stderr */
+ *   clock.c     the monotonic clock
+ *   log.c       messages on stderr
+ *
+ * Calls go one way: the wrappers (memory, nvml, compute) use devices, tracking, the region and
+ * limits (compute also the monitor's elastic verdict); devices joins the region and starts the
+ * monitor, which uses the region; tracking and snapshot use the region, which uses limits, the
+ * clock and the log; process.c calls each file's fork handler. The one two-way link is explained
+ * in symbols.h. */
 #ifndef VGPU_H
 #define VGPU_H
 
@@ -29,45 +36,46 @@ void vgpu_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* symbols.c: real driver entry points, resolved from the library the client loaded. */
 enum vgpu_library { VGPU_LIB_CUDA, VGPU_LIB_NVML };
 void *vgpu_real(int symbol);
-void *vgpu_real_dlsym(void *handle, const char *name);
 
-/* config.c */
-struct vgpu_limit {
-    uint64_t memory; /* bytes; VGPU_UNLIMITED when not configured */
-    int cores;       /* 1..100; 0 = no compute quota */
+/* limits.c */
+/* A container's quota on one GPU. */
+struct vgpu_quota {
+    uint64_t memory; /* memory quota in bytes; VGPU_UNLIMITED when not configured */
+    int cores;       /* compute quota, 1..VGPU_MAX_CORES percent; 0 = none */
 };
-struct vgpu_config {
-    int refuse_memory; /* the configuration is broken: fail closed */
+struct vgpu_limits {
+    int refuse_memory; /* the limits file or the environment is broken: fail closed */
     int from_file;
     int elastic;
     char region[PATH_MAX]; /* "" = private to this process */
     int file_devices;
     struct {
         char uuid[VGPU_UUID_LEN];
-        struct vgpu_limit limit;
+        struct vgpu_quota quota;
     } by_uuid[VGPU_MAX_DEVICES];
-    struct vgpu_limit all;                          /* TESSERA_MEMORY_LIMIT, TESSERA_CORES */
-    struct vgpu_limit by_ordinal[VGPU_MAX_DEVICES]; /* the _<i> variants; memory 0 / cores -1 = unset */
-    int has_ordinal_limits;
+    struct vgpu_quota all;                          /* TESSERA_MEMORY_LIMIT, TESSERA_CORES */
+    struct vgpu_quota by_ordinal[VGPU_MAX_DEVICES]; /* the _<i> variants; memory 0 / cores -1 = unset */
+    int has_ordinal_quotas;
 };
-const struct vgpu_config *vgpu_config(void);
-/* The limits of a GPU, by UUID (limits file) or by this process's CUDA ordinal (environment). */
-struct vgpu_limit vgpu_config_limit(const char *uuid, int ordinal);
-const char *vgpu_limits_path(void);
+const struct vgpu_limits *vgpu_limits(void);
+/* The quota of a GPU, by UUID (limits file) or by this process's CUDA ordinal (environment). */
+struct vgpu_quota vgpu_quota_of(const char *uuid, int ordinal);
 
 /* devices.c: the GPUs this process's CUDA sees. */
 struct vgpu_device {
     CUdevice cu;
     int rdev; /* index in the region, -1 if the region is unusable */
     char uuid[VGPU_UUID_LEN];
-    struct vgpu_limit limit;
+    struct vgpu_quota quota;
 };
 /* The device of the current context; NULL with *err set when there is none. */
 const struct vgpu_device *vgpu_device_current(CUresult *err);
 const struct vgpu_device *vgpu_device_of(CUdevice cu, CUresult *err);
 /* Ordinal in this process of the GPU with this UUID, enumerating CUDA if needed; -1 if none. */
 int vgpu_ordinal_of_uuid(const char *uuid);
-void vgpu_format_uuid(const CUuuid *uuid, char out[VGPU_UUID_LEN]);
+/* The GPU's index in the region (added if new; -1 if the region is full or unusable). Every first
+ * use of the region in a process comes through here, which starts the monitor. */
+int vgpu_device_join(const char *uuid, struct vgpu_quota quota, int elastic);
 void vgpu_devices_after_fork_child(void);
 
 /* tracking.c */
@@ -82,12 +90,13 @@ void vgpu_track_after_fork_child(void);
 /* compute.c */
 void vgpu_compute_after_fork_child(void);
 
-/* monitor.c: started once per process on first use of the region. */
+/* monitor.c: started once per process (by vgpu_device_join) once the region is joined. */
 void vgpu_monitor_ensure(void);
 void vgpu_monitor_after_fork_child(void);
 /* Elastic mode: 1 while NVML shows no other container's work on the GPU recently. */
 int vgpu_monitor_gpu_is_ours(int rdev);
 
+/* clock.c: CLOCK_MONOTONIC in nanoseconds. */
 uint64_t vgpu_now_ns(void);
 
 #endif

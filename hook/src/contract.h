@@ -1,0 +1,24 @@
+/* What the hook and its Python side must agree on, in one place: hook/limits.py writes the limits
+ * file that limits.c parses, hook/region.py reads struct vgpu_device_usage (snapshot.h), and users
+ * set the environment variables (docs/hook.md). Python keeps its own copies, since writing a limits
+ * file must not need libvgpu.so; tests/hook/test_constants.py compiles this header and fails when
+ * the two differ. The compiled-in paths of the limits file and the region come from hook/Makefile
+ * (VGPU_LIMITS_FILE, VGPU_REGION_FILE), checked against Python by the same test. Only plain C here:
+ * the test compiles it without CUDA's headers. */
+#ifndef VGPU_CONTRACT_H
+#define VGPU_CONTRACT_H
+
+#define VGPU_LIMITS_VERSION 1 /* hook.limits.LIMITS_FORMAT_VERSION: the `version` line */
+#define VGPU_MAX_DEVICES 16   /* hook.limits.MAX_DEVICES: GPUs per container (also the region's) */
+#define VGPU_UUID_LEN 80      /* hook.limits.MAX_UUID_LENGTH + 1, for the NUL */
+#define VGPU_MAX_CORES 100    /* tessera.contract.MAX_CORES: cores are percent of a GPU's time */
+
+/* Environment: the limits file outside Kubernetes (tests), and the standalone quotas; the memory
+ * and cores variables also exist per CUDA ordinal, with the suffix _<i>. */
+#define VGPU_ENV_LIMITS_FILE "TESSERA_LIMITS_FILE"
+#define VGPU_ENV_MEMORY_LIMIT "TESSERA_MEMORY_LIMIT"
+#define VGPU_ENV_CORES "TESSERA_CORES"
+#define VGPU_ENV_ELASTIC "TESSERA_ELASTIC"
+#define VGPU_ENV_REGION "TESSERA_REGION"
+
+#endif
