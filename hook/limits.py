@@ -10,7 +10,7 @@ The device plugin writes it on the node and mounts it read-only at
     device GPU-8f6d... memory 4294967296 cores 30
 
 ``memory`` is in bytes; ``cores`` is the percent of the GPU's time, 0 meaning no compute quota.
-``libvgpu.so`` parses it (``hook/src/config.c``); this module only writes it.
+``libvgpu.so`` parses it (``hook/src/limits.c``); this module only writes it.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from pathlib import Path
 
 from tessera.contract import CONTAINER_STATE_DIR, MAX_CORES, ContractError, GpuGrant
 
+# The hook's copies of these are in hook/src/contract.h (VGPU_LIMITS_VERSION, VGPU_MAX_DEVICES,
+# VGPU_UUID_LEN, which counts the NUL) and hook/Makefile (REGION_FILE); tests/hook/test_constants.py
+# fails when they differ.
 LIMITS_FORMAT_VERSION = 1
 # The shared accounting region of one container's processes, inside its state directory.
 CONTAINER_REGION_FILE = f"{CONTAINER_STATE_DIR}/region"
-# Must match VGPU_MAX_DEVICES and VGPU_UUID_LEN in hook/src/region.h.
 MAX_DEVICES = 16
 MAX_UUID_LENGTH = 79
 MIB = 2**20

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hook._library import load_library
-from hook.limits import MAX_DEVICES
+from hook.limits import MAX_DEVICES, MAX_UUID_LENGTH
 
 NS_PER_SECOND = 1e9
 
@@ -24,9 +24,10 @@ class RegionError(RuntimeError):
 
 
 class _DeviceUsageC(ctypes.Structure):
-    # Mirrors struct vgpu_device_usage in hook/src/snapshot.h (a test checks the size).
+    # Mirrors struct vgpu_device_usage in hook/src/snapshot.h (tests/hook/test_constants.py checks
+    # every field's offset and size).
     _fields_ = (
-        ("uuid", ctypes.c_char * 80),
+        ("uuid", ctypes.c_char * (MAX_UUID_LENGTH + 1)),
         ("memory_used", ctypes.c_uint64),
         ("memory_quota", ctypes.c_uint64),
         ("busy_ns", ctypes.c_uint64),

@@ -1,17 +1,16 @@
-"""The Python side: the limits-file writer the device plugin imports, and the region reader."""
+"""The Python side: the limits-file writer the device plugin imports, and the region reader. What
+it shares with the C side is checked in test_constants.py."""
 
 from __future__ import annotations
 
-import ctypes
 import stat
 from pathlib import Path
 
 import pytest
 
-from hook._library import load_library
 from hook.limits import CONTAINER_REGION_FILE, DeviceLimit, render_limits, write_limits
-from hook.region import RegionError, RegionUsage, _DeviceUsageC, device_usage_size, read_region
-from tessera.contract import CONTAINER_LIMITS_FILE, ContractError, GpuGrant
+from hook.region import RegionError, RegionUsage, read_region
+from tessera.contract import ContractError, GpuGrant
 from tests.hook.conftest import GIB, MIB, Clients, FakeGpus, Processes
 
 UUID = "GPU-00000001-0000-4000-8000-000000000001"
@@ -67,18 +66,6 @@ def test_write_limits_is_atomic_and_read_only(tmp_path: Path) -> None:
     assert f"device {UUID} memory {2 * GIB} cores 30" in path.read_text()
     assert stat.S_IMODE(path.stat().st_mode) == 0o444
     assert [p.name for p in path.parent.iterdir()] == ["limits"]
-
-
-def test_hook_defaults_match_the_contract(clients: Clients) -> None:
-    library = load_library()
-    for name in ("vgpu_default_limits_path", "vgpu_default_region_path"):
-        getattr(library, name).restype = ctypes.c_char_p
-    assert library.vgpu_default_limits_path().decode() == CONTAINER_LIMITS_FILE
-    assert library.vgpu_default_region_path().decode() == CONTAINER_REGION_FILE
-
-
-def test_region_reader_struct_matches_the_library(clients: Clients) -> None:
-    assert device_usage_size() == ctypes.sizeof(_DeviceUsageC)
 
 
 def test_read_region_reports_typed_usage_of_live_processes(

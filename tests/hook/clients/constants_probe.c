@@ -1,0 +1,35 @@
+/* Prints what the hook and its Python side must agree on (hook/src/contract.h, snapshot.h), one
+ * `name value` per line, for tests/hook/test_constants.py. Compiled without CUDA's headers. */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "contract.h"
+#include "snapshot.h"
+
+#define FIELD(name)                                                                          \
+    printf("field.%s %zu %zu\n", #name, offsetof(struct vgpu_device_usage, name),           \
+           sizeof(((struct vgpu_device_usage *)0)->name))
+
+int main(void) {
+    printf("VGPU_LIMITS_VERSION %d\n", VGPU_LIMITS_VERSION);
+    printf("VGPU_MAX_DEVICES %d\n", VGPU_MAX_DEVICES);
+    printf("VGPU_UUID_LEN %d\n", VGPU_UUID_LEN);
+    printf("VGPU_MAX_CORES %d\n", VGPU_MAX_CORES);
+    printf("VGPU_ENV_LIMITS_FILE %s\n", VGPU_ENV_LIMITS_FILE);
+    printf("VGPU_ENV_MEMORY_LIMIT %s\n", VGPU_ENV_MEMORY_LIMIT);
+    printf("VGPU_ENV_CORES %s\n", VGPU_ENV_CORES);
+    printf("VGPU_ENV_ELASTIC %s\n", VGPU_ENV_ELASTIC);
+    printf("VGPU_ENV_REGION %s\n", VGPU_ENV_REGION);
+    printf("sizeof.vgpu_device_usage %zu\n", sizeof(struct vgpu_device_usage));
+    FIELD(uuid);
+    FIELD(memory_used);
+    FIELD(memory_quota);
+    FIELD(busy_ns);
+    FIELD(throttled_ns);
+    FIELD(launches);
+    FIELD(cores);
+    FIELD(elastic);
+    FIELD(processes);
+    FIELD(reserved);
+    return 0;
+}

@@ -1,0 +1,108 @@
+"""What the hook (C) and its Python side both spell, checked to be the same: every constant
+mirrored between ``hook/src/contract.h`` / ``snapshot.h`` and ``hook/limits.py``,
+``hook/region.py``, ``tessera.contract`` and ``docs/hook.md``.
+
+The C side is read two ways: compiled into a probe (``clients/constants_probe.c``, no CUDA headers
+needed) for the header constants and the snapshot struct's layout, and asked of ``libvgpu.so`` for
+what the build passes in (the paths). The limits file's format is checked end to end: a file that
+``hook.limits`` writes is read back by the hook.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hook._library import load_library
+from hook.limits import (
+    CONTAINER_REGION_FILE,
+    LIMITS_FORMAT_VERSION,
+    MAX_DEVICES,
+    MAX_UUID_LENGTH,
+    DeviceLimit,
+    write_limits,
+)
+from hook.region import _DeviceUsageC, device_usage_size, read_region
+from tessera.contract import CONTAINER_LIMITS_FILE, MAX_CORES
+from tests.hook.conftest import GIB, MIB, ROOT, Clients, FakeGpus, Processes
+
+PROBE_SOURCE = Path(__file__).resolve().parent / "clients" / "constants_probe.c"
+HOOK_SOURCES = ROOT / "hook" / "src"
+HOOK_DOCS = ROOT / "docs" / "hook.md"
+HOOK_TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def c_side(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The probe's `name value` lines."""
+    probe = tmp_path_factory.mktemp("constants") / "constants_probe"
+    flags = ["-std=gnu11", "-Wall", "-Wextra", "-Werror", f"-I{HOOK_SOURCES}"]
+    subprocess.run(["cc", *flags, "-o", str(probe), str(PROBE_SOURCE)], check=True, timeout=120)
+    out = subprocess.run([str(probe)], check=True, capture_output=True, text=True, timeout=30).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines())
+
+
+def test_limits_file_bounds_match(c_side: dict[str, str]) -> None:
+    assert int(c_side["VGPU_LIMITS_VERSION"]) == LIMITS_FORMAT_VERSION
+    assert int(c_side["VGPU_MAX_DEVICES"]) == MAX_DEVICES
+    assert int(c_side["VGPU_UUID_LEN"]) == MAX_UUID_LENGTH + 1  # C counts the NUL
+    assert int(c_side["VGPU_MAX_CORES"]) == MAX_CORES
+
+
+def test_region_reader_struct_matches_field_by_field(c_side: dict[str, str]) -> None:
+    c_fields = {
+        name.removeprefix("field."): tuple(int(v) for v in value.split())
+        for name, value in c_side.items()
+        if name.startswith("field.")
+    }
+    py_fields = {
+        name: (getattr(_DeviceUsageC, name).offset, getattr(_DeviceUsageC, name).size)
+        for name, _ in _DeviceUsageC._fields_
+    }
+    assert py_fields == c_fields
+    assert ctypes.sizeof(_DeviceUsageC) == int(c_side["sizeof.vgpu_device_usage"])
+
+
+def test_region_reader_struct_matches_the_library(clients: Clients) -> None:
+    assert device_usage_size() == ctypes.sizeof(_DeviceUsageC)
+
+
+def test_hook_defaults_match_the_contract(clients: Clients) -> None:
+    library = load_library()
+    for name in ("vgpu_default_limits_path", "vgpu_default_region_path"):
+        getattr(library, name).restype = ctypes.c_char_p
+    assert library.vgpu_default_limits_path().decode() == CONTAINER_LIMITS_FILE
+    assert library.vgpu_default_region_path().decode() == CONTAINER_REGION_FILE
+
+
+def test_environment_variables_are_the_documented_ones_and_each_is_tested(c_side: dict[str, str]) -> None:
+    read_by_hook = {value for name, value in c_side.items() if name.startswith("VGPU_ENV_")}
+    docs = HOOK_DOCS.read_text()
+    documented = set(re.findall(r"`(TESSERA_[A-Z]+(?:_[A-Z]+)*)", docs))
+    assert read_by_hook == documented
+    # Each is set by some behaviour test of this directory (a rename on one side fails there).
+    tests = "".join(p.read_text() for p in HOOK_TESTS.glob("*.py") if p.name != Path(__file__).name)
+    assert {name for name in read_by_hook if name not in tests} == set()
+    # The memory and cores variables also exist per CUDA ordinal, with the suffix _<i>.
+    for per_ordinal in (c_side["VGPU_ENV_MEMORY_LIMIT"], c_side["VGPU_ENV_CORES"]):
+        assert f"`{per_ordinal}_<i>`" in docs
+        assert f"{per_ordinal}_0" in tests
+
+
+def test_a_limits_file_written_by_python_is_read_by_the_hook(
+    two_gpus: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
+) -> None:
+    # Every line of the format, with values unlike the defaults: version, region, elastic, device.
+    limits, region = tmp_path / "limits", tmp_path / "elsewhere" / "region"
+    region.parent.mkdir()
+    written = [DeviceLimit(two_gpus.uuids[0], 3 * GIB, 30), DeviceLimit(two_gpus.uuids[1], 512 * MIB, 0)]
+    write_limits(limits, written, elastic=True, region=str(region))
+    result = processes.run([clients.dynamic, "dlsym", "info"], two_gpus.env(TESSERA_LIMITS_FILE=str(limits)))
+    assert result.lines == [f"info {3 * GIB} {3 * GIB}"], result.stderr
+    usage = read_region(region)
+    read = {d.uuid: (d.memory_quota_bytes, d.cores, d.elastic) for d in usage.devices}
+    assert read == {d.uuid: (d.memory_bytes, d.cores, True) for d in written}
