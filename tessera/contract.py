@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import localcontext
 from enum import StrEnum
-from fractions import Fraction
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -306,9 +306,12 @@ class PodRequest:
         return bool(self.containers)
 
 
-_QUANTITY = re.compile(r"^([+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)([a-zA-Z]*|[eE][+-]?[0-9]+)$")
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+# Enough significant digits for the largest suffix factor (1024**6 has 19) on top of the number's.
+_SUFFIX_DIGITS = 20
+# The syntax of a Kubernetes quantity: a decimal number, then a suffix (letters) or a decimal
+# exponent. Checked here only so that bad input is worded as what it is; the value, suffixes
+# included, is the official client's (kubernetes.utils.parse_quantity).
+_QUANTITY = re.compile(r"^(?:[+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)([a-zA-Z]*|[eE][+-]?[0-9]+)$")
 
 
 def parse_integer_quantity(value: object, *, field: str) -> int:
@@ -321,24 +324,22 @@ def parse_integer_quantity(value: object, *, field: str) -> int:
     if isinstance(value, int):
         return value
     if isinstance(value, str) and value.isascii() and value.isdigit():
-        return int(value)  # the common case ("4096"), without the regular expression and Fraction
+        return int(value)  # the common case ("4096"), without the regular expression and Decimal
     text = str(value).strip()
     match = _QUANTITY.match(text)
     if not match:
         raise ContractError(f"{field}: {value!r} is not a quantity")
-    number, suffix = match.groups()
-    amount = Fraction(number)
-    if suffix in _BINARY:
-        amount *= _BINARY[suffix]
-    elif suffix in _DECIMAL:
-        amount *= _DECIMAL[suffix]
-    elif suffix == "m":
-        amount /= 1000
-    elif suffix[:1] in "eE" and len(suffix) > 1:
-        amount *= Fraction(10) ** int(suffix[1:])
-    else:
-        raise ContractError(f"{field}: {value!r} has an unknown suffix {suffix!r}")
-    if amount.denominator != 1:
+    # Imported here: kubernetes.utils loads the whole API client (0.2 s), which the components that
+    # only read the contract (the hook's writer, the simulator) never need for a plain "4096".
+    from kubernetes.utils import parse_quantity  # noqa: PLC0415
+
+    try:
+        with localcontext() as exact:
+            exact.prec = len(text) + _SUFFIX_DIGITS  # no rounding: "1.0000…01Ki" is no integer
+            amount = parse_quantity(text)
+    except ValueError:
+        raise ContractError(f"{field}: {value!r} has an unknown suffix {match.group(1)!r}") from None
+    if amount != amount.to_integral_value():
         raise ContractError(f"{field}: {value!r} must be an integer")
     return int(amount)
 
@@ -414,13 +415,15 @@ def parse_preferences(annotations: Mapping[str, str] | None, keys: ContractKeys 
     )
 
 
-def parse_pod_request(pod: Mapping[str, Any], keys: ContractKeys = KEYS) -> PodRequest:
-    """Typed requests of a pod given as Kubernetes API JSON (camelCase keys, as on the wire).
+def parse_container_requests(
+    pod: Mapping[str, Any], keys: ContractKeys = KEYS
+) -> tuple[ContainerRequest, ...]:
+    """The GPU requests of a pod's containers (given as Kubernetes API JSON), in spec order: the
+    order the kubelet allocates them in. Containers that ask for no GPU are left out.
 
     Raises :class:`ContractError` naming the container, the resource and the value.
     """
     spec = pod.get("spec") or {}
-    metadata = pod.get("metadata") or {}
     containers: list[ContainerRequest] = []
     for container in spec.get("containers") or []:
         parsed = _container_request(container, keys)
@@ -431,8 +434,17 @@ def parse_pod_request(pod: Mapping[str, Any], keys: ContractKeys = KEYS) -> PodR
             raise ContractError(
                 f"init container {container.get('name')!r}: {keys.vgpu} is supported on containers only"
             )
-    preferences = parse_preferences(metadata.get("annotations"), keys)
-    return PodRequest(containers=tuple(containers), preferences=preferences)
+    return tuple(containers)
+
+
+def parse_pod_request(pod: Mapping[str, Any], keys: ContractKeys = KEYS) -> PodRequest:
+    """Typed requests of a pod given as Kubernetes API JSON (camelCase keys, as on the wire).
+
+    Raises :class:`ContractError` naming the container, the resource and the value.
+    """
+    containers = parse_container_requests(pod, keys)
+    preferences = parse_preferences((pod.get("metadata") or {}).get("annotations"), keys)
+    return PodRequest(containers=containers, preferences=preferences)
 
 
 def slice_id(uuid: str, n: int) -> str:
