@@ -14,9 +14,9 @@ from prometheus_client.registry import Collector
 
 from deviceplugin.nvml import GpuReading
 from deviceplugin.statedir import StateDir
-from hook.limits import CONTAINER_REGION_FILE, MIB
+from hook.limits import CONTAINER_REGION_FILE
 from hook.region import RegionError, RegionUsage, read_region
-from tessera.contract import CONTAINER_STATE_DIR, GpuInfo
+from tessera.contract import CONTAINER_STATE_DIR, MIB, GpuInfo
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pynvml
 
-from tessera.contract import GpuInfo
+from tessera.contract import MIB, GpuInfo
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Nvml:
             uuid=uuid,
             index=index,
             model=name,
-            memory_mib=memory // 2**20,
+            memory_mib=memory // MIB,
             sm_count=attributes.multiprocessorCount if attributes is not None else 0,
             compute_capability=f"{major}.{minor}",
             pci_bus_id=bus_id,

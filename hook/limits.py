@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.contract import CONTAINER_STATE_DIR, MAX_CORES, ContractError, GpuGrant
+from tessera.contract import CONTAINER_STATE_DIR, MAX_CORES, MIB, ContractError, GpuGrant
 
 # The hook's copies of these are in hook/src/contract.h (VGPU_LIMITS_VERSION, VGPU_MAX_DEVICES,
 # VGPU_UUID_LEN, which counts the NUL) and hook/Makefile (REGION_FILE); tests/hook/test_constants.py
@@ -31,7 +31,6 @@ LIMITS_FORMAT_VERSION = 1
 CONTAINER_REGION_FILE = f"{CONTAINER_STATE_DIR}/region"
 MAX_DEVICES = 16
 MAX_UUID_LENGTH = 79
-MIB = 2**20
 
 
 @dataclass(frozen=True, slots=True)
