@@ -20,6 +20,7 @@ from extender.state import ClusterState
 from extender.watch import Watcher
 from tessera.cliargs import seconds
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, keys_for, now
+from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
 from tessera.placement import PlacementEngine, SpeedProfiles, policy_names
 
 log = logging.getLogger("tessera.extender")
@@ -66,9 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--inflight-timeout",
         type=seconds,
-        default=300.0,
+        default=DEFAULT_INFLIGHT_TIMEOUT.total_seconds(),
         metavar="SECONDS",
-        help="in-flight pods bound longer ago than this are ignored by the in-flight rule (default 300)",
+        help="pods bound longer ago than this are no longer in flight: the in-flight rule ignores them "
+        "(the same value as the device plugin's --inflight-timeout; default %(default)g)",
     )
     parser.add_argument(
         "--inflight-wait",

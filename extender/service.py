@@ -29,8 +29,8 @@ from tessera.contract import (
     format_time,
     parse_allocation,
     parse_pod_request,
-    parse_time,
 )
+from tessera.inflight import read_bind_time
 from tessera.placement import (
     NodeFit,
     NodeRejection,
@@ -364,12 +364,8 @@ class Extender:
             return None
         current = self._current_allocation(metadata.get("annotations") or {}, key)
         if bound_to == node and current is not None and current.node == node:
-            bind_time = (metadata.get("annotations") or {}).get(self.keys.bind_time)
-            self.state.assume(
-                self._record(
-                    pod, current, parse_time(bind_time, field="bind time") if bind_time else self.clock()
-                )
-            )
+            bind_time = read_bind_time(metadata.get("annotations") or {}, self.keys, pod=key)
+            self.state.assume(self._record(pod, current, bind_time or self.clock()))
             return ""
         return self._fail("bound", f"pod {key} is already bound to node {bound_to}")
 

@@ -28,19 +28,12 @@ from tessera.contract import (
     ContractError,
     ContractKeys,
     GpuInfo,
-    Phase,
     parse_allocation,
     parse_inventory,
     parse_time,
 )
-from tessera.placement import (
-    InflightKey,
-    NodeFit,
-    PlacementEngine,
-    allocation_keys,
-    apply,
-    build_node,
-)
+from tessera.inflight import InflightKey, allocation_keys, is_allocating, read_bind_time, stale
+from tessera.placement import NodeFit, PlacementEngine, apply, build_node
 
 log = logging.getLogger(__name__)
 
@@ -214,12 +207,11 @@ class ClusterState:
         except ContractError as e:
             log.warning("ignoring %s", e)
             return None
-        bind_time = None
-        if self.keys.bind_time in annotations:
-            try:
-                bind_time = parse_time(annotations[self.keys.bind_time], field=f"pod {key}: bind time")
-            except ContractError as e:
-                log.warning("%s", e)
+        try:
+            bind_time = read_bind_time(annotations, self.keys, pod=key)
+        except ContractError as e:
+            log.warning("%s", e)  # not in flight: the rule has no time to count from
+            bind_time = None
         return PodAllocation(
             uid=str(metadata.get("uid")),
             namespace=str(metadata.get("namespace")),
@@ -367,7 +359,7 @@ class ClusterState:
         live = tuple(
             p
             for p in self._inflight.get(node, ())
-            if p.bind_time is not None and now - p.bind_time <= timeout
+            if p.bind_time is not None and not stale(p.bind_time, now, timeout)
         )
         # Until the first of them times out (none comes back: bind times only age).
         until = min((p.bind_time + timeout for p in live if p.bind_time is not None), default=None)
@@ -410,7 +402,7 @@ class ClusterState:
         """Recompute the pods in flight on node ``name``; returns all its pods."""
         pods = self.pods_on(name)
         # Reserved pods count as in flight: their bind is on its way.
-        inflight = [p for p in pods if p.phase == Phase.ALLOCATING or p.uid in self._reserved_at]
+        inflight = [p for p in pods if is_allocating(p.phase) or p.uid in self._reserved_at]
         self._inflight_pods.pop(name, None)
         if inflight:
             self._inflight[name] = inflight

@@ -10,7 +10,8 @@ No I/O here. The extender (kube-scheduler adapter) and the simulator call the sa
 * :mod:`.speed`: speed profiles and a workload's gain per GPU model.
 * :mod:`.score`: ``score_nodes`` (0..10), ``best_fits`` and ``choose``.
 * :mod:`.engine`: ``PlacementEngine``, the cluster with per-node outcome caches.
-* :mod:`.inflight`: the in-flight rule checked at bind.
+* :mod:`.inflight`: placing a pod so that it keeps the in-flight rule (the rule itself, shared with
+  the device plugin, is :mod:`tessera.inflight`).
 """
 
 # Imported for its effect: it registers the fragmentation policy (it builds on .policies, so
@@ -18,15 +19,7 @@ No I/O here. The extender (kube-scheduler adapter) and the simulator call the sa
 import tessera.placement.fragmentation  # noqa: F401
 from tessera.placement.engine import Evaluation, PlacementEngine
 from tessera.placement.fit import filter_node, find_placement, make_fit
-from tessera.placement.inflight import (
-    InflightKey,
-    allocation_keys,
-    container_key,
-    fit_keeping_inflight_rule,
-    inflight_conflict,
-    keys_conflict,
-    placement_keys,
-)
+from tessera.placement.inflight import fit_keeping_inflight_rule, placement_keys
 from tessera.placement.model import (
     ContainerShape,
     GpuState,
@@ -62,7 +55,6 @@ __all__ = [
     "Evaluation",
     "GpuState",
     "Grant",
-    "InflightKey",
     "NodeFit",
     "NodeOutcome",
     "NodeRejection",
@@ -74,18 +66,14 @@ __all__ = [
     "ShapeMix",
     "Shortfall",
     "SpeedProfiles",
-    "allocation_keys",
     "apply",
     "best_fits",
     "build_node",
     "choose",
-    "container_key",
     "filter_node",
     "find_placement",
     "fit_keeping_inflight_rule",
     "get_policy",
-    "inflight_conflict",
-    "keys_conflict",
     "make_fit",
     "placement_keys",
     "placement_of",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tessera.contract import Allocation, ContainerAllocation, GpuGrant, Policy
+from tessera.inflight import InflightKey, allocation_keys, inflight_conflict
 from tessera.placement import (
     ClusterContext,
     Grant,
@@ -13,14 +14,12 @@ from tessera.placement import (
     PodShape,
     Shortfall,
     SpeedProfiles,
-    allocation_keys,
     apply,
     build_node,
     choose,
     filter_node,
     fit_keeping_inflight_rule,
     get_policy,
-    inflight_conflict,
     placement_keys,
     placement_of,
     release,
@@ -198,7 +197,7 @@ def test_a_replica_joins_the_inflight_key_instead_of_being_refused() -> None:
     s = shape((1, 4096, 25))
     # GPU 1 is partly used, so binpack prefers it; an in-flight replica sits on GPU 0.
     n = apply(n, Placement("n", ((Grant(1, 2048, 10),),)))
-    inflight = {"ns/first": [(1, ("GPU-n-0",), ((4096, 25),))]}
+    inflight = {"ns/first": [InflightKey(1, ("GPU-n-0",), ((4096, 25),))]}
     fit = _fit_on(n, s)
     assert fit.placement.containers[0][0].gpu == 1
     kept = fit_keeping_inflight_rule(
@@ -215,7 +214,7 @@ def test_a_replica_joins_the_inflight_key_instead_of_being_refused() -> None:
 
 def test_other_quotas_are_refused_with_the_reason() -> None:
     n = node("n", count=2)
-    inflight = {"ns/first": [(1, ("GPU-n-0",), ((4096, 25),))]}
+    inflight = {"ns/first": [InflightKey(1, ("GPU-n-0",), ((4096, 25),))]}
     s = shape((1, 8192, 25))
     refused = fit_keeping_inflight_rule(
         _fit_on(n, s),
