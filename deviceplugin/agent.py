@@ -20,6 +20,7 @@ from deviceplugin.kube import Kube, KubeUnavailableError
 from deviceplugin.matching import (
     AllocationError,
     BrokenPod,
+    ContainerRef,
     InFlight,
     PodView,
     match_container,
@@ -102,7 +103,7 @@ class Agent:
     # ---------------------------------------------------------------------------------------------
     # Kubelet calls
 
-    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], gpu_count: int) -> list[str]:
         """The slices to steer the kubelet to; without the API, distinct GPUs (an error here would
         fail the pod's admission, while Allocate can still decide once the API is back)."""
         try:
@@ -119,7 +120,7 @@ class Agent:
             now=now(),
             inflight_timeout=self.config.inflight_timeout,
         )
-        return preferred_devices(available, must_include, size, state)
+        return preferred_devices(available, must_include, gpu_count, state)
 
     def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]:
         """Answers for the containers of one Allocate call, in order; raises :class:`AllocationError`.
@@ -149,7 +150,7 @@ class Agent:
 
     def _match_and_record(
         self, pods: Sequence[PodView], requests: Sequence[Sequence[str]]
-    ) -> tuple[list[InFlight], list[ContainerAnswer], set[tuple[str, str]]]:
+    ) -> tuple[list[InFlight], list[ContainerAnswer], set[ContainerRef]]:
         with self._allocate_lock:
             served = self.state.served()
             state = snapshot(
@@ -169,7 +170,7 @@ class Agent:
                         state,
                         node=self.config.node_name,
                         node_gpus=self._uuids,
-                        taken={c.key for c in chosen},
+                        taken={c.ref for c in chosen},
                     )
                 )
             answers = [
@@ -178,7 +179,7 @@ class Agent:
             ]
             for answer in answers:
                 self._write_files(answer)
-            return chosen, answers, served | {c.key for c in chosen}
+            return chosen, answers, served | {c.ref for c in chosen}
 
     def _write_files(self, answer: ContainerAnswer) -> None:
         answer.where.state.mkdir(parents=True, exist_ok=True)

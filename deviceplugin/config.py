@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tessera.cliargs import port_or_zero, positive_int, seconds
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, ContractError, ContractKeys, keys_for
+from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_HOOK_LIBRARY = Path("/usr/local/tessera/libvgpu.so")
@@ -117,11 +118,13 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="how often every GPU is checked for presence (default 5)",
     )
     p.add_argument(
-        "--inflight-timeout-seconds",
+        "--inflight-timeout",
         type=seconds,
-        default=env("TESSERA_INFLIGHT_TIMEOUT_SECONDS", "300"),
-        help="pods bound longer ago than this come after fresh ones when matching (the extender's "
-        "in-flight timeout; default 300)",
+        default=env("TESSERA_INFLIGHT_TIMEOUT", f"{DEFAULT_INFLIGHT_TIMEOUT.total_seconds():g}"),
+        metavar="SECONDS",
+        help="pods bound longer ago than this are no longer in flight and come after fresh ones when "
+        "matching (the same value as the extender's --inflight-timeout; env TESSERA_INFLIGHT_TIMEOUT, "
+        "default %(default)s)",
     )
     p.add_argument(
         "--pod-resources-socket",
@@ -156,6 +159,6 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         kubeconfig=args.kubeconfig,
         heartbeat_seconds=args.heartbeat_seconds,
         health_poll_seconds=args.health_poll_seconds,
-        inflight_timeout=timedelta(seconds=args.inflight_timeout_seconds),
+        inflight_timeout=timedelta(seconds=args.inflight_timeout),
         pod_resources_socket=args.pod_resources_socket,
     )

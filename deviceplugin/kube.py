@@ -6,15 +6,24 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import urllib3
 from kubernetes import client, config
 
-from deviceplugin.matching import GpuContainer, PodView
-from tessera.contract import ContractError, ContractKeys, Phase, format_time, now, parse_integer_quantity
+from deviceplugin.matching import PodView
+from tessera.contract import (
+    ContainerRequest,
+    ContractError,
+    ContractKeys,
+    Phase,
+    format_time,
+    now,
+    parse_container_requests,
+    parse_time,
+    pod_ref,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,30 +51,27 @@ def load_api(kubeconfig: Path | None) -> client.ApiClient:
     return client.ApiClient()
 
 
-def _gpu_containers(pod: Mapping[str, Any], keys: ContractKeys) -> tuple[GpuContainer, ...]:
-    containers = []
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        limits = (container.get("resources") or {}).get("limits") or {}
-        if keys.vgpu not in limits:
-            continue
-        try:
-            slices = parse_integer_quantity(limits[keys.vgpu], field=keys.vgpu)
-        except ContractError:
-            continue  # the API server refuses such pods; nothing the kubelet would allocate
-        containers.append(GpuContainer(name=str(container.get("name")), slices=slices))
-    return tuple(containers)
-
-
 def pod_view(pod: Mapping[str, Any], keys: ContractKeys) -> PodView:
     metadata = pod.get("metadata") or {}
+    namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
     created = metadata.get("creationTimestamp")
+    containers: tuple[ContainerRequest, ...] = ()
+    request_error = None
+    try:
+        containers = parse_container_requests(pod, keys)
+    except ContractError as e:
+        # The extender would never have bound it; matching reports it on the pod.
+        request_error = f"its request is invalid: {e}"
     return PodView(
-        namespace=metadata.get("namespace", ""),
-        name=metadata.get("name", ""),
+        namespace=namespace,
+        name=name,
         uid=metadata.get("uid", ""),
-        created=datetime.fromisoformat(created.replace("Z", "+00:00")) if created else now(),
+        created=parse_time(created, field=f"pod {pod_ref(namespace, name)}: creationTimestamp")
+        if created
+        else now(),
         annotations=metadata.get("annotations") or {},
-        gpu_containers=_gpu_containers(pod, keys),
+        gpu_containers=containers,
+        request_error=request_error,
     )
 
 

@@ -161,6 +161,12 @@ def run_registration(agent: Agent, config: Config, stop: threading.Event) -> Non
 
     A restarted kubelet deletes our socket and re-creates ``kubelet.sock`` (a new inode): either
     sign stops the old server (ending its stream), starts a fresh one, and registers again.
+
+    This is a watch on the two sockets, not a retry loop, so no retry library drives it: a failed
+    registration is only a state the watch sees again on its next look (at most once a second),
+    and while registering keeps failing the watch must still notice a kubelet restart or a deleted
+    socket and serve afresh before registering again, which a retry around ``Register`` alone would
+    sleep through.
     """
     server: PluginServer | None = None
     registered_with: int | None = None  # inode of the kubelet.sock we registered with

@@ -1,11 +1,12 @@
 """Pure logic: which container an Allocate (or GetPreferredAllocation) call is for.
 
-The kubelet's requests carry no pod identity, only slice IDs. The rule (docs/deviceplugin.md,
-"Concurrency"): the extender lets several pods be in flight on a node only while, for every GPU count
-k, all in-flight containers asking for k GPUs have the same key (GPU set and quotas). So the GPU set
-and size of an Allocate name one key, and every in-flight container with that key gets the same
-answer; among them the oldest bind time is served first, then spec order within a pod. Pods bound
-longer ago than the extender's in-flight timeout no longer hold others back, so they come last.
+The kubelet's requests carry no pod identity, only slice IDs. The in-flight rule
+(:mod:`tessera.inflight`, docs/deviceplugin.md "Concurrency") that the extender keeps at bind makes
+the GPU set of an Allocate name one in-flight key among the containers of different pods, so every
+in-flight container the request can be for gets the same answer. Among them the device plugin serves
+fresh before stale (bound longer ago than the in-flight timeout: the extender no longer holds other
+pods back for them), then the oldest bind time, then spec order within a pod (the order the kubelet
+allocates a pod's containers in).
 """
 
 from __future__ import annotations
@@ -16,22 +17,16 @@ from datetime import datetime, timedelta
 
 from tessera.contract import (
     ContainerAllocation,
+    ContainerRequest,
     ContractError,
     ContractKeys,
     GpuGrant,
     Phase,
     parse_allocation,
-    parse_time,
+    pod_ref,
     slice_gpu,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class GpuContainer:
-    """A container of a pod that limits the vGPU resource, with the slice count it asks for."""
-
-    name: str
-    slices: int
+from tessera.inflight import InflightKey, container_key, is_allocating, read_bind_time, serves, stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +38,24 @@ class PodView:
     uid: str
     created: datetime
     annotations: Mapping[str, str]
-    # Containers asking for vGPU slices, in spec order (the order the kubelet allocates them in).
-    gpu_containers: tuple[GpuContainer, ...]
+    # The containers asking for GPUs, in spec order (the order the kubelet allocates them in), as the
+    # contract parses them; empty when the request is invalid (``request_error``).
+    gpu_containers: tuple[ContainerRequest, ...]
+    # Why the pod's GPU request breaks the contract (the extender would never have bound it).
+    request_error: str | None = None
 
     @property
     def ref(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return pod_ref(self.namespace, self.name)
+
+    @property
+    def asks_for_gpus(self) -> bool:
+        return bool(self.gpu_containers) or self.request_error is not None
 
 
-ServedKey = tuple[str, str]  # (pod UID, container name)
+# A container of a pod: (pod UID, container name). What the served records and an Allocate's
+# matches are kept by.
+ContainerRef = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,23 +64,21 @@ class InFlight:
 
     pod: PodView
     container: str
-    grants: tuple[GpuGrant, ...]
+    grants: tuple[GpuGrant, ...]  # in the allocation's order
+    key: InflightKey
     bind_time: datetime
     position: int  # index among the pod's GPU containers
     # Bound longer ago than the in-flight timeout: the extender no longer holds other pods back for
-    # it, so a fresh container of the same size may have another key. Fresh ones are preferred.
+    # it, so a fresh container of the same GPU count may have another key. Fresh ones are preferred.
     stale: bool = False
 
     @property
-    def uuids(self) -> frozenset[str]:
-        return frozenset(g.uuid for g in self.grants)
-
-    @property
-    def key(self) -> ServedKey:
+    def ref(self) -> ContainerRef:
         return (self.pod.uid, self.container)
 
     @property
     def order(self) -> tuple[bool, datetime, str, int]:
+        """Fresh before stale, then the oldest bind time, then spec order."""
         return (self.stale, self.bind_time, self.pod.uid, self.position)
 
 
@@ -98,7 +100,7 @@ class NodeSnapshot:
 
 def _check_allocation(
     pod: PodView, keys: ContractKeys, node: str, node_gpus: Collection[str]
-) -> list[tuple[GpuContainer, ContainerAllocation]] | str:
+) -> list[tuple[ContainerRequest, ContainerAllocation]] | str:
     """Each GPU container with its allocation entry, or the reason the pod's allocation is unusable."""
     text = pod.annotations.get(keys.allocation)
     if text is None:
@@ -114,9 +116,9 @@ def _check_allocation(
         entry = allocation.for_container(container.name)
         if entry is None:
             return f"annotation {keys.allocation} has no entry for container {container.name!r}"
-        if len(entry.gpus) != container.slices:
+        if len(entry.gpus) != container.gpu_count:
             return (
-                f"container {container.name!r} asks for {container.slices} {keys.vgpu} but its "
+                f"container {container.name!r} asks for {container.gpu_count} {keys.vgpu} but its "
                 f"allocation names {len(entry.gpus)} GPU(s)"
             )
         missing = [g.uuid for g in entry.gpus if g.uuid not in node_gpus]
@@ -132,7 +134,7 @@ def snapshot(
     keys: ContractKeys,
     node: str,
     node_gpus: Collection[str],
-    served: Collection[ServedKey],
+    served: Collection[ContainerRef],
     now: datetime,
     inflight_timeout: timedelta,
 ) -> NodeSnapshot:
@@ -144,12 +146,15 @@ def snapshot(
     in_flight: list[InFlight] = []
     broken: list[BrokenPod] = []
     for pod in pods:
-        if not pod.gpu_containers:
+        if not pod.asks_for_gpus:
             continue
         phase = pod.annotations.get(keys.allocation_phase)
         if phase in (Phase.ALLOCATED, Phase.FAILED):
             continue
-        if phase != Phase.ALLOCATING:
+        if pod.request_error is not None:
+            broken.append(BrokenPod(pod, pod.request_error))
+            continue
+        if not is_allocating(phase):
             reason = f"annotation {keys.allocation_phase} is {phase!r}, not 'allocating'"
             broken.append(BrokenPod(pod, reason))
             continue
@@ -158,22 +163,22 @@ def snapshot(
             broken.append(BrokenPod(pod, checked))
             continue
         bind_time = _bind_time(pod, keys)
-        stale = now - bind_time > inflight_timeout
+        is_stale = stale(bind_time, now, inflight_timeout)
         for position, (container, entry) in enumerate(checked):
             if (pod.uid, container.name) not in served:
-                in_flight.append(InFlight(pod, container.name, entry.gpus, bind_time, position, stale))
+                key = container_key(entry)
+                in_flight.append(InFlight(pod, entry.name, entry.gpus, key, bind_time, position, is_stale))
     in_flight.sort(key=lambda c: c.order)
     return NodeSnapshot(tuple(in_flight), tuple(broken))
 
 
 def _bind_time(pod: PodView, keys: ContractKeys) -> datetime:
-    text = pod.annotations.get(keys.bind_time)
-    if text is None:
-        return pod.created
+    """The pod's bind time; its creation time (never later) when the annotation is missing or bad."""
     try:
-        return parse_time(text, field=f"pod {pod.ref}: annotation {keys.bind_time}")
+        bind_time = read_bind_time(pod.annotations, keys, pod=pod.ref)
     except ContractError:
         return pod.created
+    return pod.created if bind_time is None else bind_time
 
 
 # --------------------------------------------------------------------------------------------------
@@ -206,19 +211,24 @@ def requested_gpus(device_ids: Sequence[str], node_gpus: Collection[str]) -> fro
     return frozenset(uuids)
 
 
-def _concerned(state: NodeSnapshot, size: int, taken: Collection[ServedKey]) -> list[BrokenPod]:
-    """The pods a failed Allocate of ``size`` slices can be for.
+def _concerned(state: NodeSnapshot, gpu_count: int, taken: Collection[ContainerRef]) -> list[BrokenPod]:
+    """The pods a failed Allocate of ``gpu_count`` slices (one per GPU) can be for.
 
-    Broken pods asking for that many slices if there are any (they can never be served); otherwise the
-    in-flight pods of that size, whose GPUs the kubelet did not pick.
+    Broken pods with a container of that GPU count, or whose request is invalid (its GPU counts are
+    unknown), if there are any: they can never be served. Otherwise the in-flight pods with a
+    container of that GPU count, whose GPUs the kubelet did not pick.
     """
-    broken = [b for b in state.broken if any(c.slices == size for c in b.pod.gpu_containers)]
+    broken = [
+        b
+        for b in state.broken
+        if b.pod.request_error is not None or any(c.gpu_count == gpu_count for c in b.pod.gpu_containers)
+    ]
     if broken:
         return broken
     seen: dict[str, BrokenPod] = {}
     for c in state.in_flight:
-        if len(c.grants) == size and c.key not in taken and c.pod.uid not in seen:
-            names = sorted(c.uuids)
+        if c.key.gpu_count == gpu_count and c.ref not in taken and c.pod.uid not in seen:
+            names = list(c.key.uuids)
             seen[c.pod.uid] = BrokenPod(
                 c.pod, f"container {c.container!r} was allocated GPU(s) {names}, the kubelet chose others"
             )
@@ -231,31 +241,32 @@ def match_container(
     *,
     node: str,
     node_gpus: Collection[str],
-    taken: Collection[ServedKey] = (),
+    taken: Collection[ContainerRef] = (),
 ) -> InFlight:
-    """The in-flight container one ``ContainerAllocateRequest`` is for.
+    """The in-flight container one ``ContainerAllocateRequest`` is for: the first, in serving order,
+    whose in-flight key the request's GPUs name (:func:`tessera.inflight.serves`).
 
     ``taken`` are containers already matched earlier in the same call. Raises
     :class:`AllocationError` with a message naming the devices and what did not fit.
     """
-    size = len(device_ids)
+    gpu_count = len(device_ids)
     try:
         uuids = requested_gpus(device_ids, node_gpus)
     except ContractError as e:
-        raise AllocationError(f"node {node}: {e}", _concerned(state, size, taken)) from None
+        raise AllocationError(f"node {node}: {e}", _concerned(state, gpu_count, taken)) from None
     for candidate in state.in_flight:
-        if candidate.key not in taken and len(candidate.grants) == size and candidate.uuids == uuids:
+        if candidate.ref not in taken and serves(candidate.key, uuids):
             return candidate
-    concerned = _concerned(state, size, taken)
+    concerned = _concerned(state, gpu_count, taken)
     reasons = "".join(f"; pod {b.pod.ref}: {b.reason}" for b in concerned)
     raise AllocationError(
-        f"node {node}: no in-flight container asks for {size} GPU(s) {sorted(uuids)} "
+        f"node {node}: no in-flight container asks for {gpu_count} GPU(s) {sorted(uuids)} "
         f"(devices {list(device_ids)}){reasons}",
         concerned,
     )
 
 
-def pod_complete(pod: PodView, served: Collection[ServedKey]) -> bool:
+def pod_complete(pod: PodView, served: Collection[ContainerRef]) -> bool:
     """Every GPU container of the pod has been served."""
     return all((pod.uid, c.name) in served for c in pod.gpu_containers)
 
@@ -265,12 +276,13 @@ def pod_complete(pod: PodView, served: Collection[ServedKey]) -> bool:
 
 
 def preferred_devices(
-    available: Sequence[str], must_include: Sequence[str], size: int, state: NodeSnapshot
+    available: Sequence[str], must_include: Sequence[str], gpu_count: int, state: NodeSnapshot
 ) -> list[str]:
-    """Slices the kubelet should pick: those of the GPUs of the first in-flight container of this size.
+    """Slices the kubelet should pick for a container of ``gpu_count`` GPUs (the kubelet's allocation
+    size): those of the GPUs of the first in-flight container of that GPU count.
 
-    With no such container (or its GPUs not available), one slice from each of ``size`` distinct
-    GPUs, so that at least the shape is right; ``must_include`` always comes first.
+    With no such container (or its GPUs not available), one slice from each of ``gpu_count``
+    distinct GPUs, so that at least the shape is right; ``must_include`` always comes first.
     """
     by_gpu: dict[str, str] = {}
     for device in available:
@@ -279,12 +291,12 @@ def preferred_devices(
         except ContractError:
             continue  # not one of ours; Allocate would refuse it
     for candidate in state.in_flight:
-        if len(candidate.grants) == size:
+        if candidate.key.gpu_count == gpu_count:
             wanted = [g.uuid for g in candidate.grants]
-            picks = _add_slices(must_include, wanted, by_gpu, size)
-            if len(picks) == size and {_gpu_or_none(d) for d in picks} == set(wanted):
+            picks = _add_slices(must_include, wanted, by_gpu, gpu_count)
+            if len(picks) == gpu_count and {_gpu_or_none(d) for d in picks} == set(wanted):
                 return picks
-    return _add_slices(must_include, list(by_gpu), by_gpu, size)
+    return _add_slices(must_include, list(by_gpu), by_gpu, gpu_count)
 
 
 def _gpu_or_none(device: str) -> str | None:
@@ -295,13 +307,14 @@ def _gpu_or_none(device: str) -> str | None:
 
 
 def _add_slices(
-    must_include: Sequence[str], uuids: Sequence[str], by_gpu: Mapping[str, str], size: int
+    must_include: Sequence[str], uuids: Sequence[str], by_gpu: Mapping[str, str], gpu_count: int
 ) -> list[str]:
-    """``must_include`` plus one available slice of each GPU in ``uuids`` not yet covered, up to ``size``."""
-    picks = list(must_include)[:size]
+    """``must_include`` plus one available slice of each GPU in ``uuids`` not yet covered, up to
+    ``gpu_count``."""
+    picks = list(must_include)[:gpu_count]
     covered = {_gpu_or_none(d) for d in picks}
     for uuid in uuids:
-        if len(picks) >= size:
+        if len(picks) >= gpu_count:
             break
         if uuid not in covered and uuid in by_gpu:
             picks.append(by_gpu[uuid])

@@ -14,7 +14,7 @@ import pytest
 from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
 from deviceplugin.kube import KubeUnavailableError
-from deviceplugin.matching import AllocationError, GpuContainer, PodView
+from deviceplugin.matching import AllocationError, PodView
 from deviceplugin.statedir import StateDir
 from tessera.contract import (
     CONTAINER_HOOK_LIBRARY,
@@ -24,6 +24,7 @@ from tessera.contract import (
     KEYS,
     Allocation,
     ContainerAllocation,
+    ContainerRequest,
     GpuGrant,
     GpuInfo,
     Phase,
@@ -93,7 +94,7 @@ def in_flight_pod(name: str, grants: dict[str, list[tuple[str, int, int]]], bind
             KEYS.allocation_phase: Phase.ALLOCATING.value,
             KEYS.bind_time: format_time(t0 + timedelta(seconds=bind)),
         },
-        gpu_containers=tuple(GpuContainer(c, len(g)) for c, g in grants.items()),
+        gpu_containers=tuple(ContainerRequest(c, len(g), None, None) for c, g in grants.items()),
     )
 
 

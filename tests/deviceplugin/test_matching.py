@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from deviceplugin.kube import pod_view
 from deviceplugin.matching import (
     AllocationError,
-    GpuContainer,
     NodeSnapshot,
     PodView,
     match_container,
@@ -20,6 +20,7 @@ from tessera.contract import (
     KEYS,
     Allocation,
     ContainerAllocation,
+    ContainerRequest,
     GpuGrant,
     Phase,
     dump_allocation,
@@ -39,7 +40,7 @@ def pod(
     bind_offset: int = 0,
     phase: str | None = Phase.ALLOCATING,
     allocation: str | None = "",
-    slices: dict[str, int] | None = None,
+    gpu_counts: dict[str, int] | None = None,
 ) -> PodView:
     """A pending pod whose allocation gives each container its (uuid, MiB, cores) list."""
     annotations = {KEYS.bind_time: format_time(T0 + timedelta(seconds=bind_offset))}
@@ -59,14 +60,14 @@ def pod(
         )
     if allocation is not None:
         annotations[KEYS.allocation] = allocation
-    counts = slices or {c: len(g) for c, g in containers.items()}
+    counts = gpu_counts or {c: len(g) for c, g in containers.items()}
     return PodView(
         namespace="ns",
         name=name,
         uid=f"uid-{name}",
         created=T0,
         annotations=annotations,
-        gpu_containers=tuple(GpuContainer(c, n) for c, n in counts.items()),
+        gpu_containers=tuple(ContainerRequest(c, n, None, None) for c, n in counts.items()),
     )
 
 
@@ -101,7 +102,7 @@ def test_equal_keys_are_served_oldest_bind_first_then_spec_order() -> None:
     taken: set[tuple[str, str]] = set()
     for _ in range(3):
         got = match_container([slice_id("GPU-a", 0)], s, node=NODE, node_gpus=GPUS, taken=taken)
-        taken.add(got.key)
+        taken.add(got.ref)
         order.append((got.pod.name, got.container))
     assert order == [("early", "x"), ("early", "y"), ("late", "a")]
     with pytest.raises(AllocationError):
@@ -126,11 +127,11 @@ def test_served_containers_and_finished_pods_are_not_in_flight() -> None:
         (pod("p", {"main": [("GPU-a", 1, 1)]}, allocation="{not json"), "Invalid JSON"),
         (pod("p", {"main": [("GPU-x", 1, 1)]}), "GPU GPU-x is not on this node 'node-a'"),
         (
-            pod("p", {"main": [("GPU-a", 1, 1)]}, slices={"main": 2}),
+            pod("p", {"main": [("GPU-a", 1, 1)]}, gpu_counts={"main": 2}),
             f"container 'main' asks for 2 {KEYS.vgpu} but its allocation names 1 GPU(s)",
         ),
         (
-            pod("p", {"main": [("GPU-a", 1, 1)]}, slices={"other": 1}),
+            pod("p", {"main": [("GPU-a", 1, 1)]}, gpu_counts={"other": 1}),
             "has no entry for container 'other'",
         ),
         (pod("p", {"main": [("GPU-a", 1, 1)]}, phase=None), "is None, not 'allocating'"),
@@ -139,8 +140,8 @@ def test_served_containers_and_finished_pods_are_not_in_flight() -> None:
 def test_broken_pods_fail_allocate_with_the_reason(bad: PodView, reason: str) -> None:
     s = state(bad)
     assert s.in_flight == ()
-    size = bad.gpu_containers[0].slices
-    devices = [slice_id(g, 0) for g in GPUS[:size]]
+    gpu_count = bad.gpu_containers[0].gpu_count
+    devices = [slice_id(g, 0) for g in GPUS[:gpu_count]]
     with pytest.raises(AllocationError) as e:
         match_container(devices, s, node=NODE, node_gpus=GPUS)
     assert reason in e.value.message
@@ -207,3 +208,54 @@ def test_stale_in_flight_pods_come_after_fresh_ones() -> None:
     assert preferred_devices(["GPU-a::0", "GPU-b::0"], [], 1, s) == ["GPU-b::0"]
     # Matching is still by GPU set: the stale pod is served if the kubelet admits it after all.
     assert match_container(["GPU-a::3"], s, node=NODE, node_gpus=GPUS).pod.name == "stale"
+
+
+def pod_object(limits: dict[str, str], *, init: bool = False) -> dict[str, object]:
+    """A pending pod on this node as the API server lists it, allocated by the extender."""
+    spec_key = "initContainers" if init else "containers"
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": "p",
+            "uid": "uid-p",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "annotations": {KEYS.allocation_phase: Phase.ALLOCATING, KEYS.bind_time: format_time(T0)},
+        },
+        "spec": {spec_key: [{"name": "main", "resources": {"limits": limits}}]},
+    }
+
+
+def test_the_pod_view_reads_the_request_as_the_contract_does() -> None:
+    view = pod_view(pod_object({KEYS.vgpu: "2", KEYS.vgpu_memory: "4Ki", "cpu": "1"}), KEYS)
+    assert view.gpu_containers == (ContainerRequest("main", 2, 4096, None),)
+    assert view.request_error is None
+    assert view.created == T0
+    assert view.ref == "ns/p"
+
+
+@pytest.mark.parametrize(
+    ("limits", "init", "reason"),
+    [
+        (
+            {KEYS.vgpu: "1", KEYS.vgpu_cores: "0"},
+            False,
+            f"container 'main': {KEYS.vgpu_cores}: 0 is outside 1..100",
+        ),
+        ({KEYS.vgpu: "one"}, False, f"container 'main': {KEYS.vgpu}: 'one' is not a quantity"),
+        ({KEYS.vgpu: "1"}, True, f"init container 'main': {KEYS.vgpu} is supported on containers only"),
+    ],
+)
+def test_a_pod_with_an_invalid_request_fails_allocate_with_the_contracts_reason(
+    limits: dict[str, str], init: bool, reason: str
+) -> None:
+    """The extender never binds such a pod; if it is on the node anyway, an Allocate that finds no
+    in-flight container reports it, whatever its GPU count (it cannot be read)."""
+    view = pod_view(pod_object(limits, init=init), KEYS)
+    assert view.gpu_containers == ()
+    s = state(view)
+    assert s.in_flight == ()
+    assert [b.reason for b in s.broken] == [f"its request is invalid: {reason}"]
+    with pytest.raises(AllocationError) as e:
+        match_container([slice_id("GPU-a", 0)], s, node=NODE, node_gpus=GPUS)
+    assert f"pod ns/p: its request is invalid: {reason}" in e.value.message
+    assert [b.pod.name for b in e.value.concerned] == ["p"]

@@ -71,6 +71,19 @@ def test_chart_pairs_the_filter_mode_with_the_scheduler_verbs(repo_root: Path) -
     assert "--filter-keeps=all" in args
 
 
+def test_one_chart_value_sets_the_in_flight_timeout_of_both_sides(repo_root: Path) -> None:
+    rendered = helm("template", "t", str(repo_root / "charts" / "tessera"), "--set", "inflightTimeout=42")
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    args = {
+        d["kind"]: d["spec"]["template"]["spec"]["containers"][0]["args"]
+        for d in docs
+        if d["kind"] in ("DaemonSet", "Deployment") and "scheduler" not in d["metadata"]["name"]
+    }
+    assert set(args) == {"DaemonSet", "Deployment"}
+    for kind, given in args.items():
+        assert [a for a in given if a.startswith("--inflight-timeout")] == ["--inflight-timeout=42"], kind
+
+
 def test_chart_output_is_accepted_by_the_api_server(
     repo_root: Path, control_plane: ControlPlane, kube: client.ApiClient
 ) -> None:
