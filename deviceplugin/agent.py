@@ -32,7 +32,7 @@ from deviceplugin.podresources import container_devices
 from deviceplugin.response import ContainerAnswer, answer_for
 from deviceplugin.statedir import StateDir
 from hook.limits import write_limits
-from tessera.contract import GpuInfo, Phase, dump_inventory, format_time, now
+from tessera.contract import GpuInfo, Phase, dump_inventory, format_time, now, pod_ref
 
 log = logging.getLogger(__name__)
 
@@ -231,13 +231,11 @@ class Agent:
                 for where, old, new in corrected_records(list(self.state.records()), owners, uids):
                     self.state.write_record(where, new)
                     log.info(
-                        "%s: the kubelet gave its devices to %s/%s container %s, not %s/%s container %s",
+                        "%s: the kubelet gave its devices to %s container %s, not %s container %s",
                         where.root,
-                        new.namespace,
-                        new.pod,
+                        pod_ref(new.namespace, new.pod),
                         new.container,
-                        old.namespace,
-                        old.pod,
+                        pod_ref(old.namespace, old.pod),
                         old.container,
                     )
             removed = self.state.remove_containers_except(set(uids.values()))

@@ -90,9 +90,11 @@ def create_pod(
     containers: dict[str, Grants],
     *,
     annotations: dict[str, str | None] | None = None,
-    slices: dict[str, int] | None = None,
+    gpu_counts: dict[str, int] | None = None,
+    limits: dict[str, str] | None = None,
 ) -> Any:
-    """A pod bound to ``node`` as the extender leaves it: allocation, phase ``allocating``, bind time."""
+    """A pod bound to ``node`` as the extender leaves it: allocation, phase ``allocating``, bind time.
+    ``limits`` are added to each container's."""
     allocation = Allocation(
         node=node,
         containers=tuple(
@@ -106,7 +108,7 @@ def create_pod(
         KEYS.bind_time: format_time(now()),
     }
     written.update(annotations or {})
-    counts = slices or {c: len(g) for c, g in containers.items()}
+    counts = gpu_counts or {c: len(g) for c, g in containers.items()}
     return core.create_namespaced_pod(
         namespace,
         {
@@ -114,7 +116,11 @@ def create_pod(
             "spec": {
                 "nodeName": node,
                 "containers": [
-                    {"name": c, "image": "app", "resources": {"limits": {KEYS.vgpu: str(n)}}}
+                    {
+                        "name": c,
+                        "image": "app",
+                        "resources": {"limits": {KEYS.vgpu: str(n), **(limits or {})}},
+                    }
                     for c, n in counts.items()
                 ],
             },
@@ -416,14 +422,16 @@ def test_bad_input_is_refused_clearly_the_pod_fails_and_the_plugin_keeps_serving
             f"container 'main' asks for 2 {KEYS.vgpu} but its allocation names 1 GPU(s)",
         ),
     ]
-    for name, extra, slices, reason in cases:
+    for name, extra, gpu_counts, reason in cases:
         grants: Grants = [
             ("GPU-00000000-0000-4000-8000-00000000dead" if name == "elsewhere" else g[1], 1024, 10)
         ]
-        create_pod(core, namespace, name, gpu_node, {"main": grants}, annotations=extra, slices=slices)
-        size = slices.get("main", 1)
+        create_pod(
+            core, namespace, name, gpu_node, {"main": grants}, annotations=extra, gpu_counts=gpu_counts
+        )
+        gpu_count = gpu_counts.get("main", 1)
         with pytest.raises(grpc.RpcError) as refused:
-            kubelet.admit_container(size)
+            kubelet.admit_container(gpu_count)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         details = refused.value.details() or ""
         assert reason in details, details
@@ -444,6 +452,25 @@ def test_bad_input_is_refused_clearly_the_pod_fails_and_the_plugin_keeps_serving
     assert phase_of(core, namespace, "good") == Phase.ALLOCATED
     assert json.loads(node_inventory(core, gpu_node) or "[]")
     assert "Traceback" not in plugin.log()
+
+
+def test_a_pod_whose_request_the_contract_refuses_fails_with_the_contracts_reason(node: Node) -> None:
+    """Bound without the extender (which would refuse it): the agent reads requests with the
+    contract's parser, so the pod fails with the contract's reason and the plugin keeps serving."""
+    kubelet, core, namespace, g = node.kubelet, node.core, node.namespace, node.gpus.uuids
+    node.start()
+    create_pod(
+        core, namespace, "invalid", node.name, {"main": [(g[0], 1024, 10)]}, limits={KEYS.vgpu_cores: "0"}
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        kubelet.admit_container(1)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    reason = f"pod {namespace}/invalid: its request is invalid: container 'main': {KEYS.vgpu_cores}: 0 is outside 1..100"
+    assert reason in (refused.value.details() or "")
+    assert phase_of(core, namespace, "invalid") == Phase.FAILED
+    create_pod(core, namespace, "good", node.name, {"main": [(g[2], 2048, 20)]})
+    _, answer = kubelet.admit_container(1)
+    assert limits_of(answer.container_responses[0]) == {g[2]: (2048 * MIB, 20)}
 
 
 def test_equal_key_pods_admitted_out_of_bind_order_end_up_under_their_own_names(node: Node) -> None:
