@@ -29,7 +29,18 @@ def build_wheel(project: Path, out: Path) -> zipfile.ZipFile:
         ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", ".*_cache"),
     )
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), "."],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            ".",
+        ],
         cwd=source,
         capture_output=True,
         text=True,
