@@ -19,9 +19,9 @@ from extender.service import Extender
 from extender.state import ClusterState
 from extender.watch import Watcher
 from tessera.cliargs import seconds
-from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, keys_for, now
+from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, Policy, keys_for, now
 from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
-from tessera.placement import PlacementEngine, SpeedProfiles, policy_names
+from tessera.placement import PlacementEngine, SpeedProfiles
 
 log = logging.getLogger("tessera.extender")
 
@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     parser.add_argument(
         "--policy",
-        default="binpack",
-        choices=policy_names(),
+        default=Policy.BINPACK.value,
+        choices=[policy.value for policy in Policy],
         help="placement policy for pods without a policy annotation (default binpack)",
     )
     parser.add_argument(
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ContractError, OSError) as e:
         print(f"tessera-extender: {e}", file=sys.stderr)
         return 2
-    engine = PlacementEngine(profiles, default_policy=args.policy)
+    engine = PlacementEngine(profiles, default_policy=Policy(args.policy))
     state = ClusterState(engine, keys, heartbeat_timeout=timedelta(seconds=args.heartbeat_timeout))
     try:
         kube = KubeApi(load_configuration(args.kubeconfig))

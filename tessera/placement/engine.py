@@ -13,21 +13,28 @@ Used by the extender (nodes from the Kubernetes API) and the simulator (nodes fr
     evaluation = engine.evaluate(shape)         # or engine.evaluate(shape, names)
     best = choose(evaluation.fits)              # or score_nodes(evaluation.fits)
     if best is not None:
-        engine.commit(best, shape)              # apply + record the shape in the context
+        engine.commit(shape, best)              # apply + record the shape in the context
 
 Policies whose answers depend on the cluster context (``uses_context``) are cached per context
 version, so their outcomes last only until the context changes.
+
+:data:`POLICIES` is the product's policy table, by the contract's ``Policy``: a pod's policy
+annotation is looked up there; the engine's default policy is one of them, or any policy object (the
+simulator's research baselines).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import is_
+from types import MappingProxyType
 
+from tessera.contract import Policy
 from tessera.placement.fit import filter_node
+from tessera.placement.fragmentation import Fragmentation
 from tessera.placement.model import (
     NodeFit,
     NodeOutcome,
@@ -37,7 +44,7 @@ from tessera.placement.model import (
     Shortfall,
     apply,
 )
-from tessera.placement.policies import ClusterContext, PlacementPolicy, get_policy
+from tessera.placement.policies import Binpack, ClusterContext, PlacementPolicy, Spread
 from tessera.placement.speed import SpeedProfiles
 
 # Distinct (shape, policy, context version) keys whose outcomes are kept.
@@ -48,18 +55,20 @@ KEPT_ANSWER_NAMES = 64
 
 UNKNOWN_NODE = "no GPU inventory from the Tessera device plugin on this node"
 
+# The product's policies, one per value of the contract's Policy (the names a pod's annotation and
+# the extender's --policy accept).
+POLICIES: Mapping[Policy, PlacementPolicy] = MappingProxyType(
+    {Policy.BINPACK: Binpack(), Policy.SPREAD: Spread(), Policy.FRAGMENTATION: Fragmentation()}
+)
+
 
 @dataclass(slots=True)
 class Evaluation:
-    """The outcome of one pod shape on a set of nodes."""
+    """The outcome of one pod shape on a set of nodes, under ``policy`` (the pod's or the default)."""
 
-    shape: PodShape
     policy: PlacementPolicy
     fits: list[NodeFit] = field(default_factory=list)
     rejections: list[NodeRejection] = field(default_factory=list)
-
-    def fit_on(self, name: str) -> NodeFit | None:
-        return next((f for f in self.fits if f.name == name), None)
 
 
 _CacheKey = tuple[PodShape, str, int]
@@ -76,8 +85,8 @@ class _Answer:
     stale: set[str] = field(default_factory=set)
     positions: dict[str, int] | None = None  # names[i] -> i, made when first patched
 
-    def evaluation(self, shape: PodShape, policy: PlacementPolicy) -> Evaluation:
-        return Evaluation(shape, policy, list(filter(None, self.fits)), list(filter(None, self.rejections)))
+    def evaluation(self, policy: PlacementPolicy) -> Evaluation:
+        return Evaluation(policy, list(filter(None, self.fits)), list(filter(None, self.rejections)))
 
 
 @dataclass(slots=True)
@@ -100,11 +109,15 @@ class PlacementEngine:
     def __init__(
         self,
         profiles: SpeedProfiles,
-        default_policy: str = "binpack",
+        default_policy: Policy | PlacementPolicy = Policy.BINPACK,
         context: ClusterContext | None = None,
     ) -> None:
+        """``default_policy`` places pods that name none: one of :data:`POLICIES`, or a policy
+        object of the caller's (the simulator's baselines)."""
         self.profiles = profiles
-        self.default_policy = get_policy(default_policy)
+        if not isinstance(default_policy, PlacementPolicy):
+            default_policy = POLICIES[Policy(default_policy)]
+        self.default_policy = default_policy
         self.context = context or ClusterContext()
         self.nodes: dict[str, NodeState] = {}
         self._outcomes: OrderedDict[_CacheKey, _Outcomes] = OrderedDict()
@@ -129,7 +142,7 @@ class PlacementEngine:
     def policy_for(self, shape: PodShape) -> PlacementPolicy:
         """The pod's own policy (annotation) if it names one, else the engine's default."""
         wanted = shape.preferences.policy
-        return self.default_policy if wanted is None else get_policy(wanted.value)
+        return self.default_policy if wanted is None else POLICIES[wanted]
 
     def _cache_for(self, shape: PodShape, policy: PlacementPolicy) -> _Outcomes:
         key = (shape, policy.name, self.context.version if policy.uses_context else -1)
@@ -152,7 +165,7 @@ class PlacementEngine:
         if last is not None and last.names == wanted:
             if last.stale:
                 self._refresh(last, cache, shape, policy)
-            return last.evaluation(shape, policy)
+            return last.evaluation(policy)
         # C-level passes over the names (map, compress), no Python loop per name: a fit or None
         # per name, a rejection or None per name, then the names in neither are computed.
         fits: list[NodeFit | None] = list(map(cache.fits.get, wanted))
@@ -164,7 +177,7 @@ class PlacementEngine:
         # change would be patched at one of its places only.)
         if len(wanted) >= KEPT_ANSWER_NAMES and len(set(wanted)) == len(wanted):
             cache.last = answer
-        return answer.evaluation(shape, policy)
+        return answer.evaluation(policy)
 
     def _refresh(self, last: _Answer, cache: _Outcomes, shape: PodShape, policy: PlacementPolicy) -> None:
         """Recompute the outcomes of ``last``'s names that changed since it was made."""
@@ -194,10 +207,11 @@ class PlacementEngine:
             return NodeRejection(name, UNKNOWN_NODE, Shortfall.NODE)
         return filter_node(node, shape, self.profiles, policy, self.context)
 
-    def commit(self, fit: NodeFit, shape: PodShape) -> NodeState:
-        """Make ``fit``'s placement: the node's new state is stored and returned, and the shape joins
-        the context's recent mix."""
-        node = apply(self.nodes[fit.name], fit.placement, shape)
-        self.set_node(node)
-        self.context.shape_mix.record(shape)
-        return node
+    def commit(self, shape: PodShape, fit: NodeFit | None = None) -> None:
+        """A pod of ``shape`` was placed: the shape joins the context's recent mix and, given the
+        ``fit`` it was placed as, the placement is applied to its node's current state (the
+        simulator). Without ``fit`` the node's state already counts the pod: the extender builds
+        node states from the pods' allocations, and counted this one when it decided the bind."""
+        if fit is not None:
+            self.set_node(apply(self.nodes[fit.name], fit.placement, shape))
+        self.context.placed(shape)

@@ -18,7 +18,8 @@ about 4% of a GPU of the best tie. On the Alibaba trace, ranking by the exact va
 GPUs are ordered by how much their own fragment grows.
 
 Ties. The paper sends them to a random node (kube-scheduler's choice; the simulator's seeded node
-order): that is the ``fgd-paper`` policy. ``fragmentation`` breaks them instead, by a bonus smaller
+order): that is the simulator's ``fgd-paper`` baseline (``breaks_ties = False``, in
+``tools/simulator``). ``fragmentation`` breaks them instead, by a bonus smaller
 than one score step (so it never overrides the paper's score), mostly by *CPU stranding*: the idle
 GPU capacity a node's free CPU could no longer feed at the target workload's CPU per GPU (its CPU
 requests over its GPU requests, CPU-only shapes included). FGD sees CPU only as a cliff (a shape's
@@ -46,7 +47,7 @@ from dataclasses import dataclass, replace
 from tessera.contract import MAX_CORES
 from tessera.placement.fit import model_allowed
 from tessera.placement.model import ContainerShape, GpuState, NodeState, Placement, PodShape, ShapeMix, apply
-from tessera.placement.policies import ClusterContext, PlacementPolicy, register_policy
+from tessera.placement.policies import ClusterContext, PlacementPolicy
 
 # Share of pods the target workload's most frequent shapes must cover (the paper's run config).
 COVERAGE = 0.95
@@ -204,6 +205,7 @@ class Fragmentation(PlacementPolicy):
 
     name = "fragmentation"
     uses_context = True
+    # False: the paper's score alone, ties left to the node order (the simulator's fgd-paper).
     breaks_ties = True
 
     def __init__(self) -> None:
@@ -282,14 +284,3 @@ class Fragmentation(PlacementPolicy):
         added = (stranded_share(after, per_percent) - stranded_share(node, per_percent)) / MAX_CORES
         stranding = 1 / (1 + math.exp(STRANDING_SLOPE * added))
         return (1 - TIE_BREAK_IN_USE) * stranding + TIE_BREAK_IN_USE * in_use
-
-
-class PaperFgd(Fragmentation):
-    """FGD as published: the same score, ties left to the node order (kube-scheduler's choice)."""
-
-    name = "fgd-paper"
-    breaks_ties = False
-
-
-register_policy(Fragmentation())
-register_policy(PaperFgd())

@@ -397,7 +397,3 @@ class ShapeMix:
             if not self.counts[oldest]:
                 del self.counts[oldest]
         self.version += 1
-
-    def frequencies(self) -> dict[PodShape, float]:
-        total = len(self.recent)
-        return {shape: n / total for shape, n in self.counts.items()} if total else {}

@@ -11,10 +11,10 @@ Both get a :class:`ClusterContext` with what a policy may need beyond the node i
 mix of pod shapes). A policy whose answers depend on the context sets ``uses_context = True``;
 caches then also key on ``context.version``.
 
-Policies are registered by name (:func:`register_policy`) so that a pod's ``<domain>/policy``
-annotation or the extender's ``--policy`` flag can name them. ``binpack`` and ``spread`` are built
-in; ``fragmentation`` registers itself from :mod:`tessera.placement.fragmentation`, which the
-package imports.
+``binpack`` and ``spread`` are here, ``fragmentation`` in :mod:`tessera.placement.fragmentation`;
+the table by the contract's ``Policy`` (what a pod's ``<domain>/policy`` annotation and the
+extender's ``--policy`` name) is :data:`tessera.placement.engine.POLICIES`. Research baselines are
+the simulator's own (``tools/simulator``).
 """
 
 from __future__ import annotations
@@ -30,13 +30,21 @@ from tessera.placement.model import ContainerShape, GpuState, NodeState, Placeme
 
 @dataclass(slots=True)
 class ClusterContext:
-    """Cluster-wide facts a policy may use. ``shape_mix`` is the recent mix of placed pod shapes."""
+    """Cluster-wide facts a policy may use. ``shape_mix`` is the recent mix of placed pod shapes;
+    with ``learns`` False it is a target workload known up front (the simulator's, as in the FGD
+    simulator), which placed pods leave as it is."""
 
     shape_mix: ShapeMix = field(default_factory=ShapeMix)
+    learns: bool = True
 
     @property
     def version(self) -> int:
         return self.shape_mix.version
+
+    def placed(self, shape: PodShape) -> None:
+        """A pod of ``shape`` was placed: it joins the recent mix (unless the mix is fixed)."""
+        if self.learns:
+            self.shape_mix.record(shape)
 
 
 class PlacementPolicy(ABC):
@@ -122,27 +130,3 @@ class Spread(PlacementPolicy):
     def score(self, node: NodeState, placement: Placement, shape: PodShape, context: ClusterContext) -> float:
         chosen, whole = utilization_after(node, placement)
         return 1 - (GPU_WEIGHT * chosen + (1 - GPU_WEIGHT) * whole)
-
-
-_REGISTRY: dict[str, PlacementPolicy] = {}
-
-
-def register_policy(policy: PlacementPolicy) -> None:
-    """Make ``policy`` available by ``policy.name`` (replacing any earlier one of that name)."""
-    _REGISTRY[policy.name] = policy
-
-
-def get_policy(name: str) -> PlacementPolicy:
-    """The policy called ``name``; ValueError listing the known ones otherwise."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"policy: {name!r} is not one of {', '.join(sorted(_REGISTRY))}") from None
-
-
-def policy_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-register_policy(Binpack())
-register_policy(Spread())

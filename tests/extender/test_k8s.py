@@ -241,7 +241,7 @@ def _offline_fits() -> int:
         shape = shape_of(parse_pod_request(pod))
         best = choose(engine.evaluate(shape).fits)
         if best is not None:
-            engine.commit(best, shape)
+            engine.commit(shape, best)
             placed += 1
     return placed
 

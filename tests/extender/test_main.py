@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from extender.main import main
+from extender.main import build_parser, main
+from tessera.contract import Policy
 
 
 def test_bad_speed_profiles_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,3 +42,16 @@ def test_bad_flags(args: list[str], message: str, capsys: pytest.CaptureFixture[
         main(args)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_policy_flag_takes_exactly_the_contracts_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    assert [parser.parse_args(["--policy", p.value]).policy for p in Policy] == [p.value for p in Policy]
+    # A research baseline of the simulator is not a product policy.
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--policy", "fgd-paper"])
+    assert exit_.value.code == 2
+    assert (
+        "argument --policy: invalid choice: 'fgd-paper' (choose from 'binpack', 'spread', 'fragmentation')"
+        in capsys.readouterr().err
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tessera.contract import Allocation, ContainerAllocation, GpuGrant, Policy
 from tessera.inflight import InflightKey, allocation_keys, inflight_conflict
 from tessera.placement import (
+    POLICIES,
     ClusterContext,
     Grant,
     NodeFit,
@@ -19,7 +20,6 @@ from tessera.placement import (
     choose,
     filter_node,
     fit_keeping_inflight_rule,
-    get_policy,
     placement_keys,
     placement_of,
     release,
@@ -44,7 +44,7 @@ def test_evaluate_reuses_outcomes_until_the_node_changes() -> None:
     assert [f is g for f, g in zip(first.fits, again.fits, strict=True)] == [True, True]
     best = choose(again.fits)
     assert best is not None
-    engine.commit(best, s)
+    engine.commit(s, best)
     third = engine.evaluate(s)
     by_name = {f.name: f for f in third.fits}
     assert by_name[best.name] is not {f.name: f for f in again.fits}[best.name]
@@ -123,9 +123,34 @@ def test_pod_policy_annotation_overrides_the_default() -> None:
 def test_commit_records_the_shape_mix() -> None:
     engine = engine_with("a")
     s = shape((1, 1024, None))
-    engine.commit(engine.evaluate(s).fits[0], s)
-    assert engine.context.shape_mix.frequencies() == {s: 1.0}
+    engine.commit(s, engine.evaluate(s).fits[0])
+    assert engine.context.shape_mix.counts == {s: 1}
     assert engine.context.version == 1
+
+
+def test_commit_without_a_fit_records_the_shape_only_and_a_fixed_mix_stays() -> None:
+    engine = engine_with("a")
+    s = shape((1, 1024, None))
+    before = engine.nodes["a"]
+    engine.commit(s)  # the extender: the node's state already counts the pod
+    assert engine.nodes["a"] is before
+    assert engine.context.shape_mix.counts == {s: 1}
+    fixed = PlacementEngine(SpeedProfiles(), context=ClusterContext(learns=False))
+    fixed.set_node(node("a"))
+    fixed.commit(s, fixed.evaluate(s).fits[0])  # the simulator: a target workload known up front
+    assert fixed.nodes["a"].gpus[0].used_memory_mib == 1024
+    assert fixed.context.shape_mix.counts == {}
+    assert fixed.context.version == 0
+
+
+def test_the_policy_table_has_one_policy_per_contract_policy() -> None:
+    assert set(POLICIES) == set(Policy)
+    assert all(placement.name == policy.value for policy, placement in POLICIES.items())
+    assert PlacementEngine(SpeedProfiles(), Policy.SPREAD).default_policy is POLICIES[Policy.SPREAD]
+    own = POLICIES[Policy.BINPACK]
+    s = shape((1, 1024, None), policy=Policy.FRAGMENTATION)
+    # A policy object as the default (the simulator's baselines); a pod's annotation still wins.
+    assert PlacementEngine(SpeedProfiles(), own).policy_for(s) is POLICIES[Policy.FRAGMENTATION]
 
 
 def test_allocation_round_trip_and_build_node_from_annotations() -> None:
@@ -187,7 +212,7 @@ def test_one_pods_own_containers_may_differ() -> None:
 
 
 def _fit_on(n: NodeState, s: PodShape) -> NodeFit:
-    outcome = filter_node(n, s, SpeedProfiles(), get_policy("binpack"), ClusterContext())
+    outcome = filter_node(n, s, SpeedProfiles(), POLICIES[Policy.BINPACK], ClusterContext())
     assert isinstance(outcome, NodeFit)
     return outcome
 
@@ -204,7 +229,7 @@ def test_a_replica_joins_the_inflight_key_instead_of_being_refused() -> None:
         fit,
         s,
         profiles=SpeedProfiles(),
-        policy=get_policy("binpack"),
+        policy=POLICIES[Policy.BINPACK],
         context=ClusterContext(),
         inflight=inflight,
     )
@@ -220,7 +245,7 @@ def test_other_quotas_are_refused_with_the_reason() -> None:
         _fit_on(n, s),
         s,
         profiles=SpeedProfiles(),
-        policy=get_policy("binpack"),
+        policy=POLICIES[Policy.BINPACK],
         context=ClusterContext(),
         inflight=inflight,
     )

@@ -14,8 +14,9 @@ from dataclasses import fields, replace
 
 import pytest
 
-from tessera.contract import MAX_CORES
+from tessera.contract import MAX_CORES, Policy
 from tessera.placement import (
+    POLICIES,
     ClusterContext,
     ContainerShape,
     GpuState,
@@ -26,7 +27,6 @@ from tessera.placement import (
     SpeedProfiles,
     build_node,
     find_placement,
-    get_policy,
 )
 from tessera.placement.fit import eligible_gpus
 from tessera.placement.policies import utilization_after
@@ -104,9 +104,9 @@ def test_one_container_shortcut_is_the_search(policy: str) -> None:
         container = (rng.choice([1, 1, 2, 3]), rng.choice([None, 2048, 4096, 8192]), rng.choice([None, 20]))
         pod: PodShape = shape(container)
         eligible = eligible_gpus(node, pod, PROFILES)
-        fast = find_placement(node, pod, eligible, get_policy(policy), context)
+        fast = find_placement(node, pod, eligible, POLICIES[Policy(policy)], context)
         searched = find_placement(
-            node, pod, eligible, get_policy(policy), context, pinned={0: list(range(len(node.gpus)))}
+            node, pod, eligible, POLICIES[Policy(policy)], context, pinned={0: list(range(len(node.gpus)))}
         )
         assert fast == searched, (node, pod)
         checked += fast is not None

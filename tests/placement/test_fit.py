@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tessera.contract import Policy
 from tessera.placement import (
+    POLICIES,
     ClusterContext,
     NodeFit,
     NodeRejection,
@@ -14,7 +16,6 @@ from tessera.placement import (
     SpeedProfiles,
     apply,
     filter_node,
-    get_policy,
 )
 from tests.placement.helpers import node, shape
 
@@ -24,13 +25,13 @@ PROFILES = SpeedProfiles.from_mapping(
 
 
 def fit(n: NodeState, s: PodShape, policy: str = "binpack") -> NodeFit:
-    outcome = filter_node(n, s, PROFILES, get_policy(policy), ClusterContext())
+    outcome = filter_node(n, s, PROFILES, POLICIES[Policy(policy)], ClusterContext())
     assert isinstance(outcome, NodeFit), outcome
     return outcome
 
 
 def reject(n: NodeState, s: PodShape) -> NodeRejection:
-    outcome = filter_node(n, s, PROFILES, get_policy("binpack"), ClusterContext())
+    outcome = filter_node(n, s, PROFILES, POLICIES[Policy.BINPACK], ClusterContext())
     assert isinstance(outcome, NodeRejection), outcome
     return outcome
 

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from tessera.contract import ContractError
+from tessera.contract import ContractError, Policy
 from tessera.placement import (
+    POLICIES,
     ClusterContext,
     NodeFit,
     SpeedProfiles,
     best_fits,
     choose,
     filter_node,
-    get_policy,
     score_nodes,
 )
 from tests.placement.helpers import node, shape
@@ -75,7 +75,7 @@ CLUSTER = [
 
 def fits_for(workload: str | None) -> list[NodeFit]:
     s = shape((1, 4096, 20), workload=workload)
-    outcomes = [filter_node(n, s, PROFILES, get_policy("binpack"), ClusterContext()) for n in CLUSTER]
+    outcomes = [filter_node(n, s, PROFILES, POLICIES[Policy.BINPACK], ClusterContext()) for n in CLUSTER]
     return [o for o in outcomes if isinstance(o, NodeFit)]
 
 
@@ -106,7 +106,7 @@ def test_choose_breaks_ties_by_policy_score_then_name() -> None:
     assert choose(fits_for(None)).name == "t4"  # type: ignore[union-attr]
     same = [node("b"), node("a")]
     s = shape((1, 1024, None))
-    fits = [filter_node(n, s, PROFILES, get_policy("binpack"), ClusterContext()) for n in same]
+    fits = [filter_node(n, s, PROFILES, POLICIES[Policy.BINPACK], ClusterContext()) for n in same]
     assert choose([f for f in fits if isinstance(f, NodeFit)]).name == "a"  # type: ignore[union-attr]
     assert choose([]) is None
     assert score_nodes([]) == {}

@@ -7,8 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from tessera.contract import PodPreferences
+from simulator.scheduler import SIM_POLICIES, PaperFgd
+from tessera.contract import PodPreferences, Policy
 from tessera.placement import (
+    POLICIES,
     ClusterContext,
     ContainerShape,
     GpuState,
@@ -18,12 +20,9 @@ from tessera.placement import (
     ShapeMix,
     SpeedProfiles,
     choose,
-    get_policy,
-    policy_names,
 )
 from tessera.placement.fragmentation import (
     Fragmentation,
-    PaperFgd,
     TargetShape,
     cpu_per_gpu,
     free_share,
@@ -67,10 +66,11 @@ def mix(counts: dict[PodShape, int]) -> ShapeMix:
     return shapes
 
 
-def test_registered_in_the_core_registry() -> None:
-    assert {"fragmentation", "fgd-paper"} <= set(policy_names())
-    assert isinstance(get_policy("fragmentation"), Fragmentation)
-    assert isinstance(get_policy("fgd-paper"), PaperFgd)
+def test_in_the_product_table_and_the_paper_baseline_in_the_simulator_only() -> None:
+    assert isinstance(POLICIES[Policy.FRAGMENTATION], Fragmentation)
+    assert SIM_POLICIES["fragmentation"] is POLICIES[Policy.FRAGMENTATION]
+    assert isinstance(SIM_POLICIES["fgd-paper"], PaperFgd)
+    assert "fgd-paper" not in {policy.value for policy in POLICIES}
 
 
 def test_target_workload_keeps_the_shapes_covering_95_percent() -> None:
@@ -191,7 +191,7 @@ def test_ties_go_where_the_cpu_still_feeds_the_idle_gpus() -> None:
     gpu_heavy = node("a-gpu-heavy", gpu(0), gpu(1), cpu=40000)
     cpu_rich = node("b-cpu-rich", gpu(0), gpu(1), cpu=100000)
     counts = {whole: 1, cpu_only: 1}
-    paper = PlacementEngine(SpeedProfiles(), "fgd-paper", ClusterContext(mix(counts)))
+    paper = PlacementEngine(SpeedProfiles(), SIM_POLICIES["fgd-paper"], ClusterContext(mix(counts)))
     for n in (gpu_heavy, cpu_rich):
         paper.set_node(n)
     fits = paper.evaluate(cpu_only).fits

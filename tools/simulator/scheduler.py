@@ -16,6 +16,9 @@ The compared systems differ in the request they make of the core and in the poli
   profiles (speed-blind); ``fgd-paper``: FGD as published (ties to a random node), on request only.
 * ``speed-aware``: Tessera's ``binpack`` with the speed profiles.
 
+The research baselines ``hami-like`` and ``fgd-paper`` are policies of the simulator's own
+(:data:`SIM_POLICIES`: the product's ``POLICIES`` and these); the product never offers them.
+
 Node names get a seeded ``%04d-`` prefix, so the core's tie-break (alphabetically first name) is a
 per-seed random node order, as in the FGD simulator.
 """
@@ -23,27 +26,29 @@ per-seed random node order, as in the FGD simulator.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from simulator.model import MILLI_PER_GPU, Cluster, SimPod, derived_memory_mib
 from tessera.contract import MAX_CORES, PodPreferences
 from tessera.placement import (
+    POLICIES,
     ClusterContext,
     ContainerShape,
     GpuState,
     NodeFit,
     NodeState,
     PlacementEngine,
+    PlacementPolicy,
     PodShape,
     ShapeMix,
     SpeedProfiles,
-    apply,
     choose,
     release,
 )
-from tessera.placement.policies import Binpack, Spread, register_policy
+from tessera.placement.fragmentation import Fragmentation
+from tessera.placement.policies import Binpack, Spread
 
 # Slices per GPU: the device plugin's default --split.
 SLICES_PER_GPU = 10
@@ -68,7 +73,19 @@ class HamiLike(Binpack):
     gpu_key = Spread.gpu_key
 
 
-register_policy(HamiLike())
+class PaperFgd(Fragmentation):
+    """FGD as published: the same score, ties left to the node order (kube-scheduler's choice)."""
+
+    name = "fgd-paper"
+    breaks_ties = False
+
+
+# Every policy a system may use, by name: the product's and the research baselines.
+SIM_POLICIES: Mapping[str, PlacementPolicy] = {
+    **{policy.value: placement for policy, placement in POLICIES.items()},
+    HamiLike.name: HamiLike(),
+    PaperFgd.name: PaperFgd(),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +172,10 @@ class SimScheduler:
         self.cluster = cluster
         self.system = system
         self._shapes: dict[SimPod, PodShape] = {}
-        context = ClusterContext(shape_mix(self.shape(p) for p in target))
+        # The target workload is known up front and stays as it is (placed pods do not join it).
+        context = ClusterContext(shape_mix(self.shape(p) for p in target), learns=False)
         self.engine = PlacementEngine(
-            profiles if system.speed_aware else SpeedProfiles(), system.policy, context
+            profiles if system.speed_aware else SpeedProfiles(), SIM_POLICIES[system.policy], context
         )
         for state in node_states(cluster, seed):
             self.engine.set_node(state)
@@ -173,7 +191,7 @@ class SimScheduler:
         shape = self.shape(pod)
         best = choose(self.engine.evaluate(shape).fits)
         if best is not None:
-            self.engine.set_node(apply(self.engine.nodes[best.name], best.placement, shape))
+            self.engine.commit(shape, best)
         return best
 
     def remove(self, pod: SimPod, fit: NodeFit) -> None:
