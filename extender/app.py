@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def create_app(extender: Extender, watcher: Watcher | None = None) -> ExtenderApp:
     metrics = extender.metrics
     priorities = wire.HostPriorityWriter()
-    metrics.nodes.set_function(lambda: len(extender.state.engine.nodes))
+    metrics.nodes.set_function(extender.state.node_count)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -15,30 +15,28 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import compress
 from operator import attrgetter, not_
-from typing import Any
 
 from extender.kube import ApiError, KubeApi
 from extender.metrics import Metrics
-from extender.state import ClusterState, InflightPods, PodAllocation
+from extender.state import ClusterState, PodAllocation
 from tessera.contract import (
     Allocation,
     ContractError,
     ContractKeys,
+    JsonObject,
     Phase,
     PodRequest,
     format_time,
     parse_allocation,
     parse_pod_request,
+    pod_ref,
 )
 from tessera.inflight import read_bind_time
 from tessera.placement import (
     NodeFit,
     NodeRejection,
-    PlacementPolicy,
-    PodShape,
     Shortfall,
     best_fits,
-    fit_keeping_inflight_rule,
     score_fits,
     shape_of,
     to_allocation,
@@ -52,12 +50,8 @@ class NotSyncedError(RuntimeError):
     away capacity that pods already hold, so every verb refuses until they are."""
 
 
-JsonObject = dict[str, Any]
-
 # Filter results kept for the prioritize call that follows (by pod UID).
 REMEMBERED_FILTERS = 256
-# In-flight rule answers kept (by fit and the pods in flight on its node).
-REMEMBERED_VETTINGS = 4096
 # Attempts at writing the allocation when the pod changes under the bind (HTTP 409).
 BIND_ATTEMPTS = 3
 _NAME = attrgetter("name")  # a C-level loop over thousands of fits
@@ -65,8 +59,6 @@ _NODE = attrgetter("node")
 _REASON = attrgetter("reason")
 _SHORTFALL = attrgetter("shortfall")
 _UNRESOLVABLE = attrgetter("unresolvable")
-# (id of a fit, id of the pods in flight on its node, the UID left out of them or "")
-_VettingKey = tuple[int, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +86,10 @@ class _Filtered:
     request: PodRequest  # parsed from ``pod``
 
 
-def pod_key(pod: JsonObject) -> str:
+def ref_of(pod: JsonObject) -> str:
+    """The pod ref of a Pod object."""
     metadata = pod.get("metadata") or {}
-    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+    return pod_ref(str(metadata.get("namespace", "")), str(metadata.get("name", "")))
 
 
 class Extender:
@@ -121,7 +114,6 @@ class Extender:
         self.clock = clock
         self.filter_keeps_best = filter_keeps_best
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
-        self._vetted: dict[_VettingKey, tuple[NodeFit, InflightPods, NodeFit | str]] = {}
         # Binds waiting for a change of pods in flight (see _decide_waiting).
         self._waiting_binds: set[asyncio.Event] = set()
         state.on_pods_changed = self._wake_waiting_binds
@@ -141,12 +133,12 @@ class Extender:
         except ContractError as e:
             # The pod itself is wrong: no node can take it, and kubectl describe should say why.
             self.metrics.count_rejections({Shortfall.NODE: len(names)})
-            return FilterAnswer(passed=[], unresolvable=dict.fromkeys(names, f"pod {pod_key(pod)}: {e}"))
+            return FilterAnswer(passed=[], unresolvable=dict.fromkeys(names, f"pod {ref_of(pod)}: {e}"))
         if not request.wants_gpu:
             return FilterAnswer(passed=list(names))
         shape = shape_of(request)
         uid = str((pod.get("metadata") or {}).get("uid", ""))
-        evaluation = self.state.engine.evaluate(shape, names)
+        evaluation = self.state.evaluate(shape, names)
         # Nodes where other pods are in flight: the rule may refuse this pod there.
         inflight = self.state.nodes_with_inflight()
         answer = FilterAnswer(passed=[])
@@ -155,7 +147,9 @@ class Extender:
         def vet(fit: NodeFit) -> NodeFit | None:
             """The fit to keep on an in-flight node (the cached one, or one joining the in-flight
             key), or None when the rule refuses the pod there for now (the reason is answered)."""
-            kept_fit = self._keeping_inflight_rule(fit, shape, evaluation.policy, uid, now)
+            kept_fit = self.state.keeping_inflight_rule(
+                fit, shape, evaluation.policy, uid=uid, now=now, timeout=self.inflight_timeout
+            )
             if isinstance(kept_fit, str):
                 answer.failed[fit.name] = kept_fit
                 return None
@@ -223,34 +217,6 @@ class Extender:
         )
         self.state.reserve(record, now, fit)
 
-    def _keeping_inflight_rule(
-        self, fit: NodeFit, shape: PodShape, policy: PlacementPolicy, uid: str, now: datetime
-    ) -> NodeFit | str:
-        pods = self.state.inflight_pods(fit.name, now, self.inflight_timeout)
-        others = pods.without(uid)
-        if not others:
-            return fit
-        # While a node's pods stay in flight, every pod of a shape asks the same question there.
-        # The fit object stands for (node state, shape, policy, context version): the engine makes
-        # a new one when any of them changes; the state makes a new InflightPods when the node's
-        # pods in flight change. Both are kept in the value, so their ids are not reused.
-        key = (id(fit), id(pods), uid if uid in pods.names else "")
-        known = self._vetted.get(key)
-        if known is not None and known[0] is fit and known[1] is pods:
-            return known[2]
-        answer = fit_keeping_inflight_rule(
-            fit,
-            shape,
-            profiles=self.state.engine.profiles,
-            policy=policy,
-            context=self.state.engine.context,
-            inflight=others,
-        )
-        if len(self._vetted) >= REMEMBERED_VETTINGS:
-            self._vetted.clear()  # not an LRU: hits stay free, and a refill is cheap
-        self._vetted[key] = (fit, pods, answer)
-        return answer
-
     # ----------------------------------------------------------------------------------------------
     # prioritize
 
@@ -272,7 +238,7 @@ class Extender:
             return [0] * len(names)
         if not request.wants_gpu:
             return [0] * len(names)
-        fits = self.state.engine.evaluate(shape_of(request), names).fits
+        fits = self.state.evaluate(shape_of(request), names).fits
         by_name = dict(zip((f.name for f in fits), score_fits(fits), strict=True))
         return [by_name.get(n, 0) for n in names]
 
@@ -306,21 +272,21 @@ class Extender:
         failure leaves nothing to roll back on the pod.
         """
         assert self.kube is not None, "bind needs the Kubernetes API"
-        key = f"{namespace}/{name}"
+        ref = pod_ref(namespace, name)
         if remembered is not None:
             pod, request = remembered.pod, remembered.request
         else:
             try:
                 pod = await self.kube.get_pod(namespace, name)
             except ApiError as e:
-                return self._fail("api", f"pod {key}: cannot read it: {e}"), False
+                return self._fail("api", f"pod {ref}: cannot read it: {e}"), False
             done = self._already_bound(pod, uid, node)
             if done is not None:
                 return done, False
             try:
                 request = parse_pod_request(pod, self.keys)
             except ContractError as e:
-                return self._fail("invalid", f"pod {key}: {e}"), False
+                return self._fail("invalid", f"pod {ref}: {e}"), False
         metadata = pod.get("metadata") or {}
         now = self.clock()
         # Decide afresh against the current state (an allocation annotation on an unbound pod holds
@@ -347,27 +313,27 @@ class Extender:
             self.state.forget(pod_uid, decided)
             if e.status == 409:
                 # Changed under us, or bound by an earlier attempt whose answer was lost: read again.
-                return self._fail("conflict", f"pod {key} changed while binding: {e.message}"), True
-            return self._fail("api", f"pod {key}: binding to {node} failed: {e}"), False
-        self.state.engine.context.shape_mix.record(shape_of(request))
+                return self._fail("conflict", f"pod {ref} changed while binding: {e.message}"), True
+            return self._fail("api", f"pod {ref}: binding to {node} failed: {e}"), False
+        self.state.placed(shape_of(request))
         return "", False
 
     def _already_bound(self, pod: JsonObject, uid: str, node: str) -> str | None:
         """None if the pod (read from the API) still needs binding; "" if it is bound to ``node`` with
         an allocation there (a retry of a bind that went through); else the error."""
         metadata = pod.get("metadata") or {}
-        key = pod_key(pod)
+        ref = ref_of(pod)
         if uid and metadata.get("uid") != uid:
-            return self._fail("gone", f"pod {key} is now UID {metadata.get('uid')}, not {uid}")
+            return self._fail("gone", f"pod {ref} is now UID {metadata.get('uid')}, not {uid}")
         bound_to = (pod.get("spec") or {}).get("nodeName")
         if not bound_to:
             return None
-        current = self._current_allocation(metadata.get("annotations") or {}, key)
+        current = self._current_allocation(metadata.get("annotations") or {}, ref)
         if bound_to == node and current is not None and current.node == node:
-            bind_time = read_bind_time(metadata.get("annotations") or {}, self.keys, pod=key)
+            bind_time = read_bind_time(metadata.get("annotations") or {}, self.keys, pod=ref)
             self.state.assume(self._record(pod, current, bind_time or self.clock()))
             return ""
-        return self._fail("bound", f"pod {key} is already bound to node {bound_to}")
+        return self._fail("bound", f"pod {ref} is already bound to node {bound_to}")
 
     async def _decide_waiting(
         self, pod: JsonObject, request: PodRequest, node: str, now: datetime
@@ -401,18 +367,20 @@ class Extender:
         """Bind's in-memory half: the allocation on ``node`` against the current state, assumed at
         once; or why not."""
         uid = str((pod.get("metadata") or {}).get("uid"))
-        key = pod_key(pod)
+        ref = ref_of(pod)
         shape = shape_of(request)
         # Usually filter reserved the pod on this very node: that placement becomes the decision.
         confirmed = self.state.confirm_reservation(uid, node, Phase.ALLOCATING.value, now)
         if confirmed is not None:
             return confirmed.allocation
         self.state.unreserve(uid)  # the pod's own reservation must not stand in its way
-        evaluation = self.state.engine.evaluate(shape, [node])
+        evaluation = self.state.evaluate(shape, [node])
         if not evaluation.fits:
             reason = evaluation.rejections[0].reason
-            return Refusal("no_fit", f"pod {key} no longer fits on node {node}: {reason}")
-        fit = self._keeping_inflight_rule(evaluation.fits[0], shape, evaluation.policy, uid, now)
+            return Refusal("no_fit", f"pod {ref} no longer fits on node {node}: {reason}")
+        fit = self.state.keeping_inflight_rule(
+            evaluation.fits[0], shape, evaluation.policy, uid=uid, now=now, timeout=self.inflight_timeout
+        )
         if isinstance(fit, str):
             return Refusal("inflight", fit)
         allocation = to_allocation(fit.node, fit.placement, [c.name for c in request.containers])
@@ -430,12 +398,12 @@ class Extender:
             bind_time=now,
         )
 
-    def _current_allocation(self, annotations: dict[str, str], key: str) -> Allocation | None:
+    def _current_allocation(self, annotations: dict[str, str], ref: str) -> Allocation | None:
         text = annotations.get(self.keys.allocation)
         if text is None:
             return None
         try:
-            return parse_allocation(text, pod=key)
+            return parse_allocation(text, pod=ref)
         except ContractError:
             return None
 

@@ -7,11 +7,14 @@
   phase and bind time. An allocation decided at bind is *assumed* at once, before the API server
   echoes it back through the watch, so the next pod never sees the capacity as free; the assumption
   ends when the watch shows the pod bound, when the pod goes, or when the bind fails. An
-  allocation on a pod that is not bound holds nothing.
+  allocation on a pod that is not bound holds nothing. A *reservation* is an assumption made at
+  filter, for a short time (see :meth:`ClusterState.reserve`).
 
 Every change rebuilds only the node concerned (``tessera.placement.build_node``) and hands it to the
-engine. Not thread-safe, by design: the extender's event loop owns it (watches, the heartbeat sweep
-and the HTTP handlers are all tasks on that one loop).
+placement engine, which the state owns: the verbs ask it through :meth:`ClusterState.evaluate`,
+:meth:`ClusterState.keeping_inflight_rule` and :meth:`ClusterState.placed`. Not thread-safe, by
+design: the extender's event loop owns it (watches, the heartbeat sweep and the HTTP handlers are
+all tasks on that one loop).
 """
 
 from __future__ import annotations
@@ -21,24 +24,35 @@ from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from tessera.contract import (
     Allocation,
     ContractError,
     ContractKeys,
     GpuInfo,
+    JsonObject,
     parse_allocation,
     parse_inventory,
     parse_time,
+    pod_ref,
 )
 from tessera.inflight import InflightKey, allocation_keys, is_allocating, read_bind_time, stale
-from tessera.placement import NodeFit, PlacementEngine, apply, build_node
+from tessera.placement import (
+    Evaluation,
+    NodeFit,
+    PlacementEngine,
+    PlacementPolicy,
+    PodShape,
+    apply,
+    build_node,
+    fit_keeping_inflight_rule,
+)
 
 log = logging.getLogger(__name__)
 
-JsonObject = dict[str, Any]
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+# In-flight rule answers kept per node (until its state or its pods in flight change).
+REMEMBERED_VETTINGS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +72,8 @@ class PodAllocation:
         object.__setattr__(self, "keys", tuple(allocation_keys(self.allocation)))
 
     @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+    def ref(self) -> str:
+        return pod_ref(self.namespace, self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +81,8 @@ class InflightPods:
     """The pods in flight on a node, as of some moment: container keys and names by pod UID. The
     same until one of them times out (``until``) or the node's pods change."""
 
-    keys: dict[str, tuple[InflightKey, ...]]  # by pod name ("namespace/name")
-    names: dict[str, str]  # by pod UID
+    keys: dict[str, tuple[InflightKey, ...]]  # by pod ref ("namespace/name")
+    names: dict[str, str]  # pod refs by pod UID
     timeout: timedelta
     until: datetime | None
 
@@ -89,6 +103,41 @@ class _Node:
     stale_reason: str | None = None
 
 
+@dataclass(slots=True)
+class _Pod:
+    """What the state knows of one pod: the API server's word, and the extender's own decision
+    until the API server shows it."""
+
+    observed: PodAllocation | None = None  # as last listed or watched (bound, not finished)
+    assumed: PodAllocation | None = None  # decided here (a bind or a reservation), not yet seen
+    reserved_at: datetime | None = None  # when ``assumed`` is a reservation: when it was made
+
+    @property
+    def counted(self) -> PodAllocation | None:
+        """What counts on the node: the decision, else the API server's word."""
+        return self.assumed if self.assumed is not None else self.observed
+
+    def nodes(self) -> set[str]:
+        """The nodes named by either allocation."""
+        return {p.allocation.node for p in (self.assumed, self.observed) if p is not None}
+
+
+# (shape, policy name, context version or -1, the UID left out of the pods in flight or "")
+_VettingKey = tuple[PodShape, str, int, str]
+
+
+@dataclass(slots=True)
+class _Inflight:
+    """The pods in flight on one node (phase allocating, or reserved: their bind is on its way), and
+    what follows from them: made anew whenever the node's pods or its state change."""
+
+    pods: list[PodAllocation]
+    # As of the last question (see ClusterState.inflight_pods), until one of them times out.
+    current: InflightPods | None = None
+    # The in-flight rule's answers for ``current`` (see ClusterState.keeping_inflight_rule).
+    vetted: dict[_VettingKey, NodeFit | str] = field(default_factory=dict)
+
+
 class ClusterState:
     def __init__(
         self,
@@ -104,19 +153,73 @@ class ClusterState:
         # Called whenever a pod's allocation or phase changes (a bind waiting on the in-flight rule).
         self.on_pods_changed: Callable[[], None] | None = None
         self._nodes: dict[str, _Node] = {}
-        self._observed: dict[str, PodAllocation] = {}
-        self._assumed: dict[str, PodAllocation] = {}
-        # Assumptions that are reservations (see reserve), by pod UID: when made.
-        self._reserved_at: dict[str, datetime] = {}
+        self._pods: dict[str, _Pod] = {}  # by UID: every pod that counts or is remembered
+        # Indexes kept by _reindex alone: the UIDs of the pods counted on each node, and each node's
+        # pods in flight.
         self._pods_on: dict[str, set[str]] = {}
-        self._inflight: dict[str, list[PodAllocation]] = {}
-        self._inflight_pods: dict[str, InflightPods] = {}  # derived from _inflight, per node
+        self._inflight: dict[str, _Inflight] = {}
         self.nodes_synced = False
         self.pods_synced = False
 
     def unsynced(self) -> list[str]:
         """The caches not yet filled by a first list: "nodes", "pods"."""
         return [what for what, done in (("nodes", self.nodes_synced), ("pods", self.pods_synced)) if not done]
+
+    # ----------------------------------------------------------------------------------------------
+    # What the verbs ask of the placement engine
+
+    def node_count(self) -> int:
+        """Nodes with a GPU inventory (readable or not)."""
+        return len(self.engine.nodes)
+
+    def evaluate(self, shape: PodShape, names: Iterable[str]) -> Evaluation:
+        """The outcome of ``shape`` on the nodes ``names``, in their order."""
+        return self.engine.evaluate(shape, names)
+
+    def keeping_inflight_rule(
+        self,
+        fit: NodeFit,
+        shape: PodShape,
+        policy: PlacementPolicy,
+        *,
+        uid: str,
+        now: datetime,
+        timeout: timedelta,
+    ) -> NodeFit | str:
+        """``fit`` (of ``shape`` under ``policy``, from :meth:`evaluate` on the current state) if pod
+        ``uid`` may be in flight on its node with the pods in flight there at ``now``; else the fit
+        there that joins their in-flight key; else why not (the in-flight rule).
+
+        While a node's pods stay in flight, every pod of a shape asks the same question there: the
+        answers are kept with the node's pods in flight, which are made anew when they change, when
+        one of them times out, or when the node's state changes.
+        """
+        pods = self.inflight_pods(fit.name, now, timeout)
+        others = pods.without(uid)
+        if not others:
+            return fit
+        entry = self._inflight[fit.name]
+        version = self.engine.context.version if policy.uses_context else -1
+        key = (shape, policy.name, version, uid if uid in pods.names else "")
+        known = entry.vetted.get(key)
+        if known is not None:
+            return known
+        answer = fit_keeping_inflight_rule(
+            fit,
+            shape,
+            profiles=self.engine.profiles,
+            policy=policy,
+            context=self.engine.context,
+            inflight=others,
+        )
+        if len(entry.vetted) >= REMEMBERED_VETTINGS:
+            entry.vetted.clear()  # not an LRU: hits stay free, and a refill is cheap
+        entry.vetted[key] = answer
+        return answer
+
+    def placed(self, shape: PodShape) -> None:
+        """A pod of ``shape`` was bound (its allocation already counts: it was assumed first)."""
+        self.engine.commit(shape)
 
     # ----------------------------------------------------------------------------------------------
     # Nodes
@@ -201,14 +304,14 @@ class ClusterState:
             # Not bound: it holds nothing (the extender writes allocations with the binding; one
             # on an unbound pod was written by someone else, or is left from an older scheme).
             return None
-        key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+        ref = pod_ref(str(metadata.get("namespace")), str(metadata.get("name")))
         try:
-            allocation = parse_allocation(text, pod=key)
+            allocation = parse_allocation(text, pod=ref)
         except ContractError as e:
             log.warning("ignoring %s", e)
             return None
         try:
-            bind_time = read_bind_time(annotations, self.keys, pod=key)
+            bind_time = read_bind_time(annotations, self.keys, pod=ref)
         except ContractError as e:
             log.warning("%s", e)  # not in flight: the rule has no time to count from
             bind_time = None
@@ -224,38 +327,41 @@ class ClusterState:
     def upsert_pod(self, pod: JsonObject) -> None:
         uid = str((pod.get("metadata") or {}).get("uid"))
         parsed = self._parse_pod(pod)
-        if uid not in self._assumed and self._observed.get(uid) == parsed:
+        record = self._pods.get(uid)
+        if record is None:
+            if parsed is None:
+                return  # holds nothing, and never did
+            record = self._pods[uid] = _Pod()
+        elif record.assumed is None and record.observed == parsed:
             return  # nothing that counts changed (most pod events: status, other annotations)
-        assumed = self._assumed.get(uid)
+        assumed = record.assumed
         if (
             parsed is not None
             and assumed is not None
-            and uid not in self._reserved_at
+            and record.reserved_at is None
             and (parsed.allocation, parsed.phase) == (assumed.allocation, assumed.phase)
         ):
             # The watch echoing a bind: the node's usage is the same; only the record (and its
             # bind time, to the second) comes from the API server now.
-            self._observed[uid] = parsed
-            del self._assumed[uid]
+            record.observed = parsed
+            record.assumed = None
             self._refresh_inflight(parsed.allocation.node)
             return
-        touched = self._nodes_of(uid)
-        if parsed is None:
-            self._observed.pop(uid, None)
-        else:
-            self._observed[uid] = parsed
-            # Bound with the assumed allocation, or moved on by someone else (device plugin):
-            # the API server's word now holds.
-            if uid in self._assumed:
-                del self._assumed[uid]
-                self._reserved_at.pop(uid, None)
+        touched = record.nodes()
+        record.observed = parsed
+        if parsed is not None:
+            # Bound with the assumed allocation, or moved on by someone else (device plugin): the
+            # API server's word now holds.
+            record.assumed = None
+            record.reserved_at = None
         self._reindex(uid, touched)
 
     def delete_pod(self, uid: str) -> None:
-        touched = self._nodes_of(uid)
-        self._observed.pop(uid, None)
-        self._assumed.pop(uid, None)
-        self._reserved_at.pop(uid, None)
+        record = self._pods.get(uid)
+        if record is None:
+            return
+        touched = record.nodes()
+        record.observed = record.assumed = record.reserved_at = None
         self._reindex(uid, touched)
 
     def replace_pods(self, pods: Iterable[JsonObject]) -> None:
@@ -264,37 +370,41 @@ class ClusterState:
         for pod in pods:
             seen.add(str((pod.get("metadata") or {}).get("uid")))
             self.upsert_pod(pod)
-        for uid in (set(self._observed) | set(self._assumed)) - seen:
+        for uid in set(self._pods) - seen:
             self.delete_pod(uid)
         self.pods_synced = True
 
-    def assume(self, record: PodAllocation) -> None:
-        """Count ``record`` now (decided at bind, not yet seen through the watch)."""
-        touched = self._nodes_of(record.uid)
-        self._assumed[record.uid] = record
-        self._reserved_at.pop(record.uid, None)
-        self._reindex(record.uid, touched)
+    def assume(self, decided: PodAllocation) -> None:
+        """Count ``decided`` now (decided at bind, not yet seen through the watch)."""
+        record = self._pods.setdefault(decided.uid, _Pod())
+        touched = record.nodes()
+        record.assumed = decided
+        record.reserved_at = None
+        self._reindex(decided.uid, touched)
 
-    def reserve(self, record: PodAllocation, now: datetime, fit: NodeFit | None = None) -> None:
-        """Count ``record`` for a pod kube-scheduler is about to bind (it was scored best), until its
-        bind decides for real or ``reservation_ttl`` passes. ``fit`` is the fit it was made from.
+    def reserve(self, reserved: PodAllocation, now: datetime, fit: NodeFit | None = None) -> None:
+        """Count ``reserved`` for a pod kube-scheduler is about to bind (it was scored best), until
+        its bind decides for real or ``reservation_ttl`` passes. ``fit`` is the fit it was made from.
 
         kube-scheduler filters the next pod before the previous one's bind arrives; without the
         reservation, pods of one shape would all pick the node the previous pod is filling, and
         all but one would fail at bind when it fills up.
         """
-        if record.uid in self._assumed and record.uid not in self._reserved_at:
+        record = self._pods.setdefault(reserved.uid, _Pod())
+        if record.assumed is not None and record.reserved_at is None:
             return  # a bind already decided
-        touched = self._nodes_of(record.uid)
-        self._assumed[record.uid] = record
-        self._reserved_at[record.uid] = now
-        self._reindex(record.uid, touched, fit)
+        touched = record.nodes()
+        record.assumed = reserved
+        record.reserved_at = now
+        self._reindex(reserved.uid, touched, fit)
 
     def unreserve(self, uid: str) -> None:
-        if self._reserved_at.pop(uid, None) is not None:
-            touched = self._nodes_of(uid)
-            del self._assumed[uid]
-            self._reindex(uid, touched)
+        record = self._pods.get(uid)
+        if record is None or record.reserved_at is None:
+            return
+        touched = record.nodes()
+        record.assumed = record.reserved_at = None
+        self._reindex(uid, touched)
 
     def confirm_reservation(self, uid: str, node: str, phase: str, now: datetime) -> PodAllocation | None:
         """Turn the pod's reservation on ``node`` into its bind decision (``phase``, bound at
@@ -305,67 +415,78 @@ class ClusterState:
         place, so it still fits, and the in-flight rule held with it (reserved pods count as in
         flight). The node's usage does not change: nothing is rebuilt.
         """
-        record = self._assumed.get(uid)
-        if record is None or uid not in self._reserved_at or record.allocation.node != node:
+        record = self._pods.get(uid)
+        if record is None or record.reserved_at is None or record.assumed is None:
+            return None
+        reserved = record.assumed
+        if reserved.allocation.node != node:
             return None
         state = self.engine.nodes.get(node)
         if state is None or not state.schedulable:
             return None
         healthy = {gpu.uuid for gpu in state.gpus if gpu.healthy}
-        if any(grant.uuid not in healthy for c in record.allocation.containers for grant in c.gpus):
+        if any(grant.uuid not in healthy for c in reserved.allocation.containers for grant in c.gpus):
             return None
         confirmed = PodAllocation(
-            uid=record.uid,
-            namespace=record.namespace,
-            name=record.name,
-            allocation=record.allocation,
+            uid=reserved.uid,
+            namespace=reserved.namespace,
+            name=reserved.name,
+            allocation=reserved.allocation,
             phase=phase,
             bind_time=now,
         )
-        self._assumed[uid] = confirmed
-        del self._reserved_at[uid]
+        record.assumed = confirmed
+        record.reserved_at = None
         self._refresh_inflight(node)
         return confirmed
 
     def expire_reservations(self, now: datetime) -> None:
-        for uid, since in list(self._reserved_at.items()):
-            if now - since > self.reservation_ttl:
-                self.unreserve(uid)
+        # Reserved pods are in flight: the in-flight index has them all, without a walk over every pod.
+        expired = [
+            p.uid
+            for entry in self._inflight.values()
+            for p in entry.pods
+            if (since := self._pods[p.uid].reserved_at) is not None and now - since > self.reservation_ttl
+        ]
+        for uid in expired:
+            self.unreserve(uid)
 
     def forget(self, uid: str, allocation: Allocation) -> None:
         """Undo :meth:`assume` of ``allocation`` after a failed bind (and the observed copy of it)."""
-        touched = self._nodes_of(uid)
-        if uid in self._assumed and self._assumed[uid].allocation == allocation:
-            del self._assumed[uid]
-            self._reserved_at.pop(uid, None)
-        if uid in self._observed and self._observed[uid].allocation == allocation:
-            del self._observed[uid]
+        record = self._pods.get(uid)
+        if record is None:
+            return
+        touched = record.nodes()
+        if record.assumed is not None and record.assumed.allocation == allocation:
+            record.assumed = record.reserved_at = None
+        if record.observed is not None and record.observed.allocation == allocation:
+            record.observed = None
         self._reindex(uid, touched)
 
-    def allocation_of(self, uid: str) -> PodAllocation | None:
-        return self._assumed.get(uid) or self._observed.get(uid)
-
     def pods_on(self, node: str) -> list[PodAllocation]:
-        found = (self.allocation_of(uid) for uid in self._pods_on.get(node, ()))
+        found = (self._pods[uid].counted for uid in self._pods_on.get(node, ()))
         return [p for p in found if p is not None]
 
     def inflight_pods(self, node: str, now: datetime, timeout: timedelta) -> InflightPods:
         """The pods in flight on ``node`` at ``now`` (phase allocating or reserved, bound less than
         ``timeout`` ago): one object for as long as they stay the same (filter asks about the same
-        nodes pod after pod; see Extender._keeping_inflight_rule)."""
-        known = self._inflight_pods.get(node)
+        nodes pod after pod; see keeping_inflight_rule)."""
+        entry = self._inflight.get(node)
+        if entry is None:
+            return InflightPods({}, {}, timeout, None)
+        known = entry.current
         if known is not None and known.timeout == timeout and (known.until is None or now <= known.until):
             return known
         live = tuple(
-            p
-            for p in self._inflight.get(node, ())
-            if p.bind_time is not None and not stale(p.bind_time, now, timeout)
+            p for p in entry.pods if p.bind_time is not None and not stale(p.bind_time, now, timeout)
         )
         # Until the first of them times out (none comes back: bind times only age).
         until = min((p.bind_time + timeout for p in live if p.bind_time is not None), default=None)
-        pods = InflightPods({p.key: p.keys for p in live}, {p.uid: p.key for p in live}, timeout, until)
-        self._inflight_pods[node] = pods
-        return pods
+        entry.current = InflightPods(
+            {p.ref: p.keys for p in live}, {p.uid: p.ref for p in live}, timeout, until
+        )
+        entry.vetted.clear()  # answers for the pods in flight before
+        return entry.current
 
     def nodes_with_inflight(self) -> AbstractSet[str]:
         """Nodes with a pod in phase allocating (however old) or reserved: where filter checks the
@@ -373,21 +494,25 @@ class ClusterState:
         membership tests on it are safe while the watch changes it."""
         return self._inflight.keys()
 
-    def _nodes_of(self, uid: str) -> set[str]:
-        return {p.allocation.node for p in (self._assumed.get(uid), self._observed.get(uid)) if p is not None}
-
     def _reindex(self, uid: str, before: set[str], placed: NodeFit | None = None) -> None:
         """Re-count pod ``uid`` on the nodes it counted on (``before``) and counts on now. ``placed``
         is the fit its new allocation came from, when it has one."""
-        after = self._nodes_of(uid)
-        effective = self.allocation_of(uid)
-        counted = {effective.allocation.node} if effective else set()
-        for node in before - counted:
-            self._pods_on.get(node, set()).discard(uid)
-        for node in counted:
+        record = self._pods.get(uid)
+        counted = None if record is None else record.counted
+        after = set() if record is None else record.nodes()
+        on = {counted.allocation.node} if counted is not None else set()
+        for node in before - on:
+            uids = self._pods_on.get(node)
+            if uids is not None:
+                uids.discard(uid)
+                if not uids:
+                    del self._pods_on[node]
+        for node in on:
             self._pods_on.setdefault(node, set()).add(uid)
+        if record is not None and counted is None:
+            del self._pods[uid]  # nothing left to remember
         for node in before | after:
-            if not before and placed is not None and self.engine.nodes.get(node) is placed.node:
+            if not before and placed is not None and self.engine.nodes.get(node) == placed.node:
                 # A pod counted nowhere before, on a node as its fit saw it: add the placement
                 # (what rebuilding the node from all its pods gives too, at a fraction of the
                 # cost; a reservation does this on every filter's path).
@@ -399,22 +524,21 @@ class ClusterState:
             self.on_pods_changed()
 
     def _refresh_inflight(self, name: str) -> list[PodAllocation]:
-        """Recompute the pods in flight on node ``name``; returns all its pods."""
+        """Recompute the pods in flight on node ``name`` (before any change of its state: what was
+        derived from them goes too); returns all its pods."""
         pods = self.pods_on(name)
-        # Reserved pods count as in flight: their bind is on its way.
-        inflight = [p for p in pods if is_allocating(p.phase) or p.uid in self._reserved_at]
-        self._inflight_pods.pop(name, None)
+        inflight = [p for p in pods if is_allocating(p.phase) or self._pods[p.uid].reserved_at is not None]
         if inflight:
-            self._inflight[name] = inflight
+            self._inflight[name] = _Inflight(inflight)
         else:
             self._inflight.pop(name, None)
         return pods
 
     def _rebuild(self, name: str) -> None:
+        pods = self._refresh_inflight(name)
         record = self._nodes.get(name)
         if record is None:
             return
-        pods = self._refresh_inflight(name)
         allocations = [p.allocation for p in pods]
         if record.inventory is None:
             reason = record.inventory_error or "no inventory"

@@ -195,7 +195,7 @@ def test_the_watch_echoing_an_assumption_changes_no_usage(state: ClusterState) -
     before = state.engine.nodes["n"]
     state.upsert_pod(pod("a", bound=True))
     assert state.engine.nodes["n"] is before
-    assert state.allocation_of("a") == record("a")
+    assert state.pods_on("n") == [record("a")]
     state.upsert_pod(pod("a", bound=True, phase="allocated"))  # served: out of flight
     assert state.nodes_with_inflight() == set()
     state.delete_pod("a")
@@ -217,3 +217,21 @@ def test_a_reservation_from_a_fit_adds_it_as_a_rebuild_would(state: ClusterState
     assert state.nodes_with_inflight() == {"n"}
     state.unreserve("b")
     assert state.engine.nodes["n"].gpus[0].used_memory_mib == 4096
+
+
+def test_the_inflight_rule_answer_is_kept_until_the_pods_in_flight_change(state: ClusterState) -> None:
+    state.assume(record("a"))  # in flight: GPU 0, 4096 MiB, 30%
+    other = PodShape((ContainerShape(1, 8192, 30),))  # other quotas: may not be in flight with it
+    timeout = timedelta(minutes=5)
+    evaluation = state.evaluate(other, ["n"])
+    [fit] = evaluation.fits
+    refused = state.keeping_inflight_rule(fit, other, evaluation.policy, uid="b", now=NOW, timeout=timeout)
+    assert isinstance(refused, str)
+    assert refused.startswith("pod ns/a is still being admitted on node n")
+    again = state.keeping_inflight_rule(fit, other, evaluation.policy, uid="b", now=NOW, timeout=timeout)
+    assert again is refused  # remembered
+    state.upsert_pod(pod("a", bound=True, phase="allocated"))  # served: out of flight
+    [fit] = state.evaluate(other, ["n"]).fits
+    assert (
+        state.keeping_inflight_rule(fit, other, evaluation.policy, uid="b", now=NOW, timeout=timeout) is fit
+    )
