@@ -7,6 +7,12 @@ The calls are made with aiohttp on the loop that answers kube-scheduler: the ext
 thread, so a filter never waits for a bind's or a watch's thread to hand back the interpreter, and a
 bind costs no hand-over to a worker thread (docs/benchmarks.md, Extender). Where to connect and how
 to authenticate come from the official client's configuration loading (kubeconfig or in-cluster).
+
+Why not kubernetes_asyncio, which runs on the loop too (measured by ``bench/kube_client.py``;
+docs/benchmarks.md, "The extender's API client"): its typed models cost 6-10x the CPU per list and
+6x per watch event; used raw (``_preload_content=False``), a bind or a get still costs 2-3x, because
+its session trusts the environment and so hands every request to a worker thread twice (~/.netrc,
+proxy variables): the hand-over this client exists to avoid.
 """
 
 from __future__ import annotations
@@ -23,9 +29,9 @@ import aiohttp
 import orjson
 from kubernetes import client, config
 
-log = logging.getLogger(__name__)
+from tessera.contract import JsonObject
 
-JsonObject = dict[str, Any]
+log = logging.getLogger(__name__)
 
 # Requests other than watches give up after this long, in seconds: to connect, then between reads.
 CONNECT_TIMEOUT = 5.0
