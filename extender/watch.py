@@ -1,22 +1,35 @@
 """Keeps :class:`extender.state.ClusterState` in step with the API server: list, then watch, and
-list again when the watch ends or the server says 410 Gone (history compacted)."""
+list again when the watch fails or the server says 410 Gone (history compacted).
+
+After a failure (the API server unreachable or answering an error, an object that cannot be
+applied) the next list waits a jittered exponential backoff (tenacity), which starts again from its
+first step after each successful list; after 410 Gone it lists again at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from extender.kube import ApiError, JsonObject, KubeApi
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential, wait_random
+
+from extender.kube import ApiError, KubeApi
 from extender.state import ClusterState
+from tessera.contract import JsonObject
 
 log = logging.getLogger(__name__)
 
-# How long one watch request lasts before it is renewed (seconds), and the pause after an error.
+# How long one watch request lasts before it is renewed (seconds).
 WATCH_SECONDS = 240
-RETRY_PAUSE = 1.0
+# The pause before listing again after a failure, in seconds: 0.5, 1, 2, then 4 at most after
+# consecutive failures, each plus a random 0-1 (so the pause is at most 5 s, and the nodes' and
+# pods' watches, and several extenders, do not retry in step).
+RETRY_FIRST = 0.5
+RETRY_MAX = 4.0
+RETRY_JITTER = 1.0
 HTTP_GONE = 410
 # Only bound pods hold GPUs (an allocation on an unbound pod holds nothing), so pods waiting to be
 # scheduled are not watched: their creation and kube-scheduler's status updates are half the pod
@@ -46,12 +59,18 @@ class Watcher:
     extender's event loop (the loop that answers kube-scheduler owns the state alone)."""
 
     def __init__(
-        self, kube: KubeApi, state: ClusterState, clock: Callable[[], datetime], sweep_every: float = 1.0
+        self,
+        kube: KubeApi,
+        state: ClusterState,
+        clock: Callable[[], datetime],
+        sweep_every: float = 1.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.kube = kube
         self.state = state
         self.clock = clock
         self.sweep_every = sweep_every
+        self.sleep = sleep  # the backoff's pauses
         self._settled = False
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -91,21 +110,30 @@ class Watcher:
         field_selector: str,
         apply: Callable[[str, JsonObject | None, list[JsonObject] | None], None],
     ) -> None:
+        failed: Exception | None = None  # what ended the last watch, unless 410 Gone
         while True:
+            # Each pass lists until a list succeeds, its backoff starting from the first step. Any
+            # exception is retried: a bad object must not end the watch for good.
+            async for attempt in AsyncRetrying(
+                sleep=self.sleep,
+                wait=wait_exponential(multiplier=RETRY_FIRST, max=RETRY_MAX) + wait_random(0, RETRY_JITTER),
+                before_sleep=lambda retry: _log_retry(path, retry),
+            ):
+                with attempt:
+                    if failed is not None:
+                        # The failed watch is this pass's first failure: the first pause, then a list.
+                        error, failed = failed, None
+                        raise error
+                    items, version = await self.kube.list(path, field_selector)
+                    apply("LIST", None, items)
+            self._settle_once()
             try:
-                items, version = await self.kube.list(path, field_selector)
-                apply("LIST", None, items)
-                self._settle_once()
                 while True:
                     version = await self._watch(path, field_selector, version, apply)
             except _RelistError:
                 log.info("%s: watch expired, listing again", path)
-            except ApiError as e:
-                log.warning("%s: %s; listing again in %.0f s", path, e, RETRY_PAUSE)
-                await asyncio.sleep(RETRY_PAUSE)
-            except Exception:  # a bad object must not end the watch for good
-                log.exception("%s: watch failed; listing again in %.0f s", path, RETRY_PAUSE)
-                await asyncio.sleep(RETRY_PAUSE)
+            except Exception as e:
+                failed = e
 
     def _settle_once(self) -> None:
         if self._settled or self.state.unsynced():
@@ -150,3 +178,12 @@ class Watcher:
                 log.info(
                     "heartbeat standing changed on %d node(s): %s", len(changed), ", ".join(changed[:10])
                 )
+
+
+def _log_retry(path: str, retry: RetryCallState) -> None:
+    error = retry.outcome.exception() if retry.outcome is not None else None
+    pause = retry.next_action.sleep if retry.next_action is not None else 0.0
+    if isinstance(error, ApiError):
+        log.warning("%s: %s; listing again in %.1f s", path, error, pause)
+    else:  # not the API's answer: the traceback says where
+        log.error("%s: watch failed; listing again in %.1f s", path, pause, exc_info=error)
