@@ -123,7 +123,7 @@ class _Pod:
 
 
 # (shape, policy name, context version or -1, the UID left out of the pods in flight or "")
-_VettingKey = tuple[PodShape, str, int, str]
+_Question = tuple[PodShape, str, int, str]
 
 
 @dataclass(slots=True)
@@ -135,7 +135,7 @@ class _Inflight:
     # As of the last question (see ClusterState.inflight_pods), until one of them times out.
     current: InflightPods | None = None
     # The in-flight rule's answers for ``current`` (see ClusterState.keeping_inflight_rule).
-    vetted: dict[_VettingKey, NodeFit | str] = field(default_factory=dict)
+    vetted: dict[_Question, NodeFit | str] = field(default_factory=dict)
 
 
 class ClusterState:
@@ -200,8 +200,8 @@ class ClusterState:
             return fit
         entry = self._inflight[fit.name]
         version = self.engine.context.version if policy.uses_context else -1
-        key = (shape, policy.name, version, uid if uid in pods.names else "")
-        known = entry.vetted.get(key)
+        question = (shape, policy.name, version, uid if uid in pods.names else "")
+        known = entry.vetted.get(question)
         if known is not None:
             return known
         answer = fit_keeping_inflight_rule(
@@ -214,7 +214,7 @@ class ClusterState:
         )
         if len(entry.vetted) >= REMEMBERED_VETTINGS:
             entry.vetted.clear()  # not an LRU: hits stay free, and a refill is cheap
-        entry.vetted[key] = answer
+        entry.vetted[question] = answer
         return answer
 
     def placed(self, shape: PodShape) -> None:
