@@ -209,6 +209,10 @@ class Fragmentation(PlacementPolicy):
     breaks_ties = True
 
     def __init__(self) -> None:
+        # The mix (and its version) the targets were derived from: one policy object serves every
+        # engine in a process (the extender's one, the simulator's several), and two mixes can be at
+        # the same version with different shapes.
+        self._mix: ShapeMix | None = None
         self._version = -1
         self._targets: tuple[TargetShape, ...] = ()
         self._cpu_per_gpu: float | None = None
@@ -216,7 +220,8 @@ class Fragmentation(PlacementPolicy):
         self._gpu_memo: dict[tuple[object, ...], float] = {}
 
     def _targets_for(self, context: ClusterContext) -> tuple[TargetShape, ...]:
-        if context.version != self._version:
+        if context.shape_mix is not self._mix or context.version != self._version:
+            self._mix = context.shape_mix
             self._version = context.version
             targets = target_workload(context.shape_mix)
             # A mix that moved by a pod or two usually keeps the same rounded target: memos stay.

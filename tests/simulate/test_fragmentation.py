@@ -103,6 +103,19 @@ def test_node_fragmentation_counts_what_each_shape_cannot_use() -> None:
     assert node_fragmentation(node("n", gpu(0), gpu(1)), (pair,)) == 0
 
 
+def test_each_context_is_judged_against_its_own_mix() -> None:
+    """One policy object serves every engine of a process: two mixes at the same version but with
+    other shapes must not share the targets derived from the first."""
+    policy = Fragmentation()
+    partly_used = node("n", gpu(0, used_cores=60), gpu(1))
+    halves = ClusterContext(mix({pod(HALF): 1}), learns=False)
+    no_gpu = ClusterContext(mix({pod(None, cpu=4000): 1}), learns=False)
+    assert halves.version == no_gpu.version
+    assert policy.fragmentation(partly_used, halves) == pytest.approx(40)
+    assert policy.fragmentation(partly_used, no_gpu) == pytest.approx(140)
+    assert policy.fragmentation(partly_used, halves) == pytest.approx(40)
+
+
 def test_free_share_is_the_smaller_of_compute_and_memory() -> None:
     memory_bound = replace(gpu(0), used_memory_mib=16384 * 90 // 100, used_slices=1)
     assert free_share(memory_bound) == 10
