@@ -31,17 +31,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from fleet import GPUS_PER_NODE, node_inventory
 
-from fleet import GPUS_PER_NODE, node_inventory  # noqa: E402
-
-from extender import wire  # noqa: E402
-from extender.metrics import Metrics  # noqa: E402
-from extender.service import Extender, Refusal  # noqa: E402
-from extender.state import ClusterState, PodAllocation  # noqa: E402
-from extender.watch import settle_heap  # noqa: E402
-from tessera.contract import (  # noqa: E402
+from extender import wire
+from extender.metrics import Metrics
+from extender.service import Extender, Refusal
+from extender.state import ClusterState, PodAllocation
+from extender.watch import settle_heap
+from tessera.contract import (
     KEYS,
     Allocation,
     ContainerAllocation,
@@ -51,7 +48,9 @@ from tessera.contract import (  # noqa: E402
     format_time,
     parse_pod_request,
 )
-from tessera.placement import PlacementEngine, SpeedProfiles  # noqa: E402
+from tessera.placement import PlacementEngine, SpeedProfiles
+
+REPO = Path(__file__).resolve().parents[1]
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

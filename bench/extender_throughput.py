@@ -38,19 +38,16 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import yaml
+from fleet import GPUS_PER_NODE, make_nodes, pod_body
 from kubernetes import client, config
 from kubernetes.watch import Watch
 
+from sandbox.controlplane import ControlPlane, ManagedProcess, free_port
+from tessera.contract import KEYS, Phase
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from fleet import GPUS_PER_NODE, SPLIT, node_inventory, node_model  # noqa: E402
-
-from sandbox.controlplane import ControlPlane, ManagedProcess, fake_node_body, free_port  # noqa: E402
-from tessera.contract import KEYS, Phase, dump_inventory, format_time, now  # noqa: E402
 
 QPS = 500
 # (label, with the extender, device plugin stand-in writing)
@@ -59,31 +56,6 @@ PHASES = (
     ("with extender", True, False),
     ("with extender, device plugin writing", True, True),
 )
-
-
-def make_nodes(core: client.CoreV1Api, count: int) -> None:
-    def make(i: int) -> None:
-        name = f"bench-{i:04d}"
-        _, memory = node_model(i)
-        capacity = {
-            KEYS.vgpu: str(GPUS_PER_NODE * SPLIT),
-            KEYS.vgpu_memory: str(GPUS_PER_NODE * memory),
-            KEYS.vgpu_cores: str(GPUS_PER_NODE * 100),
-            "cpu": "64",
-            "memory": "512Gi",
-            "pods": "250",
-        }
-        annotations = {
-            KEYS.node_gpus: dump_inventory(node_inventory(name, i)),
-            KEYS.node_heartbeat: format_time(now()),
-        }
-        body = fake_node_body(name, capacity, annotations)
-        status = body.pop("status")
-        core.create_node(body)
-        core.patch_node_status(name, {"status": status})
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(make, range(count)))
 
 
 def scheduler_config(extender_url: str | None) -> str:
@@ -95,17 +67,6 @@ def scheduler_config(extender_url: str | None) -> str:
     else:
         cfg["extenders"][0]["urlPrefix"] = extender_url
     return str(yaml.safe_dump(cfg))
-
-
-def pod(name: str) -> dict[str, Any]:
-    limits = {KEYS.vgpu: "1", KEYS.vgpu_memory: "4096", KEYS.vgpu_cores: "20"}
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": "tessera-scheduler",
-            "containers": [{"name": "main", "image": "local/cuda:latest", "resources": {"limits": limits}}],
-        },
-    }
 
 
 def timed_phase(
@@ -154,7 +115,7 @@ def timed_phase(
     time.sleep(0.5)
     started = time.perf_counter()
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: core.create_namespaced_pod(namespace, pod(f"p-{i:05d}")), range(count)))
+        list(pool.map(lambda i: core.create_namespaced_pod(namespace, pod_body(f"p-{i:05d}")), range(count)))
     if not done.wait(args_timeout):
         listed = sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name)
         print(f"{namespace}: the API server lists {listed} pods bound", file=sys.stderr)
@@ -216,7 +177,7 @@ def main() -> int:
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         core = client.CoreV1Api(api)
         started = time.perf_counter()
-        make_nodes(core, args.nodes)
+        make_nodes(core, range(args.nodes))
         print(
             f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs created in {time.perf_counter() - started:.0f} s",
             flush=True,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import statistics
@@ -45,20 +46,16 @@ from typing import Any
 
 import orjson
 import uvloop
+from fleet import make_nodes, node_name, pod_body
 from kubernetes import client as sync_client
 from kubernetes import config as sync_config
 from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 from kubernetes_asyncio import watch as awatch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-
-from fleet import GPUS_PER_NODE, SPLIT, node_inventory, node_model  # noqa: E402
-
-from extender.kube import KubeApi, load_configuration  # noqa: E402
-from sandbox.controlplane import ControlPlane  # noqa: E402
-from tessera.contract import KEYS, dump_inventory, format_time, now  # noqa: E402
+from extender.kube import KubeApi, load_configuration
+from sandbox.controlplane import ControlPlane
+from tessera.contract import KEYS, format_time, now
 
 NAMESPACE = "bench"
 IN_FLIGHT = 8
@@ -78,45 +75,6 @@ WATCH_READ = 1 << 16
 # Set-up (untimed): nodes and pods, with the sync official client from threads.
 
 
-def node_body(i: int) -> dict[str, Any]:
-    name = f"bench-{i:04d}"
-    _, memory = node_model(i)
-    capacity = {
-        KEYS.vgpu: str(GPUS_PER_NODE * SPLIT),
-        KEYS.vgpu_memory: str(GPUS_PER_NODE * memory),
-        KEYS.vgpu_cores: str(GPUS_PER_NODE * 100),
-        "cpu": "64",
-        "memory": "512Gi",
-        "pods": "250",
-    }
-    return {
-        "metadata": {
-            "name": name,
-            "labels": {"kubernetes.io/hostname": name},
-            "annotations": {
-                KEYS.node_gpus: dump_inventory(node_inventory(name, i)),
-                KEYS.node_heartbeat: format_time(now()),
-            },
-        },
-        "status": {
-            "capacity": capacity,
-            "allocatable": capacity,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "FakeNode", "message": "bench"}],
-        },
-    }
-
-
-def pod_body(name: str) -> dict[str, Any]:
-    limits = {KEYS.vgpu: "1", KEYS.vgpu_memory: "4096", KEYS.vgpu_cores: "20"}
-    return {
-        "metadata": {"name": name, "labels": {"app": "bench"}},
-        "spec": {
-            "schedulerName": "tessera-scheduler",
-            "containers": [{"name": "main", "image": "local/cuda:latest", "resources": {"limits": limits}}],
-        },
-    }
-
-
 def bind_annotations(node: str) -> dict[str, str]:
     allocation = {
         "node": node,
@@ -133,17 +91,6 @@ def bind_annotations(node: str) -> dict[str, str]:
 
 def sync_core(kubeconfig: Path) -> Any:
     return sync_client.CoreV1Api(sync_config.new_client_from_config(config_file=str(kubeconfig)))
-
-
-def make_nodes(core: Any, start: int, stop: int) -> None:
-    def make(i: int) -> None:
-        body = node_body(i)
-        status = body.pop("status")
-        core.create_node(body)
-        core.patch_node_status(body["metadata"]["name"], {"status": status})
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(make, range(start, stop)))
 
 
 def make_pods(core: Any, names: list[str], node: str | None = None) -> None:
@@ -423,7 +370,7 @@ async def measure(args: argparse.Namespace, kubeconfig: Path, core: Any, patch: 
     lines: dict[str, list[bytes]] = {"nodes": [], "pods": []}
     fleet = 0
     for nodes in sorted(args.nodes):
-        await asyncio.to_thread(make_nodes, core, fleet, nodes)
+        await asyncio.to_thread(make_nodes, core, range(fleet, nodes))
         fleet = nodes
         print(f"{fleet} nodes", flush=True)
         for round_ in range(args.rounds):
@@ -431,7 +378,7 @@ async def measure(args: argparse.Namespace, kubeconfig: Path, core: Any, patch: 
             for variant in order:
                 c = clients[variant]
                 record(f"list {nodes} nodes", variant, await cpu_of(lambda c=c: lists(c, LISTS)), LISTS)
-    node_names = [f"bench-{i:04d}" for i in range(min(fleet, args.events))]
+    node_names = [node_name(i) for i in range(min(fleet, args.events))]
     for round_ in range(args.rounds):
         for v, variant in enumerate(turn(round_)):
             c = clients[variant]
@@ -441,10 +388,7 @@ async def measure(args: argparse.Namespace, kubeconfig: Path, core: Any, patch: 
                 p.metadata.name: p.metadata.uid
                 for p in (await asyncio.to_thread(core.list_namespaced_pod, NAMESPACE)).items
             }
-            binds = [
-                lambda n=n, c=c, uid=uids[n], node=f"bench-{i % fleet:04d}": c.bind(n, uid, node)
-                for i, n in enumerate(names)
-            ]
+            binds = [functools.partial(c.bind, n, uids[n], node_name(i % fleet)) for i, n in enumerate(names)]
             record("bind", variant, await cpu_of(lambda binds=binds: in_flight(binds)), len(binds))
             gets = [lambda n=n, c=c: c.get_pod(n) for n in names]
             record("get pod", variant, await cpu_of(lambda gets=gets: in_flight(gets)), len(gets))

@@ -18,11 +18,8 @@ import gc
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 # bench/ itself, for the latency benchmark's state builder (which puts the repository first).
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import extender_latency
 
 from tessera.contract import parse_pod_request
