@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import localcontext
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
@@ -50,6 +50,9 @@ JsonObject = dict[str, Any]
 def pod_ref(namespace: str, name: str) -> str:
     """A pod's ``namespace/name``, as messages and logs name it."""
     return f"{namespace}/{name}"
+
+
+Parsed = TypeVar("Parsed")
 
 
 class ContractError(ValueError):
@@ -182,11 +185,7 @@ def dump_inventory(gpus: tuple[GpuInfo, ...] | list[GpuInfo]) -> str:
 
 
 def parse_inventory(text: str, *, node: str = "") -> tuple[GpuInfo, ...]:
-    try:
-        return _INVENTORY.validate_json(text)
-    except ValidationError as e:
-        where = f"node {node!r}: " if node else ""
-        raise ContractError(f"{where}annotation {KEYS.node_gpus}: {_first_error(e)}") from None
+    return _validated(_INVENTORY, text, f"node {node!r}: " if node else "", KEYS.node_gpus)
 
 
 def format_time(moment: datetime) -> str:
@@ -244,12 +243,20 @@ def dump_allocation(allocation: Allocation) -> str:
     return allocation.model_dump_json()
 
 
+_ALLOCATION = TypeAdapter(Allocation)
+
+
 def parse_allocation(text: str, *, pod: str = "") -> Allocation:
+    return _validated(_ALLOCATION, text, f"pod {pod}: " if pod else "", KEYS.allocation)
+
+
+def _validated(adapter: TypeAdapter[Parsed], text: str, where: str, annotation: str) -> Parsed:
+    """``text`` (an annotation's JSON) as ``adapter``'s type, or a ContractError naming where it was
+    read, the annotation and the first field in error."""
     try:
-        return Allocation.model_validate_json(text)
+        return adapter.validate_json(text)
     except ValidationError as e:
-        where = f"pod {pod}: " if pod else ""
-        raise ContractError(f"{where}annotation {KEYS.allocation}: {_first_error(e)}") from None
+        raise ContractError(f"{where}annotation {annotation}: {_first_error(e)}") from None
 
 
 def _first_error(e: ValidationError) -> str:
