@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from extender.kube import ApiError, JsonObject
+from extender.kube import ApiError
 from extender.metrics import Metrics
 from extender.service import Extender
 from extender.state import ClusterState
-from tessera.contract import KEYS, Phase, parse_allocation
+from tessera.contract import KEYS, JsonObject, Phase, parse_allocation
 from tessera.placement import PlacementEngine, SpeedProfiles
 from tests.extender.helpers import gpu_pod, inventory, node_object
 
