@@ -4,10 +4,15 @@
 #   containernetworking-plugins   bridge/host-local/loopback CNI plugins (in /usr/lib/cni)
 #   busybox-static           the one binary the project's own OCI images are built from
 #   iptables, iproute2       used by the CNI bridge plugin and by `sandbox down` to remove devices
+#   buildah, mmdebstrap      `make images` without a Docker daemon: the Dockerfile built by buildah
+#                            (rootful, overlay storage; uidmap comes as its dependency) on a bookworm
+#                            base made by mmdebstrap (hack/build-images.sh)
+#   skopeo                   copies the saved OCI archives to a registry (docs/install.md)
+#   file                     hack/build-images.sh checks that kube-scheduler is statically linked
 # Must run as root (apt). Safe to run again: it installs nothing when everything is present.
 set -euo pipefail
 
-packages=(containerd runc containernetworking-plugins busybox-static iptables iproute2)
+packages=(containerd runc containernetworking-plugins busybox-static iptables iproute2 buildah mmdebstrap skopeo file)
 
 missing=()
 for p in "${packages[@]}"; do
