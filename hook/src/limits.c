@@ -1,19 +1,31 @@
 /* Where the quotas come from, read once per process: the limits file, or the environment.
  *
- * In Kubernetes the device plugin mounts a read-only limits file at VGPU_LIMITS_FILE (compiled in;
- * tessera.contract.CONTAINER_LIMITS_FILE). When that file exists it is the only source: no
- * environment variable is looked at, so nothing a container can write raises a limit. Only when it
- * does not exist are TESSERA_LIMITS_FILE (tests) and the standalone variables honoured (their names
- * are in contract.h); a container
- * that can make the mounted file vanish could equally run without the hook, so this opens nothing.
- * Any error fails closed: a message on stderr and no device memory. */
+ * Managed (in Kubernetes): the device plugin mounts this library read-only at VGPU_HOOK_FILE and
+ * names it in /etc/ld.so.preload, and mounts a read-only limits file at VGPU_LIMITS_FILE (both
+ * compiled in; tessera.contract). The hook counts itself managed when it was loaded from
+ * VGPU_HOOK_FILE, or when that file is there at all (a copy of the library preloaded from elsewhere
+ * is managed too). Nothing the container controls can undo either: not its environment, not files it
+ * can write; only a process able to mount over both (which could equally run without the hook, see
+ * docs/security.md). Managed, the limits file is the only source: missing, unreadable or broken, it
+ * fails closed (no device memory, the smallest compute share), and no environment variable is read.
+ *
+ * Unmanaged (tests, standalone): the compiled-in limits file when it exists, else TESSERA_LIMITS_FILE
+ * (tests), else the standalone variables (their names are in contract.h). Any error fails closed: a
+ * message on stderr and no device memory.
+ *
+ * The parser (vgpu_limits_parse) is a pure function of the file's bytes, so that the fuzzer
+ * (hook/fuzz/) drives it exactly as the hook does. */
+#define _GNU_SOURCE
 #include <ctype.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "vgpu.h"
@@ -24,13 +36,20 @@
 #ifndef VGPU_REGION_FILE
 #error "VGPU_REGION_FILE must be defined by the build (hook/Makefile)"
 #endif
+#ifndef VGPU_HOOK_FILE
+#error "VGPU_HOOK_FILE must be defined by the build (hook/Makefile)"
+#endif
+
+/* The compute share of each GPU when a managed container's limits cannot be read: the smallest the
+ * format can express, since the container was granted some share and nothing says how much. */
+#define FAIL_CLOSED_CORES 1
 
 static struct vgpu_limits limits;
-static char limits_path[PATH_MAX];
 static pthread_once_t limits_once = PTHREAD_ONCE_INIT;
 
 VGPU_API const char *vgpu_default_limits_path(void) { return VGPU_LIMITS_FILE; }
 VGPU_API const char *vgpu_default_region_path(void) { return VGPU_REGION_FILE; }
+VGPU_API const char *vgpu_default_hook_path(void) { return VGPU_HOOK_FILE; }
 
 /* A decimal count of bytes with an optional k, m or g suffix (powers of 1024); 0 if invalid. */
 static uint64_t parse_bytes(const char *text) {
@@ -60,144 +79,206 @@ static int parse_int(const char *text, int lo, int hi) {
     return (int)value;
 }
 
-__attribute__((format(printf, 1, 2))) static void refuse(const char *fmt, ...) {
-    char why[PATH_MAX + 512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    vgpu_log("%s; refusing device memory", why);
-    limits.refuse_memory = 1;
+/* Records why the configuration is refused (the first reason only); the caller logs it once. */
+__attribute__((format(printf, 2, 3))) static void refuse(struct vgpu_limits *l, const char *fmt, ...) {
+    if (!l->refuse_memory) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(l->why, sizeof l->why, fmt, ap);
+        va_end(ap);
+    }
+    l->refuse_memory = 1;
 }
 
-static int parse_device_line(char **tok, int ntok, const char *where) {
+static int parse_device_line(struct vgpu_limits *l, char **tok, int ntok, const char *where) {
     if (ntok != 6 || strcmp(tok[2], "memory") || strcmp(tok[4], "cores")) {
-        refuse("%s: expected `device <uuid> memory <bytes> cores <0-%d>`", where, VGPU_MAX_CORES);
+        refuse(l, "%s: expected `device <uuid> memory <bytes> cores <0-%d>`", where, VGPU_MAX_CORES);
         return -1;
     }
     if (strlen(tok[1]) >= VGPU_UUID_LEN) {
-        refuse("%s: uuid %s is too long", where, tok[1]);
+        refuse(l, "%s: uuid %s is too long", where, tok[1]);
         return -1;
     }
-    if (limits.file_devices == VGPU_MAX_DEVICES) {
-        refuse("%s: more devices than the hook supports", where);
+    if (l->file_devices == VGPU_MAX_DEVICES) {
+        refuse(l, "%s: more devices than the hook supports", where);
         return -1;
     }
     uint64_t memory = strspn(tok[3], "0123456789") == strlen(tok[3]) ? parse_bytes(tok[3]) : 0; /* bytes only */
     int cores = parse_int(tok[5], 0, VGPU_MAX_CORES);
     if (!memory) {
-        refuse("%s: memory %s is not a positive number of bytes", where, tok[3]);
+        refuse(l, "%s: memory %s is not a positive number of bytes", where, tok[3]);
         return -1;
     }
     if (cores < 0) {
-        refuse("%s: cores %s is not in 0..%d", where, tok[5], VGPU_MAX_CORES);
+        refuse(l, "%s: cores %s is not in 0..%d", where, tok[5], VGPU_MAX_CORES);
         return -1;
     }
-    int i = limits.file_devices++;
-    snprintf(limits.by_uuid[i].uuid, VGPU_UUID_LEN, "%s", tok[1]);
-    limits.by_uuid[i].quota = (struct vgpu_quota){.memory = memory, .cores = cores};
+    int i = l->file_devices++;
+    snprintf(l->by_uuid[i].uuid, VGPU_UUID_LEN, "%s", tok[1]);
+    l->by_uuid[i].quota = (struct vgpu_quota){.memory = memory, .cores = cores};
     return 0;
 }
 
-static void read_limits_file(FILE *f) {
-    char line[1024], where[PATH_MAX + 32];
-    int lineno = 0, version = 0;
-    snprintf(limits.region, sizeof limits.region, "%s", VGPU_REGION_FILE);
-    while (fgets(line, sizeof line, f)) {
-        lineno++;
-        snprintf(where, sizeof where, "limits file %s line %d", limits_path, lineno);
-        char *hash = strchr(line, '#');
-        if (hash) *hash = 0;
-        char *tok[8];
-        int ntok = 0;
-        for (char *save = NULL, *t = strtok_r(line, " \t\r\n", &save); t && ntok < 8;
-             t = strtok_r(NULL, " \t\r\n", &save))
-            tok[ntok++] = t;
-        if (ntok == 0) continue;
-        if (!strcmp(tok[0], "version") && ntok == 2) {
-            version = parse_int(tok[1], 0, INT_MAX);
-            if (version != VGPU_LIMITS_VERSION) {
-                refuse("%s: version %s is not %d", where, tok[1], VGPU_LIMITS_VERSION);
-                return;
-            }
-        } else if (!strcmp(tok[0], "region") && ntok == 2) {
-            if (tok[1][0] != '/') {
-                refuse("%s: region %s is not an absolute path", where, tok[1]);
-                return;
-            }
-            snprintf(limits.region, sizeof limits.region, "%s", tok[1]);
-        } else if (!strcmp(tok[0], "elastic") && ntok == 2) {
-            limits.elastic = parse_int(tok[1], 0, 1);
-            if (limits.elastic < 0) {
-                limits.elastic = 0;
-                refuse("%s: elastic %s is not 0 or 1", where, tok[1]);
-                return;
-            }
-        } else if (!strcmp(tok[0], "device")) {
-            if (parse_device_line(tok, ntok, where)) return;
-        } else {
-            refuse("%s: unknown line starting with %s", where, tok[0]);
-            return;
+/* One line, NUL-terminated, without its newline: 0, or -1 once refused. */
+static int parse_line(struct vgpu_limits *l, char *line, int *version, const char *where) {
+    char *hash = strchr(line, '#');
+    if (hash) *hash = 0;
+    char *tok[8];
+    int ntok = 0;
+    for (char *save = NULL, *t = strtok_r(line, " \t\r", &save); t && ntok < 8; t = strtok_r(NULL, " \t\r", &save))
+        tok[ntok++] = t;
+    if (ntok == 0) return 0;
+    if (!strcmp(tok[0], "version") && ntok == 2) {
+        *version = parse_int(tok[1], 0, INT_MAX);
+        if (*version != VGPU_LIMITS_VERSION) {
+            refuse(l, "%s: version %s is not %d", where, tok[1], VGPU_LIMITS_VERSION);
+            return -1;
         }
+    } else if (!strcmp(tok[0], "region") && ntok == 2) {
+        if (tok[1][0] != '/') {
+            refuse(l, "%s: region %s is not an absolute path", where, tok[1]);
+            return -1;
+        }
+        if (snprintf(l->region, sizeof l->region, "%s", tok[1]) >= (int)sizeof l->region) {
+            refuse(l, "%s: region path is too long", where);
+            return -1;
+        }
+    } else if (!strcmp(tok[0], "elastic") && ntok == 2) {
+        l->elastic = parse_int(tok[1], 0, 1);
+        if (l->elastic < 0) {
+            l->elastic = 0;
+            refuse(l, "%s: elastic %s is not 0 or 1", where, tok[1]);
+            return -1;
+        }
+    } else if (!strcmp(tok[0], "device")) {
+        return parse_device_line(l, tok, ntok, where);
+    } else {
+        refuse(l, "%s: unknown line starting with %s", where, tok[0]);
+        return -1;
     }
-    if (version != VGPU_LIMITS_VERSION)
-        refuse("limits file %s: no `version %d` line", limits_path, VGPU_LIMITS_VERSION);
-    else if (!limits.file_devices) refuse("limits file %s: no device lines", limits_path);
+    return 0;
 }
 
-static void read_environment(void) {
-    limits.all = (struct vgpu_quota){.memory = VGPU_UNLIMITED, .cores = 0};
+int vgpu_limits_parse(struct vgpu_limits *l, const char *text, size_t len, const char *name) {
+    char line[VGPU_LIMITS_MAX_LINE], where[PATH_MAX + 32];
+    int lineno = 0, version = 0;
+    l->from_file = 1;
+    snprintf(l->region, sizeof l->region, "%s", VGPU_REGION_FILE);
+    if (memchr(text, 0, len)) {
+        refuse(l, "limits file %s: contains a NUL byte", name);
+        return -1;
+    }
+    for (size_t at = 0; at < len;) {
+        const char *newline = memchr(text + at, '\n', len - at);
+        size_t n = (newline ? (size_t)(newline - text) : len) - at;
+        lineno++;
+        snprintf(where, sizeof where, "limits file %s line %d", name, lineno);
+        if (n >= sizeof line) {
+            refuse(l, "%s: longer than %zu bytes", where, sizeof line - 1);
+            return -1;
+        }
+        memcpy(line, text + at, n);
+        line[n] = 0;
+        at += n + 1;
+        if (parse_line(l, line, &version, where)) return -1;
+    }
+    if (version != VGPU_LIMITS_VERSION) {
+        refuse(l, "limits file %s: no `version %d` line", name, VGPU_LIMITS_VERSION);
+        return -1;
+    }
+    if (!l->file_devices) {
+        refuse(l, "limits file %s: no device lines", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads the file whole, refusing anything but a regular file of sane size: O_NONBLOCK so that a
+ * FIFO put in its place cannot hang the process, O_NOFOLLOW since the device plugin mounts a file,
+ * never a link. */
+static void read_limits_file(struct vgpu_limits *l, const char *path) {
+    static char text[VGPU_LIMITS_MAX_BYTES]; /* read once, under limits_once */
+    snprintf(l->region, sizeof l->region, "%s", VGPU_REGION_FILE);
+    l->from_file = 1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        refuse(l, "limits file %s: %s", path, strerror(errno));
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        refuse(l, "limits file %s: %s", path, strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        refuse(l, "limits file %s: not a regular file", path);
+    } else if (st.st_size > (off_t)sizeof text) {
+        refuse(l, "limits file %s: larger than %zu bytes", path, sizeof text);
+    } else {
+        size_t len = 0;
+        ssize_t n;
+        while (len < sizeof text && ((n = read(fd, text + len, sizeof text - len)) > 0 || (n < 0 && errno == EINTR)))
+            if (n > 0) len += (size_t)n;
+        if (len == sizeof text) refuse(l, "limits file %s: larger than %zu bytes", path, sizeof text);
+        else vgpu_limits_parse(l, text, len, path);
+    }
+    close(fd);
+}
+
+static void read_environment(struct vgpu_limits *l) {
+    l->all = (struct vgpu_quota){.memory = VGPU_UNLIMITED, .cores = 0};
     const char *value = getenv(VGPU_ENV_MEMORY_LIMIT);
-    if (value && !(limits.all.memory = parse_bytes(value)))
-        refuse(VGPU_ENV_MEMORY_LIMIT "=%s is not a positive number of bytes (suffix k, m or g allowed)",
-               value);
+    if (value && !(l->all.memory = parse_bytes(value)))
+        refuse(l, VGPU_ENV_MEMORY_LIMIT "=%s is not a positive number of bytes (suffix k, m or g allowed)", value);
     value = getenv(VGPU_ENV_CORES);
-    if (value && (limits.all.cores = parse_int(value, 1, VGPU_MAX_CORES)) < 0)
-        refuse(VGPU_ENV_CORES "=%s is not in 1..%d", value, VGPU_MAX_CORES);
+    if (value && (l->all.cores = parse_int(value, 1, VGPU_MAX_CORES)) < 0)
+        refuse(l, VGPU_ENV_CORES "=%s is not in 1..%d", value, VGPU_MAX_CORES);
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
         char name[64];
-        limits.by_ordinal[i] = (struct vgpu_quota){.memory = 0, .cores = -1};
+        l->by_ordinal[i] = (struct vgpu_quota){.memory = 0, .cores = -1};
         snprintf(name, sizeof name, VGPU_ENV_MEMORY_LIMIT "_%d", i);
         if ((value = getenv(name))) {
-            limits.has_ordinal_quotas = 1;
-            if (!(limits.by_ordinal[i].memory = parse_bytes(value)))
-                refuse("%s=%s is not a positive number of bytes (suffix k, m or g allowed)", name, value);
+            l->has_ordinal_quotas = 1;
+            if (!(l->by_ordinal[i].memory = parse_bytes(value)))
+                refuse(l, "%s=%s is not a positive number of bytes (suffix k, m or g allowed)", name, value);
         }
         snprintf(name, sizeof name, VGPU_ENV_CORES "_%d", i);
         if ((value = getenv(name))) {
-            limits.has_ordinal_quotas = 1;
-            if ((limits.by_ordinal[i].cores = parse_int(value, 1, VGPU_MAX_CORES)) < 0)
-                refuse("%s=%s is not in 1..%d", name, value, VGPU_MAX_CORES);
+            l->has_ordinal_quotas = 1;
+            if ((l->by_ordinal[i].cores = parse_int(value, 1, VGPU_MAX_CORES)) < 0)
+                refuse(l, "%s=%s is not in 1..%d", name, value, VGPU_MAX_CORES);
         }
     }
     value = getenv(VGPU_ENV_ELASTIC);
-    if (value && (limits.elastic = parse_int(value, 0, 1)) < 0) {
-        limits.elastic = 0;
-        refuse(VGPU_ENV_ELASTIC "=%s is not 0 or 1", value);
+    if (value && (l->elastic = parse_int(value, 0, 1)) < 0) {
+        l->elastic = 0;
+        refuse(l, VGPU_ENV_ELASTIC "=%s is not 0 or 1", value);
     }
     value = getenv(VGPU_ENV_REGION);
-    if (value && snprintf(limits.region, sizeof limits.region, "%s", value) >= (int)sizeof limits.region)
-        refuse(VGPU_ENV_REGION "=%s is too long", value);
+    if (value && snprintf(l->region, sizeof l->region, "%s", value) >= (int)sizeof l->region)
+        refuse(l, VGPU_ENV_REGION "=%s is too long", value);
+}
+
+/* Managed: this library was loaded from the path the device plugin mounts it at (the loader's own
+ * record of the name, fixed at load: a mount made later changes nothing), or that path exists. Only
+ * "no such file" counts as absent: any other error reads as managed. */
+static int managed_by_tessera(void) {
+    Dl_info self;
+    if (dladdr((void *)vgpu_limits, &self) && self.dli_fname && !strcmp(self.dli_fname, VGPU_HOOK_FILE)) return 1;
+    return access(VGPU_HOOK_FILE, F_OK) == 0 || errno != ENOENT;
 }
 
 static void load(void) {
-    snprintf(limits_path, sizeof limits_path, "%s", VGPU_LIMITS_FILE);
-    if (access(VGPU_LIMITS_FILE, F_OK) != 0 && errno == ENOENT) {
+    limits.managed = managed_by_tessera();
+    if (limits.managed) {
+        read_limits_file(&limits, VGPU_LIMITS_FILE);
+        if (limits.refuse_memory) limits.all = (struct vgpu_quota){.memory = 0, .cores = FAIL_CLOSED_CORES};
+    } else if (access(VGPU_LIMITS_FILE, F_OK) == 0 || errno != ENOENT) {
+        read_limits_file(&limits, VGPU_LIMITS_FILE);
+    } else {
         const char *override = getenv(VGPU_ENV_LIMITS_FILE);
-        if (!override || !*override) {
-            read_environment();
-            return;
-        }
-        snprintf(limits_path, sizeof limits_path, "%s", override);
+        if (override && *override) read_limits_file(&limits, override);
+        else read_environment(&limits);
     }
-    limits.from_file = 1;
-    FILE *f = fopen(limits_path, "re");
-    if (!f) {
-        refuse("limits file %s: %s", limits_path, strerror(errno));
-        return;
-    }
-    read_limits_file(f);
-    fclose(f);
+    if (limits.refuse_memory) vgpu_log("%s; refusing device memory", limits.why);
 }
 
 const struct vgpu_limits *vgpu_limits(void) {
@@ -208,6 +289,7 @@ const struct vgpu_limits *vgpu_limits(void) {
 struct vgpu_quota vgpu_quota_of(const char *uuid, int ordinal) {
     const struct vgpu_limits *c = vgpu_limits();
     struct vgpu_quota quota = {.memory = 0, .cores = 0};
+    if (c->managed && c->refuse_memory) return c->all; /* fail closed, whatever the file got to say */
     if (c->from_file) {
         for (int i = 0; i < c->file_devices; i++)
             if (!strcmp(c->by_uuid[i].uuid, uuid)) quota = c->by_uuid[i].quota;

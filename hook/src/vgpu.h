@@ -23,6 +23,7 @@
 
 #include <cuda.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "region.h"
@@ -34,7 +35,7 @@
 void vgpu_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* symbols.c: real driver entry points, resolved from the library the client loaded. */
-enum vgpu_library { VGPU_LIB_CUDA, VGPU_LIB_NVML };
+enum vgpu_library { VGPU_LIB_CUDA, VGPU_LIB_NVML, VGPU_LIB_DL };
 void *vgpu_real(int symbol);
 
 /* limits.c */
@@ -45,6 +46,8 @@ struct vgpu_quota {
 };
 struct vgpu_limits {
     int refuse_memory; /* the limits file or the environment is broken: fail closed */
+    char why[PATH_MAX + 512]; /* the first reason it was refused */
+    int managed; /* in a container Tessera manages: only the limits file counts (limits.c) */
     int from_file;
     int elastic;
     char region[PATH_MAX]; /* "" = private to this process */
@@ -58,6 +61,11 @@ struct vgpu_limits {
     int has_ordinal_quotas;
 };
 const struct vgpu_limits *vgpu_limits(void);
+/* Parses a limits file's bytes (name is for messages) into l, which must start zeroed: 0, or -1 with
+ * l->refuse_memory and l->why set. Pure: no I/O, no log. */
+#define VGPU_LIMITS_MAX_BYTES 65536 /* a file of 16 devices takes about 2 KiB */
+#define VGPU_LIMITS_MAX_LINE 1024
+int vgpu_limits_parse(struct vgpu_limits *l, const char *text, size_t len, const char *name);
 /* The quota of a GPU, by UUID (limits file) or by this process's CUDA ordinal (environment). */
 struct vgpu_quota vgpu_quota_of(const char *uuid, int ordinal);
 

@@ -27,7 +27,7 @@ from hook.limits import (
     write_limits,
 )
 from hook.region import _DeviceUsageC, device_usage_size, read_region
-from tessera.contract import CONTAINER_LIMITS_FILE, MAX_CORES
+from tessera.contract import CONTAINER_HOOK_LIBRARY, CONTAINER_LIMITS_FILE, MAX_CORES
 from tests.hook.conftest import GIB, MIB, ROOT, Clients, FakeGpus, Processes
 
 PROBE_SOURCE = Path(__file__).resolve().parent / "clients" / "constants_probe.c"
@@ -73,10 +73,12 @@ def test_region_reader_struct_matches_the_library(clients: Clients) -> None:
 
 def test_hook_defaults_match_the_contract(clients: Clients) -> None:
     library = load_library()
-    for name in ("vgpu_default_limits_path", "vgpu_default_region_path"):
+    for name in ("vgpu_default_limits_path", "vgpu_default_region_path", "vgpu_default_hook_path"):
         getattr(library, name).restype = ctypes.c_char_p
     assert library.vgpu_default_limits_path().decode() == CONTAINER_LIMITS_FILE
     assert library.vgpu_default_region_path().decode() == CONTAINER_REGION_FILE
+    # Loaded from there (or with that file present), the hook is managed: only the limits file counts.
+    assert library.vgpu_default_hook_path().decode() == CONTAINER_HOOK_LIBRARY
 
 
 def test_environment_variables_are_the_documented_ones_and_each_is_tested(c_side: dict[str, str]) -> None:
