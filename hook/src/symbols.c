@@ -2,10 +2,13 @@
  *
  * Clients reach the driver three ways (docs/hook.md): linked symbols (our exports interpose),
  * dlsym on the libcuda handle (our dlsym returns the wrapper), and cuGetProcAddress(_v2) (reached
- * through either, it returns the wrapper whose ABI the version and flags select). The hook's own
- * calls go to the real library, resolved through the real dlsym on a handle of that library. */
+ * through either, it returns the wrapper whose ABI the version and flags select). dlvsym answers as
+ * dlsym does. The hook's own calls go to the real library, resolved through the real dlsym on a
+ * handle of that library. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -32,27 +35,63 @@ static const struct vgpu_symbol symbols[VGPU_SYM_COUNT] = {
 
 static const char *const library_names[] = {[VGPU_LIB_CUDA] = "libcuda.so.1", [VGPU_LIB_NVML] = "libnvidia-ml.so.1"};
 static void *real[VGPU_SYM_COUNT];
-static pthread_once_t resolved[2] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
+static pthread_once_t resolved[3] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
 
-typedef void *(*dlsym_fn)(void *, const char *);
-static dlsym_fn next_dlsym;
+typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 
-/* glibc's own dlsym, found by version so that our override is skipped. */
-static dlsym_fn glibc_dlsym(void) {
-    dlsym_fn fn = __atomic_load_n(&next_dlsym, __ATOMIC_ACQUIRE);
-    if (!fn) {
-        static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
-        for (size_t i = 0; !fn && i < sizeof versions / sizeof *versions; i++)
-            fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-        /* Racing threads all store the same pointer. */
-        __atomic_store_n(&next_dlsym, fn, __ATOMIC_RELEASE);
+/* The address of a defined symbol's default version in a loaded library, read from the library's
+ * own dynamic symbol table (GNU or SysV hash) without asking the dynamic linker: the hook defines
+ * both dlsym and dlvsym, and a program's references to either reach the hook's, so neither can be
+ * asked for glibc's dlvsym. Used once, for glibc's dlvsym; everything else is asked of that. */
+static void *elf_lookup(const char *library, const char *name) {
+    void *handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD);
+    struct link_map *map = NULL;
+    if (!handle) return NULL;
+    int found_map = dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map;
+    dlclose(handle); /* RTLD_NOLOAD took one more reference; the library stays loaded */
+    if (!found_map) return NULL;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const Elf32_Word *gnu = NULL, *sysv = NULL;
+    const ElfW(Half) *versym = NULL;
+    for (const ElfW(Dyn) *d = map->l_ld; d->d_tag != DT_NULL; d++) {
+        /* glibc relocates these in place where .dynamic is writable (x86-64, aarch64), not where
+         * it is read-only: an address below the load address is still relative. */
+        ElfW(Addr) p = d->d_un.d_ptr < map->l_addr ? d->d_un.d_ptr + map->l_addr : d->d_un.d_ptr;
+        switch (d->d_tag) {
+        case DT_SYMTAB: symtab = (const ElfW(Sym) *)p; break;
+        case DT_STRTAB: strtab = (const char *)p; break;
+        case DT_GNU_HASH: gnu = (const Elf32_Word *)p; break;
+        case DT_HASH: sysv = (const Elf32_Word *)p; break;
+        case DT_VERSYM: versym = (const ElfW(Half) *)p; break;
+        default: break;
+        }
     }
-    return fn;
-}
-
-static void *real_dlsym(void *handle, const char *name) {
-    dlsym_fn fn = glibc_dlsym();
-    return fn ? fn(handle, name) : NULL;
+    if (!symtab || !strtab) return NULL;
+    /* Candidates: the GNU hash chain of the name, else every symbol of the SysV table. */
+    uint32_t first = 0, count = 0, hash = 5381, symoffset = 0;
+    const Elf32_Word *chain = NULL;
+    if (gnu) {
+        for (const unsigned char *c = (const unsigned char *)name; *c; c++) hash = hash * 33 + *c;
+        uint32_t nbuckets = gnu[0], bloom_words = gnu[2];
+        symoffset = gnu[1];
+        const Elf32_Word *buckets = (const Elf32_Word *)((const ElfW(Addr) *)&gnu[4] + bloom_words);
+        first = nbuckets ? buckets[hash % nbuckets] : 0;
+        if (first < symoffset) return NULL;
+        chain = buckets + nbuckets; /* chain[k] is symbol symoffset + k's */
+        count = UINT32_MAX;
+    } else if (sysv) {
+        count = sysv[1];
+    }
+    for (uint32_t i = first; count; i++, count--) {
+        const ElfW(Sym) *s = &symtab[i];
+        if ((!chain || (chain[i - symoffset] | 1) == (hash | 1)) && s->st_shndx != SHN_UNDEF &&
+            ELF64_ST_TYPE(s->st_info) == STT_FUNC /* ELF32_ST_TYPE is the same */ && !(versym && (versym[i] & 0x8000)) &&
+            !strcmp(strtab + s->st_name, name))
+            return (void *)(map->l_addr + s->st_value);
+        if (chain && (chain[i - symoffset] & 1)) break; /* the last of this bucket */
+    }
+    return NULL;
 }
 
 static void resolve(enum vgpu_library lib) {
@@ -61,40 +100,74 @@ static void resolve(enum vgpu_library lib) {
     if (!handle) handle = dlopen(library_names[lib], RTLD_NOW);
     if (!handle) return;
     for (int i = 0; i < VGPU_SYM_COUNT; i++)
-        if (symbols[i].lib == lib) real[i] = real_dlsym(handle, symbols[i].abi);
+        if (symbols[i].lib == lib) real[i] = REAL(dlsym)(handle, symbols[i].abi);
 }
 static void resolve_cuda(void) { resolve(VGPU_LIB_CUDA); }
 static void resolve_nvml(void) { resolve(VGPU_LIB_NVML); }
 
+/* glibc's dlvsym (libdl's before glibc 2.34), and the next dlsym after the hook, asked of it by
+ * version so that the hook's own is skipped (a versioned lookup never matches the hook's
+ * unversioned definitions). RTLD_NEXT is "after the hook": the call comes from here. */
+static void resolve_dl(void) {
+    dlvsym_fn glibc = (dlvsym_fn)elf_lookup("libc.so.6", "dlvsym");
+    if (!glibc) glibc = (dlvsym_fn)elf_lookup("libdl.so.2", "dlvsym");
+    if (!glibc) return;
+    real[VGPU_SYM_dlvsym] = (void *)glibc;
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
+    for (size_t i = 0; !real[VGPU_SYM_dlsym] && i < sizeof versions / sizeof *versions; i++)
+        real[VGPU_SYM_dlsym] = glibc(RTLD_NEXT, "dlsym", versions[i]);
+}
+
+static void (*const resolvers[])(void) = {
+    [VGPU_LIB_CUDA] = resolve_cuda, [VGPU_LIB_NVML] = resolve_nvml, [VGPU_LIB_DL] = resolve_dl};
+
 void *vgpu_real(int id) {
-    if (symbols[id].lib == VGPU_LIB_CUDA) pthread_once(&resolved[VGPU_LIB_CUDA], resolve_cuda);
-    else pthread_once(&resolved[VGPU_LIB_NVML], resolve_nvml);
+    enum vgpu_library lib = symbols[id].lib;
+    pthread_once(&resolved[lib], resolvers[lib]);
     return real[id];
 }
 
 static const struct vgpu_symbol *intercepted_by_abi(const char *name) {
-    if (!name || (name[0] != 'c' && name[0] != 'n')) return NULL;
+    if (!name || (name[0] != 'c' && name[0] != 'n' && name[0] != 'd')) return NULL;
     for (int i = 0; i < VGPU_SYM_COUNT; i++)
         if (symbols[i].wrapper && !strcmp(symbols[i].abi, name)) return &symbols[i];
     return NULL;
 }
 
-/* GCC makes the sibling call below at -O2 only: keep dlsym optimised whatever CFLAGS say. */
+/* GCC makes the sibling calls below at -O2 only: keep dlsym and dlvsym optimised whatever CFLAGS say. */
 #if defined(__GNUC__) && !defined(__clang__)
 #define VGPU_SIBLING_CALLS __attribute__((optimize("O2")))
 #else
 #define VGPU_SIBLING_CALLS
 #endif
 
+/* dlsym and dlvsym answer alike: an intercepted name (a driver function, dlsym, dlvsym) gets the
+ * hook's wrapper, on any handle, RTLD_NEXT included; any other name is glibc's answer. */
 VGPU_SIBLING_CALLS VGPU_API void *dlsym(void *handle, const char *name) {
-    dlsym_fn glibc = glibc_dlsym();
+    void *(*glibc)(void *, const char *) = REAL(dlsym);
     if (!glibc) return NULL;
-    /* RTLD_NEXT means "after the caller", which glibc finds from its return address: this must stay
-     * a sibling call (a jump), so that glibc sees our caller's (tests/hook/test_interception.py). */
-    if (handle == RTLD_NEXT) return glibc(handle, name);
+    const struct vgpu_symbol *s = intercepted_by_abi(name);
+    if (handle == RTLD_NEXT) {
+        if (s) return s->wrapper;
+        /* RTLD_NEXT means "after the caller", which glibc finds from its return address: this must
+         * stay a sibling call (a jump), so that glibc sees our caller's (tests/hook/test_interception.py). */
+        return glibc(handle, name);
+    }
     void *found = glibc(handle, name);
     if (!found) return NULL;
+    return s ? s->wrapper : found;
+}
+
+VGPU_SIBLING_CALLS VGPU_API void *dlvsym(void *handle, const char *name, const char *version) {
+    dlvsym_fn glibc = REAL(dlvsym);
+    if (!glibc) return NULL;
     const struct vgpu_symbol *s = intercepted_by_abi(name);
+    if (handle == RTLD_NEXT) {
+        if (s) return s->wrapper;
+        return glibc(handle, name, version); /* a sibling call, as in dlsym */
+    }
+    void *found = glibc(handle, name, version);
+    if (!found) return NULL;
     return s ? s->wrapper : found;
 }
 

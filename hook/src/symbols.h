@@ -7,7 +7,12 @@
  *
  * The table names the wrappers (memory.c, nvml.c, compute.c, symbols.c) so that symbols.c can hand
  * them out, and the wrappers reach the driver through it (REAL): the one two-way link between the
- * hook's files, and the price of a single table that lists every intercepted symbol. */
+ * hook's files, and the price of a single table that lists every intercepted symbol.
+ *
+ * dlsym and dlvsym (VGPU_LIB_DL) are in the table like the driver's functions: asked for by name
+ * (dlsym(h, "dlvsym"), dlvsym(h, "dlsym", "GLIBC_2.34")), the hook's own is returned, so that no
+ * lookup reaches glibc's and through it the driver's real functions. Their REAL ones are the next
+ * definitions after the hook (symbols.c says how they are found). */
 #ifndef VGPU_SYMBOLS_H
 #define VGPU_SYMBOLS_H
 
@@ -47,7 +52,9 @@
     X(cuGraphLaunch, "cuGraphLaunch", 10000, 0, VGPU_LIB_CUDA)                                   \
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1, VGPU_LIB_CUDA)                              \
     X(nvmlDeviceGetMemoryInfo, NULL, 0, 0, VGPU_LIB_NVML)                                        \
-    X(nvmlDeviceGetMemoryInfo_v2, NULL, 0, 0, VGPU_LIB_NVML)
+    X(nvmlDeviceGetMemoryInfo_v2, NULL, 0, 0, VGPU_LIB_NVML)                                     \
+    X(dlsym, NULL, 0, 0, VGPU_LIB_DL)                                                            \
+    X(dlvsym, NULL, 0, 0, VGPU_LIB_DL)
 
 /* Driver functions the hook calls itself (never intercepted). */
 #define VGPU_CALLED(Y)                                  \
