@@ -3,6 +3,10 @@
 The layout is owned by the C hook; this module asks ``libvgpu.so`` (``vgpu_region_read``) for a
 consistent snapshot, in which the memory of processes that died and were not yet reclaimed is
 already left out.
+
+The file lives in a directory the container can write, and the node agent reads it as root: the
+reader never follows a symbolic link, never blocks (a FIFO in its place fails at once), reads only a
+regular file and only the region's size, and trusts no count in it (``hook/src/snapshot.c``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,14 @@ NS_PER_SECOND = 1e9
 
 class RegionError(RuntimeError):
     """The region file cannot be read; the message names the path and the reason."""
+
+
+# What vgpu_region_read's own errors mean (hook/src/snapshot.h); others are the system's.
+_REASONS = {
+    errno.EPROTO: "not a Tessera region of this version",
+    errno.ELOOP: "a symbolic link, not followed",
+    errno.EINVAL: "not a regular file",
+}
 
 
 class _DeviceUsageC(ctypes.Structure):
@@ -87,8 +99,7 @@ def read_region(path: Path) -> RegionUsage:
     live = ctypes.c_int(0)
     count = read(os.fsencode(path), out, MAX_DEVICES, ctypes.byref(live))
     if count < 0:
-        reason = "not a Tessera region of this version" if -count == errno.EPROTO else os.strerror(-count)
-        raise RegionError(f"region {path}: {reason}")
+        raise RegionError(f"region {path}: {_REASONS.get(-count) or os.strerror(-count)}")
     return RegionUsage(
         devices=tuple(
             DeviceUsage(

@@ -85,7 +85,7 @@ static void *monitor(void *unused) {
         if (!r) continue;
         uint64_t now = vgpu_now_ns();
         scan_if_due(r, now);
-        uint32_t devices = __atomic_load_n(&r->devices, __ATOMIC_ACQUIRE);
+        uint32_t devices = vgpu_region_devices(r);
         for (uint32_t d = 0; nvml && d < devices; d++)
             if (r->dev[d].cores > 0 && r->dev[d].cores < VGPU_MAX_CORES) judge_elastic(r, (int)d, now);
     }

@@ -28,10 +28,22 @@ int vgpu_slot_alive(int fd, int slot) {
     return fl.l_type != F_UNLCK;
 }
 
+/* The counts as the layout bounds them: any process of the container can write the file, and a
+ * forged count must not send the hook outside it. */
+uint32_t vgpu_region_devices(const struct vgpu_region *r) {
+    uint32_t n = __atomic_load_n(&r->devices, __ATOMIC_ACQUIRE);
+    return n < VGPU_MAX_DEVICES ? n : VGPU_MAX_DEVICES;
+}
+
+static uint32_t procs_hw(const struct vgpu_region *r) {
+    uint32_t n = __atomic_load_n(&r->procs_hw, __ATOMIC_ACQUIRE);
+    return n < VGPU_MAX_PROCS ? n : VGPU_MAX_PROCS;
+}
+
 static void recompute_totals(struct vgpu_region *r) {
-    for (uint32_t d = 0; d < r->devices; d++) {
+    for (uint32_t d = 0; d < vgpu_region_devices(r); d++) {
         uint64_t sum = 0;
-        for (uint32_t i = 0; i < r->procs_hw; i++)
+        for (uint32_t i = 0; i < procs_hw(r); i++)
             if (r->proc[i].pid) sum += r->proc[i].used[d];
         r->dev[d].used = sum;
     }
@@ -100,7 +112,7 @@ static int take_slot_lock(int slot) {
 }
 
 static void reclaim_slot(struct vgpu_region *r, uint32_t i) {
-    for (uint32_t d = 0; d < r->devices; d++) {
+    for (uint32_t d = 0; d < vgpu_region_devices(r); d++) {
         r->dev[d].used -= r->proc[i].used[d];
         __atomic_store_n(&r->proc[i].used[d], 0, __ATOMIC_RELAXED);
     }
@@ -110,7 +122,7 @@ static void reclaim_slot(struct vgpu_region *r, uint32_t i) {
 static int reclaim_dead_locked(struct vgpu_region *r) {
     int reclaimed = 0;
     if (region_private) return 0;
-    for (uint32_t i = 0; i < r->procs_hw; i++) {
+    for (uint32_t i = 0; i < procs_hw(r); i++) {
         if ((int)i == my_slot || !r->proc[i].pid || vgpu_slot_alive(region_fd, (int)i)) continue;
         reclaim_slot(r, i);
         reclaimed++;
@@ -180,10 +192,11 @@ int vgpu_region_device(const char *uuid, uint64_t memory_quota, int cores, int e
     if (!r) return -1;
     vgpu_region_lock(r);
     int d = -1;
-    for (uint32_t i = 0; i < r->devices && d < 0; i++)
+    uint32_t devices = vgpu_region_devices(r);
+    for (uint32_t i = 0; i < devices && d < 0; i++)
         if (!strncmp(r->dev[i].uuid, uuid, VGPU_UUID_LEN)) d = (int)i;
-    if (d < 0 && r->devices < VGPU_MAX_DEVICES) {
-        d = (int)r->devices;
+    if (d < 0 && devices < VGPU_MAX_DEVICES) {
+        d = (int)devices;
         memset(&r->dev[d], 0, sizeof r->dev[d]);
         strncpy(r->dev[d].uuid, uuid, VGPU_UUID_LEN - 1);
         r->dev[d].refilled_at_ns = vgpu_now_ns();

@@ -65,6 +65,8 @@ void vgpu_region_release(int d, uint64_t bytes);
 uint64_t vgpu_region_used(int d);
 /* Returns the memory of processes that died; returns how many slots were reclaimed. */
 int vgpu_region_reclaim_dead(void);
+/* r->devices bounded by VGPU_MAX_DEVICES (the file is the container's to scribble on). */
+uint32_t vgpu_region_devices(const struct vgpu_region *r);
 void vgpu_region_lock(struct vgpu_region *r);
 void vgpu_region_unlock(struct vgpu_region *r);
 void vgpu_region_after_fork_child(void);

@@ -1,11 +1,17 @@
 /* Reads a region without joining it: no slot, no lock, so metrics never disturb a container. Each
  * word is read atomically; a snapshot taken during an allocation may be one allocation old, never
- * over the quota (see the end of vgpu_region_read). */
+ * over the quota (see the end of vgpu_region_snapshot).
+ *
+ * The node agent reads every container's region on the host, as root, from a directory the
+ * container can write. So the file is untrusted: it is opened without following a link and without
+ * blocking (a FIFO put in its place must not hang metrics), must be a regular file, and is copied
+ * with pread rather than mapped (a container truncating a mapped file would kill the reader with
+ * SIGBUS); every count read from it is bounded by the layout before it indexes anything. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,35 +20,16 @@
 
 VGPU_API uint32_t vgpu_device_usage_size(void) { return sizeof(struct vgpu_device_usage); }
 
-VGPU_API int vgpu_region_read(const char *path, struct vgpu_device_usage *out, int capacity, int *live) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -errno;
-    struct stat st;
-    const struct vgpu_region *r = MAP_FAILED;
-    int result = -EPROTO;
-    if (fstat(fd, &st) != 0) {
-        result = -errno;
-        goto out;
-    }
+int vgpu_region_snapshot(const struct vgpu_region *r, int fd, struct vgpu_device_usage *out, int capacity,
+                         int *live) {
     *live = 0;
-    if (st.st_size == 0) {
-        result = 0; /* just created: its first process is initialising it */
-        goto out;
-    }
-    if ((size_t)st.st_size < sizeof *r) goto out;
-    r = mmap(NULL, sizeof *r, PROT_READ, MAP_SHARED, fd, 0);
-    if (r == MAP_FAILED) {
-        result = -errno;
-        goto out;
-    }
     uint64_t magic = __atomic_load_n(&r->magic, __ATOMIC_ACQUIRE);
-    if (magic == 0) {
-        result = 0; /* sized, not initialised yet */
-        goto out;
-    }
-    if (magic != VGPU_REGION_MAGIC || r->version != VGPU_REGION_VERSION) goto out;
+    if (magic == 0) return 0; /* sized, not initialised yet */
+    if (magic != VGPU_REGION_MAGIC || r->version != VGPU_REGION_VERSION) return -EPROTO;
     uint32_t devices = __atomic_load_n(&r->devices, __ATOMIC_ACQUIRE);
     uint32_t procs = __atomic_load_n(&r->procs_hw, __ATOMIC_ACQUIRE);
+    if (devices > VGPU_MAX_DEVICES || procs > VGPU_MAX_PROCS) return -EPROTO; /* never written by a hook */
+    if (capacity < 0) capacity = 0;
     int n = (int)devices < capacity ? (int)devices : capacity;
     memset(out, 0, (size_t)n * sizeof *out);
     for (int d = 0; d < n; d++) {
@@ -61,7 +48,8 @@ VGPU_API int vgpu_region_read(const char *path, struct vgpu_device_usage *out, i
         alive++;
         for (int d = 0; d < n; d++) {
             uint64_t used = __atomic_load_n(&r->proc[i].used[d], __ATOMIC_RELAXED);
-            out[d].memory_used += used;
+            /* Saturating: a forged slot must not wrap the sum round to something small. */
+            out[d].memory_used = used > UINT64_MAX - out[d].memory_used ? UINT64_MAX : out[d].memory_used + used;
             out[d].processes += used > 0;
         }
     }
@@ -73,9 +61,43 @@ VGPU_API int vgpu_region_read(const char *path, struct vgpu_device_usage *out, i
         if (out[d].memory_used > total) out[d].memory_used = total;
     }
     *live = alive;
-    result = n;
+    return n;
+}
+
+VGPU_API int vgpu_region_read(const char *path, struct vgpu_device_usage *out, int capacity, int *live) {
+    *live = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return -errno;
+    struct stat st;
+    struct vgpu_region *r = NULL;
+    int result = -EPROTO;
+    if (fstat(fd, &st) != 0) {
+        result = -errno;
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        result = -EINVAL;
+        goto out;
+    }
+    if (st.st_size == 0) {
+        result = 0; /* just created: its first process is initialising it */
+        goto out;
+    }
+    if ((size_t)st.st_size < sizeof *r) goto out;
+    if (!(r = malloc(sizeof *r))) {
+        result = -ENOMEM;
+        goto out;
+    }
+    size_t got = 0;
+    while (got < sizeof *r) {
+        ssize_t n = pread(fd, (char *)r + got, sizeof *r - got, (off_t)got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break; /* truncated meanwhile: not a region any more */
+        got += (size_t)n;
+    }
+    if (got == sizeof *r) result = vgpu_region_snapshot(r, fd, out, capacity, live);
 out:
-    if (r != MAP_FAILED) munmap((void *)r, sizeof *r);
+    free(r);
     close(fd);
     return result;
 }

@@ -20,10 +20,16 @@ struct vgpu_device_usage {
     uint32_t reserved;
 };
 
-/* Fills out[0..capacity) with the region's GPUs; returns how many, or -errno (-EPROTO: not a
- * region of this version). *live receives the number of live processes attached. A region still
- * being created reads as no GPUs and no processes. */
+/* Fills out[0..capacity) with the region's GPUs; returns how many, or -errno: -EPROTO not a region
+ * of this version, -ELOOP a symbolic link (never followed), -EINVAL not a regular file (a FIFO, a
+ * directory...). *live receives the number of live processes attached. A region still being
+ * created reads as no GPUs and no processes. Never blocks and never maps the file. */
 int vgpu_region_read(const char *path, struct vgpu_device_usage *out, int capacity, int *live);
+/* The same from a copy of the region's bytes; fd (the region's, or -1) answers which slots are
+ * alive (-1: all of them). What vgpu_region_read runs after copying, and what the fuzzer drives. */
+struct vgpu_region;
+int vgpu_region_snapshot(const struct vgpu_region *r, int fd, struct vgpu_device_usage *out, int capacity,
+                         int *live);
 uint32_t vgpu_device_usage_size(void);
 
 #endif

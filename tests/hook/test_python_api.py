@@ -3,11 +3,16 @@ it shares with the C side is checked in test_constants.py."""
 
 from __future__ import annotations
 
+import os
 import stat
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from deviceplugin.metrics import REGION_NAME, AgentCollector
+from deviceplugin.statedir import ServedRecord, StateDir
 from hook.limits import CONTAINER_REGION_FILE, DeviceLimit, render_limits, write_limits
 from hook.region import RegionError, RegionUsage, read_region
 from tessera.contract import ContractError, GpuGrant
@@ -110,3 +115,72 @@ def test_read_region_errors_name_the_path(tmp_path: Path, clients: Clients) -> N
         read_region(missing)
     with pytest.raises(RegionError, match=f"region {garbage}: not a Tessera region of this version"):
         read_region(garbage)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (os.mkfifo, "not a regular file"),
+        (lambda path: path.mkdir(), "not a regular file"),
+        (lambda path: path.symlink_to("/etc/passwd"), "a symbolic link, not followed"),
+        (lambda path: path.write_bytes(b"\0" * 64), "not a Tessera region of this version"),
+    ],
+)
+def test_a_region_path_the_container_tampered_with_fails_at_once(
+    make: Callable[[Path], object], reason: str, tmp_path: Path, clients: Clients
+) -> None:
+    """The node agent reads regions on the host, as root, where the container can write."""
+    region = tmp_path / "region"
+    make(region)
+    started = time.monotonic()
+    with pytest.raises(RegionError, match=f"region {region}: {reason}"):
+        read_region(region)
+    assert time.monotonic() - started < 5
+
+
+def test_a_region_with_forged_counts_is_refused(
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
+) -> None:
+    """Counts in the file index nothing before they are checked against the layout."""
+    region = tmp_path / "region"
+    done = processes.run([clients.dynamic, "dlsym", "alloc", "1m"], gpu.env(TESSERA_REGION=str(region)))
+    assert done.lines == ["ok 0"], done.stderr
+    data = bytearray(region.read_bytes())
+    forged = tmp_path / "forged"
+    for offset in (12, 16):  # devices, then procs_hw (struct vgpu_region in hook/src/region.h)
+        copy = bytearray(data)
+        copy[offset : offset + 4] = (0xFFFFFFFF).to_bytes(4, "little")
+        forged.write_bytes(bytes(copy))
+        with pytest.raises(RegionError, match="not a Tessera region of this version"):
+            read_region(forged)
+    # Cut short, it is no region either (and never mapped, so never a SIGBUS).
+    forged.write_bytes(bytes(data[: len(data) // 2]))
+    with pytest.raises(RegionError, match="not a Tessera region of this version"):
+        read_region(forged)
+
+
+def test_metrics_keep_serving_when_a_container_plants_a_fifo_at_its_region(
+    tmp_path: Path, clients: Clients, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The node agent's scrape reads every container's region: a FIFO there is logged, not waited on."""
+    state = StateDir(tmp_path / "state-dir")
+    grant = GpuGrant(uuid=UUID, memory_mib=1024, cores=30)
+    for name in ("tampered", "honest"):
+        where = state.container(f"uid-{name}", "main")
+        state.write_record(
+            where,
+            ServedRecord(namespace="ns", pod=name, pod_uid=f"uid-{name}", container="main", gpus=(grant,)),
+        )
+        where.state.mkdir()
+        if name == "tampered":
+            os.mkfifo(where.state / REGION_NAME)
+    collector = AgentCollector("node", lambda: (), lambda uuid: None, state)
+    started = time.monotonic()
+    families = {family.name: family for family in collector.collect()}
+    assert time.monotonic() - started < 5
+    quotas = {
+        sample.labels["pod"]: sample.value
+        for sample in families["tessera_container_memory_quota_bytes"].samples
+    }
+    assert quotas == {"tampered": GIB, "honest": GIB}
+    assert "not a regular file" in caplog.text
