@@ -9,10 +9,12 @@
 #                            base made by mmdebstrap (hack/build-images.sh)
 #   skopeo                   copies the saved OCI archives to a registry (docs/install.md)
 #   file                     hack/build-images.sh checks that kube-scheduler is statically linked
+#   clang, libclang-rt-dev   the hook's fuzzers (libFuzzer with ASan/UBSan: make -C hook fuzz,
+#                            tests/hook/test_fuzz.py)
 # Must run as root (apt). Safe to run again: it installs nothing when everything is present.
 set -euo pipefail
 
-packages=(containerd runc containernetworking-plugins busybox-static iptables iproute2 buildah mmdebstrap skopeo file)
+packages=(containerd runc containernetworking-plugins busybox-static iptables iproute2 buildah mmdebstrap skopeo file clang libclang-rt-dev)
 
 missing=()
 for p in "${packages[@]}"; do
