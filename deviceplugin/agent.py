@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from deviceplugin.config import Config
@@ -22,17 +23,21 @@ from deviceplugin.matching import (
     BrokenPod,
     ContainerRef,
     InFlight,
+    NodeSnapshot,
     PodView,
     match_container,
     pod_complete,
     preferred_devices,
     snapshot,
 )
+from deviceplugin.phases import PhaseWriter
+from deviceplugin.podcache import PodCache
 from deviceplugin.podresources import container_devices
 from deviceplugin.response import ContainerAnswer, answer_for
 from deviceplugin.statedir import StateDir
 from hook.limits import write_limits
 from tessera.contract import GpuInfo, Phase, dump_inventory, format_time, now, pod_ref
+from tessera.inflight import is_allocating
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +49,40 @@ STATE_DIR_MODE = 0o777
 
 
 class Agent:
-    def __init__(self, config: Config, gpus: tuple[GpuInfo, ...], kube: Kube, state: StateDir) -> None:
+    def __init__(
+        self,
+        config: Config,
+        gpus: tuple[GpuInfo, ...],
+        kube: Kube,
+        state: StateDir,
+        *,
+        cache: PodCache | None = None,
+        phases: PhaseWriter | None = None,
+    ) -> None:
+        """``cache``: the pods on the node, read by Allocate before the API (None: the API only).
+        ``phases``: writes the ``allocated`` phase after the answer; whoever runs the agent runs
+        its loop (``phases.run``), or drains it."""
         self.config = config
         self.kube = kube
         self.state = state
+        self.cache = cache
+        self.phases = phases if phases is not None else PhaseWriter(kube)
         self._gpus = gpus
         self._uuids = frozenset(g.uuid for g in gpus)
         self._health = {g.uuid: GpuHealth() for g in gpus}
         self._changed = threading.Condition()
         self._version = 0
-        self._allocate_lock = threading.Lock()
+        # Guards matching, the served records and the reservations.
+        self._lock = threading.Condition()
+        # What the records in the state dir say is served (read once, then kept with them).
+        self._served: set[ContainerRef] = state.served()
+        # Containers matched from the cache whose pods are being confirmed with the API.
+        self._reserved: set[ContainerRef] = set()
         self._published_inventory: str | None = None
+        # Allocate calls answered from the cache and from a fresh list; why the cache could not.
+        self.cache_answers = 0
+        self.api_answers = 0
+        self.api_reasons: Counter[str] = Counter()
 
     # ---------------------------------------------------------------------------------------------
     # GPUs and health
@@ -105,40 +133,47 @@ class Agent:
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], gpu_count: int) -> list[str]:
         """The slices to steer the kubelet to; without the API, distinct GPUs (an error here would
-        fail the pod's admission, while Allocate can still decide once the API is back)."""
+        fail the pod's admission, while Allocate can still decide once the API is back).
+
+        From the pod cache when its first in-flight container of that GPU count is fresh and the
+        API confirms its pod (as Allocate does); otherwise from a fresh list of the node's pods."""
+        pods = self.cache.pending_pods() if self.cache is not None else None
+        if pods is not None:
+            state = self._snapshot(pods, self._taken())
+            first = next((c for c in state.in_flight if c.key.gpu_count == gpu_count), None)
+            try:
+                if first is not None and not first.stale and self._confirmed([first.pod]):
+                    return preferred_devices(available, must_include, gpu_count, state)
+            except KubeUnavailableError as e:
+                log.warning("GetPreferredAllocation without the pods: %s", e)
+                return preferred_devices(available, must_include, gpu_count, self._snapshot([], set()))
         try:
             pods = self.kube.pending_pods()
         except KubeUnavailableError as e:
             log.warning("GetPreferredAllocation without the pods: %s", e)
             pods = []
-        state = snapshot(
-            pods,
-            keys=self.config.keys,
-            node=self.config.node_name,
-            node_gpus=self._uuids,
-            served=self.state.served(),
-            now=now(),
-            inflight_timeout=self.config.inflight_timeout,
-        )
-        return preferred_devices(available, must_include, gpu_count, state)
+        return preferred_devices(available, must_include, gpu_count, self._snapshot(pods, self._taken()))
 
     def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]:
         """Answers for the containers of one Allocate call, in order; raises :class:`AllocationError`.
 
-        Matching and the served records happen under one lock, so two concurrent calls never pick
-        the same container; the pod list may be read before it because records, not phases, say
-        what is served.
+        From the pod cache when it has a fresh match whose pods the API confirms (one get per pod),
+        else from a fresh list of the node's pods (docs/deviceplugin.md "Allocate from the pod
+        cache"). Matching and the served records happen under one lock, and a container matched
+        from the cache is reserved while its pod is confirmed, so two concurrent calls never pick
+        the same container. The ``allocated`` phase of a pod served in full is written after the
+        answer, by :class:`deviceplugin.phases.PhaseWriter`.
         """
-        pods = self.kube.pending_pods()
-        try:
-            chosen, answers, served = self._match_and_record(pods, requests)
-        except AllocationError as e:
-            log.warning("Allocate refused: %s", e.message)
-            self._report_failure(e.concerned, e.message)
-            raise
-        for pod in {c.pod.uid: c.pod for c in chosen}.values():
-            if pod_complete(pod, served):
-                self._set_phase(pod, Phase.ALLOCATED)
+        served = self._allocate_from_cache(requests)
+        if served is None:
+            served = self._allocate_from_api(requests)
+        chosen, answers = served
+        with self._lock:
+            complete = [
+                p for p in {c.pod.uid: c.pod for c in chosen}.values() if pod_complete(p, self._served)
+            ]
+        for pod in complete:
+            self.phases.submit(pod, Phase.ALLOCATED)
         for c in chosen:
             log.info(
                 "Allocate: pod %s container %s gets %s",
@@ -148,38 +183,124 @@ class Agent:
             )
         return answers
 
-    def _match_and_record(
-        self, pods: Sequence[PodView], requests: Sequence[Sequence[str]]
-    ) -> tuple[list[InFlight], list[ContainerAnswer], set[ContainerRef]]:
-        with self._allocate_lock:
-            served = self.state.served()
-            state = snapshot(
-                pods,
-                keys=self.config.keys,
-                node=self.config.node_name,
-                node_gpus=self._uuids,
-                served=served,
-                now=now(),
-                inflight_timeout=self.config.inflight_timeout,
-            )
-            chosen: list[InFlight] = []
-            for device_ids in requests:
-                chosen.append(
-                    match_container(
-                        device_ids,
-                        state,
-                        node=self.config.node_name,
-                        node_gpus=self._uuids,
-                        taken={c.ref for c in chosen},
-                    )
+    def _allocate_from_cache(
+        self, requests: Sequence[Sequence[str]]
+    ) -> tuple[list[InFlight], list[ContainerAnswer]] | None:
+        """The answers from the pod cache, or None when it cannot answer for sure: not synced, no
+        match, a stale match (a fresh pod it has not seen yet would come first), or a matched pod
+        the API no longer shows as the cache does."""
+        pods = self.cache.pending_pods() if self.cache is not None else None
+        if pods is None:
+            return None
+        with self._lock:
+            try:
+                chosen = self._match(self._snapshot(pods, self._served | self._reserved), requests)
+            except AllocationError:
+                self.api_reasons["no match in the cache"] += 1
+                return None
+            if any(c.stale for c in chosen):
+                self.api_reasons["stale match"] += 1
+                return None
+            refs = {c.ref for c in chosen}
+            self._reserved |= refs
+        try:
+            try:
+                confirmed = self._confirmed([c.pod for c in chosen])
+            except KubeUnavailableError as e:
+                log.warning("Allocate: %s", e)
+                confirmed = False
+            if not confirmed:
+                self.api_reasons["not confirmed"] += 1
+                return None
+            with self._lock:
+                answers = self._serve(chosen, requests)
+            self.cache_answers += 1
+            return chosen, answers
+        finally:
+            with self._lock:
+                self._reserved -= refs
+                self._lock.notify_all()
+
+    def _allocate_from_api(
+        self, requests: Sequence[Sequence[str]]
+    ) -> tuple[list[InFlight], list[ContainerAnswer]]:
+        """The answers from a fresh list of the node's pods, as before the cache; a refusal is
+        reported on the pods concerned. The list may be read before the lock because records, not
+        phases, say what is served; matching waits for the cache path's reservations to settle, so
+        a container being confirmed is neither taken twice nor refused for."""
+        pods = self.kube.pending_pods()
+        try:
+            with self._lock:
+                self._lock.wait_for(lambda: not self._reserved)
+                chosen = self._match(self._snapshot(pods, self._served), requests)
+                answers = self._serve(chosen, requests)
+        except AllocationError as e:
+            log.warning("Allocate refused: %s", e.message)
+            self._report_failure(e.concerned, e.message)
+            raise
+        self.api_answers += 1
+        return chosen, answers
+
+    def _taken(self) -> set[ContainerRef]:
+        with self._lock:
+            return self._served | self._reserved
+
+    def _snapshot(self, pods: Sequence[PodView], served: set[ContainerRef]) -> NodeSnapshot:
+        return snapshot(
+            pods,
+            keys=self.config.keys,
+            node=self.config.node_name,
+            node_gpus=self._uuids,
+            served=served,
+            now=now(),
+            inflight_timeout=self.config.inflight_timeout,
+        )
+
+    def _match(self, state: NodeSnapshot, requests: Sequence[Sequence[str]]) -> list[InFlight]:
+        chosen: list[InFlight] = []
+        for device_ids in requests:
+            chosen.append(
+                match_container(
+                    device_ids,
+                    state,
+                    node=self.config.node_name,
+                    node_gpus=self._uuids,
+                    taken={c.ref for c in chosen},
                 )
-            answers = [
-                answer_for(c, ids, self.state, self.config.hook_library)
-                for c, ids in zip(chosen, requests, strict=True)
-            ]
-            for answer in answers:
-                self._write_files(answer)
-            return chosen, answers, served | {c.ref for c in chosen}
+            )
+        return chosen
+
+    def _serve(self, chosen: Sequence[InFlight], requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]:
+        """Write the containers' files and records; under the lock."""
+        answers = [
+            answer_for(c, ids, self.state, self.config.hook_library)
+            for c, ids in zip(chosen, requests, strict=True)
+        ]
+        for answer in answers:
+            self._write_files(answer)
+        self._served |= {c.ref for c in chosen}
+        return answers
+
+    def _confirmed(self, pods: Sequence[PodView]) -> bool:
+        """Whether the API shows each pod as the cache does: still there, pending, not being
+        deleted, with the same UID, allocation, phase, bind time and GPU containers. Then the pod is
+        in flight for the extender too, and by the rule every in-flight container of another pod
+        with the same GPU count has the matched container's key (however far the cache lags)."""
+        keys = self.config.keys
+        fields = (keys.allocation, keys.allocation_phase, keys.bind_time)
+        for pod in {p.uid: p for p in pods}.values():
+            fresh = self.kube.read_pod(pod.namespace, pod.name)
+            if (
+                fresh is None
+                or not fresh.pending
+                or fresh.view.uid != pod.uid
+                or fresh.view.gpu_containers != pod.gpu_containers
+                or fresh.view.request_error != pod.request_error
+                or any(fresh.view.annotations.get(k) != pod.annotations.get(k) for k in fields)
+            ):
+                log.info("Allocate: pod %s changed since the pod cache saw it; asking the API", pod.ref)
+                return False
+        return True
 
     def _write_files(self, answer: ContainerAnswer) -> None:
         answer.where.state.mkdir(parents=True, exist_ok=True)
@@ -222,11 +343,16 @@ class Agent:
         return True
 
     def tidy_state(self) -> None:
-        """Correct served records from the kubelet's pod-resources API, and remove the state of
-        containers whose pods are gone. Under the Allocate lock: matching reads the records."""
-        uids = self.kube.pod_uids()
+        """Correct served records from the kubelet's pod-resources API, remove the state of
+        containers whose pods are gone, and ask again for the ``allocated`` phase of pods served
+        in full whose phase is still ``allocating`` (a write lost with a restart of the agent).
+        Under the Allocate lock: matching reads the records."""
+        with self._lock:
+            served_before = set(self._served)
+        pods = self.kube.node_pods()
+        uids = {(p.view.namespace, p.view.name): p.view.uid for p in pods}
         owners = container_devices(self.config.pod_resources_socket, self.config.keys.vgpu)
-        with self._allocate_lock:
+        with self._lock:
             if owners is not None:
                 for where, old, new in corrected_records(list(self.state.records()), owners, uids):
                     self.state.write_record(where, new)
@@ -238,9 +364,23 @@ class Agent:
                         pod_ref(old.namespace, old.pod),
                         old.container,
                     )
-            removed = self.state.remove_containers_except(set(uids.values()))
+            # Pods served since the list began are alive though the list may not show them.
+            live = set(uids.values()) | {uid for uid, _ in self._served - served_before}
+            removed = self.state.remove_containers_except(live)
+            self._served = self.state.served()
+            served = set(self._served)
         if removed:
             log.info("removed the state of %d container(s) whose pods are gone", len(removed))
+        for pod in pods:
+            view = pod.view
+            if (
+                view.gpu_containers
+                and view.request_error is None
+                and is_allocating(view.annotations.get(self.config.keys.allocation_phase))
+                and pod_complete(view, served)
+                and self.phases.submit(view, Phase.ALLOCATED)
+            ):
+                log.info("pod %s: served in full, phase still allocating: setting it", view.ref)
 
     def run_publisher(self, stop: threading.Event) -> None:
         """Publish at once, on every health change, and every heartbeat interval, until ``stop``."""

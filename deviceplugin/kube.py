@@ -1,11 +1,16 @@
 """Kubernetes API adapter: the pods on this node, their allocation phase and events, the Node's
-annotations. Responses are read as plain JSON (no client models) and turned into plain data."""
+annotations. Responses are read as plain JSON (no client models) and turned into plain data.
+
+Every read of pods is of this node's pods only: a list or watch with the field selector
+``spec.nodeName=<node>``, or a get of one pod by name.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,14 @@ from tessera.contract import (
 log = logging.getLogger(__name__)
 
 COMPONENT = "tessera-device-plugin"
+# Connections kept to the API server: the kubelet's calls (up to 16 at once), the watch, the phase
+# writer and the publisher each hold one while they wait; a connection beyond the pool is closed
+# after its call and the next call pays a new TLS handshake.
+CONNECTION_POOL = 32
+CONNECT_SECONDS = 10.0
+# Reads of one pod or the node's pods: answered in milliseconds, or the API server is in trouble.
+READ_SECONDS = 30.0
+HTTP_NOT_FOUND = 404
 
 
 class KubeConfigError(RuntimeError):
@@ -39,16 +52,19 @@ class KubeUnavailableError(RuntimeError):
 
 
 def load_api(kubeconfig: Path | None) -> client.ApiClient:
+    configuration = client.Configuration()
     try:
         if kubeconfig is not None:
-            return config.new_client_from_config(config_file=str(kubeconfig))
-        config.load_incluster_config()
+            config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
     except (config.ConfigException, OSError) as e:
         where = (
             f"--kubeconfig {kubeconfig}" if kubeconfig is not None else "in-cluster config (no --kubeconfig)"
         )
         raise KubeConfigError(f"{where}: {e}") from None
-    return client.ApiClient()
+    configuration.connection_pool_maxsize = CONNECTION_POOL
+    return client.ApiClient(configuration)
 
 
 def pod_view(pod: Mapping[str, Any], keys: ContractKeys) -> PodView:
@@ -75,6 +91,32 @@ def pod_view(pod: Mapping[str, Any], keys: ContractKeys) -> PodView:
     )
 
 
+def is_pending(pod: Mapping[str, Any]) -> bool:
+    """A pod the kubelet may still admit: phase Pending and not being deleted."""
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    return status.get("phase", "Pending") == "Pending" and not metadata.get("deletionTimestamp")
+
+
+@dataclass(frozen=True, slots=True)
+class NodePod:
+    """A pod bound to this node as the matching sees it, and whether the kubelet may still admit it."""
+
+    view: PodView
+    pending: bool
+
+
+def node_pod(pod: Mapping[str, Any], keys: ContractKeys) -> NodePod:
+    return NodePod(pod_view(pod, keys), is_pending(pod))
+
+
+def _unavailable(what: str, e: Exception) -> KubeUnavailableError:
+    return KubeUnavailableError(f"cannot {what}: {e}")
+
+
+API_ERRORS = (client.ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
 class Kube:
     """The API calls the agent makes, each scoped to its own node."""
 
@@ -87,38 +129,75 @@ class Kube:
     def close(self) -> None:
         self._api.close()
 
-    def _pods_on_node(self) -> list[dict[str, Any]]:
-        response = self._core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={self.node}", _preload_content=False
+    @property
+    def field_selector(self) -> str:
+        """The pods bound to this node."""
+        return f"spec.nodeName={self.node}"
+
+    def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+        """The pods on this node as the API's JSON, and the list's resourceVersion (to watch from).
+        Raises :class:`KubeUnavailableError` naming the node."""
+        try:
+            response = self._core.list_pod_for_all_namespaces(
+                field_selector=self.field_selector,
+                _preload_content=False,
+                _request_timeout=(CONNECT_SECONDS, READ_SECONDS),
+            )
+            listed = json.loads(response.data)
+        except API_ERRORS as e:
+            raise _unavailable(f"list the pods on node {self.node}", e) from None
+        items: list[dict[str, Any]] = listed.get("items") or []
+        return items, str((listed.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch_pods(self, resource_version: str, timeout_seconds: int) -> Any:
+        """A watch of the pods on this node from ``resource_version`` (with bookmarks), as the open
+        HTTP response; read it with :func:`watch_events`. Raises :class:`client.ApiException` (410
+        Gone: the version is too old) or a connection error."""
+        return self._core.list_pod_for_all_namespaces(
+            field_selector=self.field_selector,
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+            _request_timeout=(CONNECT_SECONDS, timeout_seconds + READ_SECONDS),
         )
-        items: list[dict[str, Any]] = json.loads(response.data)["items"]
-        return items
+
+    def read_pod(self, namespace: str, name: str) -> NodePod | None:
+        """One pod, None when it is gone (or not on this node any more: then it is not ours)."""
+        try:
+            response = self._core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=(CONNECT_SECONDS, READ_SECONDS)
+            )
+            pod = json.loads(response.data)
+        except client.ApiException as e:
+            if e.status == HTTP_NOT_FOUND:
+                return None
+            raise _unavailable(f"read pod {pod_ref(namespace, name)}", e) from None
+        except API_ERRORS as e:
+            raise _unavailable(f"read pod {pod_ref(namespace, name)}", e) from None
+        if (pod.get("spec") or {}).get("nodeName") != self.node:
+            return None
+        return node_pod(pod, self.keys)
+
+    def node_pods(self) -> list[NodePod]:
+        """Every pod on this node."""
+        items, _ = self.list_pods()
+        return [node_pod(p, self.keys) for p in items]
 
     def pending_pods(self) -> list[PodView]:
         """Pods on this node that the kubelet may still admit: pending and not being deleted."""
-        try:
-            pods = self._pods_on_node()
-        except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
-            raise KubeUnavailableError(f"cannot list the pods on node {self.node}: {e}") from None
-        return [
-            pod_view(p, self.keys)
-            for p in pods
-            if (p.get("status") or {}).get("phase", "Pending") == "Pending"
-            and not p["metadata"].get("deletionTimestamp")
-        ]
-
-    def pod_uids(self) -> dict[tuple[str, str], str]:
-        """(namespace, name) -> UID of every pod on this node."""
-        return {
-            (p["metadata"]["namespace"], p["metadata"]["name"]): p["metadata"]["uid"]
-            for p in self._pods_on_node()
-        }
+        items, _ = self.list_pods()
+        return [pod_view(p, self.keys) for p in items if is_pending(p)]
 
     def set_phase(self, pod: PodView, phase: Phase) -> None:
+        """Patch the pod's allocation phase. The pod's UID is in the patch: a pod of the same name
+        created since is refused by the API server (its UID cannot change) instead of patched."""
         self._core.patch_namespaced_pod(
             pod.name,
             pod.namespace,
-            {"metadata": {"annotations": {self.keys.allocation_phase: phase.value}}},
+            {"metadata": {"uid": pod.uid, "annotations": {self.keys.allocation_phase: phase.value}}},
+            _request_timeout=(CONNECT_SECONDS, READ_SECONDS),
         )
 
     def warn(self, pod: PodView, reason: str, message: str) -> None:
@@ -154,3 +233,18 @@ class Kube:
 
     def annotate_node(self, annotations: Mapping[str, str]) -> None:
         self._core.patch_node(self.node, {"metadata": {"annotations": dict(annotations)}})
+
+
+def watch_events(response: Any) -> Iterator[dict[str, Any]]:
+    """The events of a watch response, one JSON object per line, as they arrive."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if line.strip():
+                event: dict[str, Any] = json.loads(line)
+                yield event
+    if pending.strip():
+        last: dict[str, Any] = json.loads(pending)
+        yield last

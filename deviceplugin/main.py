@@ -20,6 +20,8 @@ from deviceplugin.kube import Kube, KubeConfigError, load_api
 from deviceplugin.kubelet import run_registration
 from deviceplugin.metrics import AgentCollector
 from deviceplugin.nvml import GpuReading, Nvml, NvmlUnavailableError
+from deviceplugin.phases import PhaseWriter
+from deviceplugin.podcache import PodCache
 from deviceplugin.statedir import StateDir
 from hook._library import LIBRARY_ENV
 from tessera.contract import GpuInfo
@@ -66,7 +68,9 @@ def run(config: Config, stop: threading.Event) -> None:
     state = StateDir(config.state_dir)
     state.prepare()
     nvml, gpus = _discover(config)
-    agent = Agent(config, gpus, kube, state)
+    cache = PodCache(kube)
+    phases = PhaseWriter(kube)
+    agent = Agent(config, gpus, kube, state, cache=cache, phases=phases)
 
     def reading(uuid: str) -> GpuReading | None:
         return nvml.reading(uuid) if nvml is not None else None
@@ -77,6 +81,8 @@ def run(config: Config, stop: threading.Event) -> None:
     log.info("metrics on http://%s:%d/metrics", config.metrics_address, metrics_server.server_port)
 
     threads = [
+        threading.Thread(target=cache.run, args=(stop,), name="pods"),
+        threading.Thread(target=phases.run, args=(stop,), name="phases"),
         threading.Thread(target=run_registration, args=(agent, config, stop), name="kubelet"),
         threading.Thread(target=agent.run_publisher, args=(stop,), name="publisher"),
     ]
@@ -96,6 +102,8 @@ def run(config: Config, stop: threading.Event) -> None:
     finally:
         stop.set()
         agent.wake_waiters()
+        cache.interrupt()
+        phases.wake()
         for thread in threads:
             thread.join()
         metrics_server.shutdown()

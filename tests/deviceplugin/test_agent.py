@@ -3,6 +3,7 @@ concurrent calls never serve one container twice, files are written, phases foll
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -13,7 +14,7 @@ import pytest
 
 from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
-from deviceplugin.kube import KubeUnavailableError
+from deviceplugin.kube import KubeUnavailableError, NodePod
 from deviceplugin.matching import AllocationError, PodView
 from deviceplugin.statedir import StateDir
 from tessera.contract import (
@@ -55,12 +56,18 @@ class MemoryKube:
         self.phases: dict[str, Phase] = {}
         self.events: list[tuple[str, str]] = []
         self.node: dict[str, str] = {}
+        self.reads = 0
 
     def pending_pods(self) -> list[PodView]:
         return [p for p in self.pods if p.uid not in self.phases]
 
-    def pod_uids(self) -> dict[tuple[str, str], str]:
-        return {(p.namespace, p.name): p.uid for p in self.pods}
+    def node_pods(self) -> list[NodePod]:
+        return [NodePod(p, pending=True) for p in self.pods]
+
+    def read_pod(self, namespace: str, name: str) -> NodePod | None:
+        self.reads += 1
+        found = [p for p in self.pods if (p.namespace, p.name) == (namespace, name)]
+        return NodePod(found[0], pending=True) if found else None
 
     def set_phase(self, pod: PodView, phase: Phase) -> None:
         self.phases[pod.uid] = phase
@@ -73,6 +80,16 @@ class MemoryKube:
 
     def annotate_node(self, annotations: Mapping[str, str]) -> None:
         self.node.update(annotations)
+
+
+class LaggingCache:
+    """A pod cache that never sees a phase change or a deletion: every pod as first bound."""
+
+    def __init__(self, pods: list[PodView]) -> None:
+        self.pods = list(pods)
+
+    def pending_pods(self) -> list[PodView]:
+        return list(self.pods)
 
 
 def in_flight_pod(name: str, grants: dict[str, list[tuple[str, int, int]]], bind: int = 0) -> PodView:
@@ -98,7 +115,7 @@ def in_flight_pod(name: str, grants: dict[str, list[tuple[str, int, int]]], bind
     )
 
 
-def make_agent(tmp_path: Path, pods: list[PodView]) -> tuple[Agent, MemoryKube]:
+def make_agent(tmp_path: Path, pods: list[PodView], cache: bool = False) -> tuple[Agent, MemoryKube]:
     config = parse_config(
         [f"--node-name={NODE}", f"--state-dir={tmp_path}", "--hook-library=/opt/libvgpu.so"], environ={}
     )
@@ -106,7 +123,8 @@ def make_agent(tmp_path: Path, pods: list[PodView]) -> tuple[Agent, MemoryKube]:
     state.prepare()
     kube = MemoryKube(pods)
     kube_any: Any = kube
-    return Agent(config, GPUS, kube_any, state), kube
+    cache_any: Any = LaggingCache(pods) if cache else None
+    return Agent(config, GPUS, kube_any, state, cache=cache_any), kube
 
 
 def test_allocate_answers_and_writes_the_containers_files(tmp_path: Path) -> None:
@@ -123,6 +141,8 @@ def test_allocate_answers_and_writes_the_containers_files(tmp_path: Path) -> Non
     assert f"device GPU-2 memory {4096 * 2**20} cores 30" in (where / "limits").read_text()
     assert (where / "limits").stat().st_mode & 0o777 == 0o444
     assert (tmp_path / "ld.so.preload").read_text() == f"{CONTAINER_HOOK_LIBRARY}\n"
+    assert kube.phases == {}  # written after the answer
+    agent.phases.drain()
     assert kube.phases == {"uid-p": Phase.ALLOCATED}
     # Served: the same call again finds no container (a restart of the agent reads the same records).
     with pytest.raises(AllocationError):
@@ -158,7 +178,48 @@ def test_concurrent_allocates_of_equal_keys_serve_each_container_once(tmp_path: 
     assert sorted(served) == sorted(
         [(f"r{i}", "main") for i in range(12)] + [(f"d{i}", "a") for i in range(8)]
     )
+    agent.phases.drain()
     assert set(kube.phases.values()) == {Phase.ALLOCATED} and len(kube.phases) == 20
+
+
+def test_concurrent_allocates_from_a_lagging_cache_serve_each_container_once(tmp_path: Path) -> None:
+    """From the pod cache, each match reserved while its pod is confirmed: 20 concurrent calls of
+    one key serve 20 containers, each once, although the cache never sees a phase written."""
+    bound = datetime.now(UTC) - timedelta(seconds=30)
+    pods = [
+        dataclasses.replace(
+            pod, annotations={**pod.annotations, KEYS.bind_time: format_time(bound + timedelta(seconds=i))}
+        )
+        for i, pod in enumerate(in_flight_pod(f"r{i}", {"main": [("GPU-1", 2048, 20)]}) for i in range(20))
+    ]  # fresh: bound within the in-flight timeout
+    agent, kube = make_agent(tmp_path, pods, cache=True)
+    served: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def call(i: int) -> None:
+        try:
+            (answer,) = agent.allocate([[f"GPU-1::{i % 10}"]])
+        except BaseException as e:
+            errors.append(e)
+            return
+        with lock:
+            served.append(answer.record.pod)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(served) == sorted(f"r{i}" for i in range(20))
+    assert agent.cache_answers == 20 and agent.api_answers == 0 and kube.reads == 20
+    agent.phases.drain()
+    assert len(kube.phases) == 20
+    # All served: the cache still offers them, the records do not.
+    with pytest.raises(AllocationError):
+        agent.allocate([["GPU-1::0"]])
+    assert agent.api_reasons["no match in the cache"] == 1
 
 
 def test_multi_container_pod_is_allocated_after_its_last_container(tmp_path: Path) -> None:
@@ -166,9 +227,11 @@ def test_multi_container_pod_is_allocated_after_its_last_container(tmp_path: Pat
         tmp_path, [in_flight_pod("p", {"x": [("GPU-0", 1024, 10)], "y": [("GPU-1", 2048, 50)]})]
     )
     agent.allocate([["GPU-0::0"]])
+    agent.phases.drain()
     assert kube.phases == {}
     (answer,) = agent.allocate([["GPU-1::3"]])
     assert answer.record.container == "y" and answer.record.gpus[0].memory_mib == 2048
+    agent.phases.drain()
     assert kube.phases == {"uid-p": Phase.ALLOCATED}
 
 

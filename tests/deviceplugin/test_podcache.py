@@ -1,0 +1,335 @@
+"""The pod cache Allocate reads (deviceplugin/podcache.py) and the phase written after the answer
+(deviceplugin/phases.py), against the real API server: the watch follows binds and deletions and
+lists again on 410 Gone; a bind the cache has not seen, or a pod it still shows after its deletion,
+is answered from the API; a phase write the agent could not make before a restart is made by the
+next agent."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from deviceplugin.agent import Agent
+from deviceplugin.config import parse_config
+from deviceplugin.kube import Kube, load_api
+from deviceplugin.phases import PhaseWriter
+from deviceplugin.podcache import PodCache
+from deviceplugin.statedir import StateDir
+from sandbox.controlplane import ControlPlane
+from sandbox.kubelet_standin import KubeletStandIn
+from tessera.contract import KEYS, GpuInfo, Phase
+from tests.deviceplugin.conftest import HOOK_LIBRARY, FakeGpus, PluginProcess
+from tests.deviceplugin.test_plugin import create_pod, limits_of, phase_of
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.k8s
+
+MIB = 2**20
+GPUS = tuple(
+    GpuInfo(
+        uuid=f"GPU-0000000{i}-0000-4000-8000-000000000000",
+        index=i,
+        model="Fake",
+        memory_mib=16384,
+        sm_count=80,
+        compute_capability="8.0",
+        split=10,
+    )
+    for i in range(4)
+)
+G = [g.uuid for g in GPUS]
+
+
+@pytest.fixture
+def api(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    """The agent's own API client, as ``tessera-device-plugin`` makes it."""
+    made = load_api(control_plane.kubeconfig)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def node_kube(api: client.ApiClient, gpu_node: str) -> Kube:
+    return Kube(api, gpu_node, KEYS)
+
+
+@pytest.fixture
+def watching() -> Iterator[Callable[..., PodCache]]:
+    """Runs a cache's list and watch in a thread; stopped (and joined) after the test."""
+    running: list[tuple[PodCache, threading.Event, threading.Thread]] = []
+
+    def start(cache: PodCache, resume_from: str | None = None) -> PodCache:
+        stop = threading.Event()
+        thread = threading.Thread(target=cache.run, args=(stop, resume_from), name="pods", daemon=True)
+        running.append((cache, stop, thread))
+        thread.start()
+        return cache
+
+    try:
+        yield start
+    finally:
+        for cache, stop, thread in running:
+            stop.set()
+            cache.interrupt()
+            thread.join(timeout=30)
+            assert not thread.is_alive(), "the pod cache's thread did not stop"
+
+
+def make_agent(tmp_path: Path, kube: Kube, cache: PodCache | None) -> Agent:
+    config = parse_config(
+        [f"--node-name={kube.node}", f"--state-dir={tmp_path / 'state'}", f"--hook-library={HOOK_LIBRARY}"],
+        environ={},
+    )
+    state = StateDir(config.state_dir)
+    state.prepare()
+    return Agent(config, GPUS, kube, state, cache=cache, phases=PhaseWriter(kube))
+
+
+def test_the_watch_follows_binds_changes_and_deletions(
+    kube: client.ApiClient, namespace: str, gpu_node: str, node_kube: Kube, watching: Callable[..., PodCache]
+) -> None:
+    core = client.CoreV1Api(kube)
+    cache = watching(PodCache(node_kube))
+    assert cache.wait_synced(30)
+    uid = create_pod(core, namespace, "p", gpu_node, {"main": [(G[0], 1024, 10)]}).metadata.uid
+    # A pod bound elsewhere is not in this node's cache.
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "elsewhere"},
+            "spec": {"nodeName": "other", "containers": [{"name": "c", "image": "x"}]},
+        },
+    )
+    wait_for(lambda: cache.pod(uid), what="the bound pod in the cache")
+    core.patch_namespaced_pod(
+        "p", namespace, {"metadata": {"annotations": {KEYS.allocation_phase: "failed"}}}
+    )
+    wait_for(
+        lambda: (p := cache.pod(uid)) and p.view.annotations.get(KEYS.allocation_phase) == "failed",
+        what="the change in the cache",
+    )
+    core.delete_namespaced_pod("p", namespace, grace_period_seconds=0)
+    wait_for(lambda: cache.pod(uid) is None, what="the deleted pod dropped from the cache")
+    assert not cache.uids()  # the pod bound to another node was never in it
+    assert cache.lists == 1
+
+
+def test_an_expired_watch_version_lists_again(  # noqa: PLR0917 (fixtures are injected by name)
+    kube: client.ApiClient,
+    control_plane: ControlPlane,
+    namespace: str,
+    gpu_node: str,
+    node_kube: Kube,
+    watching: Callable[..., PodCache],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The API server restarted while the cache was away (its watch cache starts at the current
+    version): a watch from the cache's version gets 410 Gone, and the cache lists again at once,
+    holding what was bound meanwhile."""
+    core = client.CoreV1Api(kube)
+    cache = PodCache(node_kube)
+    version = cache.relist()
+    uid = create_pod(core, namespace, "meanwhile", gpu_node, {"main": [(G[1], 1024, 10)]}).metadata.uid
+    control_plane.restart_apiserver()
+    assert cache.pod(uid) is None
+    caplog.set_level(logging.INFO, logger="deviceplugin.podcache")
+    watching(cache, resume_from=version)
+    wait_for(lambda: cache.pod(uid), what="the pod bound meanwhile")
+    assert cache.lists == 2
+    assert "watch expired (too old resource version" in caplog.text, caplog.text
+    assert "watch failed" not in caplog.text
+
+
+def test_a_bind_the_cache_has_not_seen_is_served_from_the_api(
+    tmp_path: Path, kube: client.ApiClient, namespace: str, gpu_node: str, node_kube: Kube
+) -> None:
+    """The watch lags behind a bind that just happened (here: the cache is listed once and not
+    watched): GetPreferredAllocation and Allocate ask the API and serve the pod."""
+    core = client.CoreV1Api(kube)
+    cache = PodCache(node_kube)
+    cache.relist()
+    agent = make_agent(tmp_path, node_kube, cache)
+    pod = create_pod(core, namespace, "just-bound", gpu_node, {"main": [(G[2], 4096, 30)]})
+    assert cache.pending_pods() == []
+
+    assert agent.preferred([f"{g}::0" for g in G], [], 1) == [f"{G[2]}::0"]
+    (answer,) = agent.allocate([[f"{G[2]}::3"]])
+    assert answer.record.pod_uid == pod.metadata.uid
+    assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[2], 4096, 30)]
+    assert (agent.cache_answers, agent.api_answers) == (0, 1)
+    assert agent.api_reasons["no match in the cache"] == 1
+    agent.phases.drain()
+    assert phase_of(core, namespace, "just-bound") == Phase.ALLOCATED
+
+    # Once the cache holds the next pod, it answers (the pod confirmed by one get).
+    create_pod(core, namespace, "seen", gpu_node, {"main": [(G[2], 4096, 30)]})
+    cache.relist()
+    (answer,) = agent.allocate([[f"{G[2]}::4"]])
+    assert answer.record.pod == "seen"
+    assert (agent.cache_answers, agent.api_answers) == (1, 1)
+    # Served: neither the cache nor the API offers either container again.
+    cache.relist()
+    with pytest.raises(Exception, match="no in-flight container"):
+        agent.allocate([[f"{G[2]}::5"]])
+
+
+def test_a_pod_the_cache_shows_after_its_deletion_is_not_picked(
+    tmp_path: Path, kube: client.ApiClient, namespace: str, gpu_node: str, node_kube: Kube
+) -> None:
+    """The cache still shows a deleted pod; the extender, which saw the deletion, bound another pod
+    to the same GPU with other quotas (the rule allows it: the first is gone). The cache's match is
+    refused by the API's answer, and the new pod gets its own quotas."""
+    core = client.CoreV1Api(kube)
+    cache = PodCache(node_kube)
+    create_pod(core, namespace, "gone", gpu_node, {"main": [(G[3], 1024, 10)]})
+    cache.relist()
+    core.delete_namespaced_pod("gone", namespace, grace_period_seconds=0)
+    wait_for(
+        lambda: not core.list_namespaced_pod(namespace, field_selector="metadata.name=gone").items,
+        what="the pod deleted",
+    )
+    new = create_pod(core, namespace, "new", gpu_node, {"main": [(G[3], 8192, 60)]})
+    agent = make_agent(tmp_path, node_kube, cache)
+    assert [p.name for p in cache.pending_pods() or []] == ["gone"]
+
+    (answer,) = agent.allocate([[f"{G[3]}::0"]])
+    assert answer.record.pod_uid == new.metadata.uid
+    assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[3], 8192, 60)]
+    assert (agent.cache_answers, agent.api_answers) == (0, 1)
+    assert agent.api_reasons["not confirmed"] == 1
+
+
+def _phase_policy(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An admission policy refusing the phase ``allocated`` on pods of ``namespace`` whose name
+    starts with ``held-``: the API server refuses the agent's phase writes while it is in force."""
+    name = f"hold-phase-{namespace}"
+    annotation = f"object.metadata.annotations['{KEYS.allocation_phase}']"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["UPDATE"],
+                        "resources": ["pods"],
+                    }
+                ]
+            },
+            "matchConditions": [
+                {
+                    "name": "held",
+                    "expression": f"object.metadata.namespace == '{namespace}' && object.metadata.name.startsWith('held-')",
+                }
+            ],
+            "validations": [
+                {
+                    "expression": f"!has(object.metadata.annotations) || !('{KEYS.allocation_phase}' in object.metadata.annotations) || {annotation} != 'allocated'",
+                    "message": "phase held by the test",
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    return policy, binding
+
+
+def test_a_phase_write_refused_before_a_restart_is_made_by_the_next_agent(  # noqa: PLR0917 (fixtures are injected by name)
+    kube: client.ApiClient,
+    namespace: str,
+    gpu_node: str,
+    fake_gpus: FakeGpus,
+    kubelet: KubeletStandIn,
+    start_plugin: Callable[..., PluginProcess],
+) -> None:
+    """Allocate answers while the phase write is refused (the API server refuses it, as it would
+    be unreachable); the agent stops with the write not made; the next agent on the same state dir
+    writes it once the API server takes it."""
+    core = client.CoreV1Api(kube)
+    admission = client.AdmissionregistrationV1Api(kube)
+    policy, binding = _phase_policy(namespace)
+    admission.create_validating_admission_policy(policy)
+    admission.create_validating_admission_policy_binding(binding)
+    try:
+        create_pod(core, namespace, "held-probe", gpu_node, {"main": [(fake_gpus.uuids[0], 1024, 10)]})
+
+        def refused() -> bool:
+            try:
+                core.patch_namespaced_pod(
+                    "held-probe",
+                    namespace,
+                    {"metadata": {"annotations": {KEYS.allocation_phase: "allocated"}}},
+                )
+            except client.ApiException as e:
+                return "phase held by the test" in str(e.body)
+            return False
+
+        wait_for(refused, timeout=30, what="the admission policy in force")
+        core.delete_namespaced_pod("held-probe", namespace, grace_period_seconds=0)
+
+        flags = (f"--hook-library={HOOK_LIBRARY}",)
+        first = start_plugin(gpu_node, fake_gpus.env(), *flags)
+        kubelet.wait_for(lambda k: bool(k.registrations and len(k.devices()) == 40))
+        create_pod(core, namespace, "held-pod", gpu_node, {"main": [(fake_gpus.uuids[1], 2048, 20)]})
+        _, answer = kubelet.admit_container(1)
+        assert limits_of(answer.container_responses[0]) == {fake_gpus.uuids[1]: (2048 * MIB, 20)}
+        refused_write = f"pod {namespace}/held-pod: cannot set phase allocated (retrying)"
+        try:
+            wait_for(lambda: refused_write in first.log(), what="the refused write")
+        except AssertionError as e:
+            raise AssertionError(f"{e}:\n{first.process.log_tail()}") from None
+        first.process.stop()
+        assert phase_of(core, namespace, "held-pod") == Phase.ALLOCATING
+    finally:
+        admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+        admission.delete_validating_admission_policy(policy["metadata"]["name"])
+
+    kubelet.wait_for(lambda k: k.current.stream_ended)
+    start_plugin(gpu_node, fake_gpus.env(), *flags, state_dir=first.state_dir)
+    wait_for(lambda: phase_of(core, namespace, "held-pod") == Phase.ALLOCATED, what="the phase written")
+
+
+def test_a_phase_write_for_a_pod_replaced_under_the_same_name_is_dropped(
+    kube: client.ApiClient, namespace: str, gpu_node: str, node_kube: Kube
+) -> None:
+    """The patch carries the pod's UID: a pod of the same name created since keeps its phase."""
+    core = client.CoreV1Api(kube)
+    create_pod(core, namespace, "same", gpu_node, {"main": [(G[0], 1024, 10)]})
+    served = node_kube.read_pod(namespace, "same")
+    assert served is not None
+    core.delete_namespaced_pod("same", namespace, grace_period_seconds=0)
+    wait_for(lambda: node_kube.read_pod(namespace, "same") is None, what="the pod deleted")
+    create_pod(core, namespace, "same", gpu_node, {"main": [(G[0], 1024, 10)]})
+
+    writer = PhaseWriter(node_kube)
+    assert writer.submit(served.view, Phase.ALLOCATED)
+    assert not writer.submit(served.view, Phase.ALLOCATED)  # one write per pod at a time
+    stop = threading.Event()
+    thread = threading.Thread(target=writer.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert writer.wait_idle(30)
+    finally:
+        stop.set()
+        writer.wake()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert writer.written == 0
+    assert phase_of(core, namespace, "same") == Phase.ALLOCATING
