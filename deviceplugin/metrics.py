@@ -1,14 +1,26 @@
-"""Prometheus metrics: per GPU from NVML, per container from the hook's accounting regions.
+"""Prometheus metrics: per GPU from NVML, per container from the hook's accounting regions, and
+per pod the cross-check of the two.
 
 Read at scrape time, so a scrape always shows the current state and nothing is cached between them.
+
+The regions are written by the containers themselves (the hook in each process keeps its
+container's accounting there), so a container could zero or delete its own and take a second quota.
+What the driver reports per process (NVML's ``nvmlDeviceGetComputeRunningProcesses``) it cannot
+forge: each scrape sums that per pod (a process's pod from its cgroup, ``/proc/<pid>/cgroup``; the
+agent needs the host's PID namespace for that) and reports a pod holding more than its quotas on a
+GPU allow, by metric and by a warning in the log (docs/security.md).
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections import defaultdict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import pynvml
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -22,6 +34,45 @@ log = logging.getLogger(__name__)
 
 GPU_LABELS = ("node", "gpu_uuid", "model")
 CONTAINER_LABELS = ("namespace", "pod", "container", "gpu_uuid")
+POD_LABELS = ("namespace", "pod", "gpu_uuid")
+# CUDA contexts hold device memory the hook does not count (a few hundred MiB per process on real
+# GPUs): a pod is over quota only beyond its quotas plus this much per process.
+CONTEXT_ALLOWANCE_BYTES = 512 * MIB
+PROC = Path("/proc")
+# The pod's UID in a cgroup path: ".../pod<uid>/<container>" (cgroupfs) or
+# ".../kubepods-besteffort-pod<uid with _>.slice/..." (systemd).
+_POD_IN_CGROUP = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process on a GPU as the driver reports it: host PID, device memory it holds."""
+
+    pid: int
+    memory_used_bytes: int
+
+
+def nvml_processes(uuid: str) -> tuple[GpuProcess, ...] | None:
+    """The GPU's compute processes from NVML (the agent's session); None when NVML cannot say."""
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        infos = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except pynvml.NVMLError as e:
+        log.debug("GPU %s: no per-process memory from NVML: %s", uuid, e)
+        return None
+    return tuple(GpuProcess(int(p.pid), int(p.usedGpuMemory or 0)) for p in infos)
+
+
+def pod_uid_of(pid: int, proc: Path = PROC) -> str | None:
+    """The UID of the pod whose cgroup holds the process, None if it is in no pod's (or gone)."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    found = _POD_IN_CGROUP.search(text)
+    return found.group(1).replace("_", "-") if found else None
+
+
 # The region's path inside the container's state dir (the hook reads it from the limits file).
 REGION_NAME = CONTAINER_REGION_FILE.removeprefix(CONTAINER_STATE_DIR + "/")
 
@@ -33,15 +84,23 @@ class AgentCollector(Collector):
         inventory: Callable[[], tuple[GpuInfo, ...]],
         reading: Callable[[str], GpuReading | None],
         state: StateDir,
+        *,
+        processes: Callable[[str], tuple[GpuProcess, ...] | None] = nvml_processes,
+        pod_of_pid: Callable[[int], str | None] = pod_uid_of,
     ) -> None:
         self._node = node
         self._inventory = inventory
         self._reading = reading
         self._state = state
+        self._processes = processes
+        self._pod_of_pid = pod_of_pid
+        # (pod UID, GPU) found over quota at the last scrape: each is logged when it starts and ends.
+        self._over: set[tuple[str, str]] = set()
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield from self._gpu_metrics()
         yield from self._container_metrics()
+        yield from self._driver_crosscheck()
 
     def _gpu_metrics(self) -> Iterator[GaugeMetricFamily]:
         healthy = GaugeMetricFamily("tessera_gpu_healthy", "1 if the GPU is healthy", labels=GPU_LABELS)
@@ -105,3 +164,60 @@ class AgentCollector(Collector):
         except RegionError as e:
             log.warning("%s", e)
             return None
+
+    def _driver_crosscheck(self) -> Iterator[GaugeMetricFamily]:
+        """Per pod and GPU: device memory its processes hold by NVML, and whether that exceeds
+        what its containers' quotas allow there (whatever their regions say)."""
+        held = GaugeMetricFamily(
+            "tessera_pod_gpu_memory_driver_bytes",
+            "GPU memory the pod's processes hold, as the driver (NVML) reports it",
+            labels=POD_LABELS,
+        )
+        over = GaugeMetricFamily(
+            "tessera_pod_gpu_memory_over_quota",
+            "1 if the pod's processes hold more GPU memory than its quotas allow (by NVML)",
+            labels=POD_LABELS,
+        )
+        quota: dict[tuple[str, str], int] = defaultdict(int)
+        names: dict[str, tuple[str, str]] = {}
+        for _, record in self._state.records():
+            names[record.pod_uid] = (record.namespace, record.pod)
+            for grant in record.gpus:
+                quota[record.pod_uid, grant.uuid] += grant.memory_mib * MIB
+        now_over: set[tuple[str, str]] = set()
+        for gpu in self._inventory():
+            found = self._processes(gpu.uuid)
+            if found is None:
+                continue
+            used: dict[str, int] = defaultdict(int)
+            count: dict[str, int] = defaultdict(int)
+            for process in found:
+                pod_uid = self._pod_of_pid(process.pid)
+                if pod_uid in names:
+                    used[pod_uid] += process.memory_used_bytes
+                    count[pod_uid] += 1
+            for pod_uid, (namespace, pod) in names.items():
+                if (pod_uid, gpu.uuid) not in quota and pod_uid not in used:
+                    continue
+                labels = (namespace, pod, gpu.uuid)
+                allowed = quota[pod_uid, gpu.uuid] + CONTEXT_ALLOWANCE_BYTES * count[pod_uid]
+                exceeds = used[pod_uid] > allowed
+                held.add_metric(labels, used[pod_uid])
+                over.add_metric(labels, 1.0 if exceeds else 0.0)
+                if exceeds:
+                    now_over.add((pod_uid, gpu.uuid))
+                    if (pod_uid, gpu.uuid) not in self._over:
+                        log.warning(
+                            "pod %s/%s holds %d MiB on GPU %s by NVML, over its quota of %d MiB: "
+                            "its accounting region was bypassed or forged",
+                            namespace,
+                            pod,
+                            used[pod_uid] // MIB,
+                            gpu.uuid,
+                            quota[pod_uid, gpu.uuid] // MIB,
+                        )
+        for pod_uid, uuid in self._over - now_over:
+            namespace, pod = names.get(pod_uid, ("?", pod_uid))
+            log.info("pod %s/%s is back within its quota on GPU %s", namespace, pod, uuid)
+        self._over = now_over
+        yield from (held, over)
