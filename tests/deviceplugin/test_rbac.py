@@ -186,6 +186,31 @@ def test_agent_works_with_exactly_the_deployed_rbac(
     # fixture created it: poll until the policy is in force.
     denied = wait_for(patch_other_node, timeout=30, what="the admission policy to refuse another node")
     assert denied.status in (403, 422) and "may change only its own Node" in str(denied.body)
+    # On its own node's pods, only the allocation phase; events only on pods, from its own node.
+    with pytest.raises(client.ApiException) as denied_pod:
+        agent.patch_namespaced_pod(victim, namespace, {"metadata": {"labels": {"example.com/x": "y"}}})
+    assert "may change only the annotation" in str(denied_pod.value.body)
+    with pytest.raises(client.ApiException) as denied_pod:
+        agent.patch_namespaced_pod(victim, namespace, {"metadata": {"annotations": {"example.com/x": "y"}}})
+    assert "may change only the annotation" in str(denied_pod.value.body)
+    agent.patch_namespaced_pod(
+        victim, namespace, {"metadata": {"annotations": {KEYS.allocation_phase: "failed"}}}
+    )
+    forged = {
+        "metadata": {"generateName": "forged.", "namespace": namespace},
+        "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": namespace, "name": victim},
+        "type": "Warning",
+        "reason": "Forged",
+        "message": "from another node",
+        "source": {"component": "tessera-device-plugin", "host": other},
+        "reportingComponent": "tessera-device-plugin",
+        "reportingInstance": other,
+    }
+    with pytest.raises(client.ApiException) as denied_event:
+        agent.create_namespaced_event(namespace, forged)
+    assert "may record events only on pods, from its own node" in str(denied_event.value.body) or (
+        "may change only its own Node" in str(denied_event.value.body)
+    )
     with pytest.raises(client.ApiException) as forbidden:
         agent.list_namespaced_secret(namespace)
     assert forbidden.value.status == 403
