@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo simulate test lint native proto k8s-binaries sandbox-deps clean
+.PHONY: demo simulate test lint native proto k8s-binaries sandbox-deps images clean
 
 # A virtual environment with the project and its test tools, rebuilt when pyproject.toml changes.
 # The product and, beside it, the tools (tools/pyproject.toml: simulator, sandbox, fake GPU).
@@ -30,6 +30,11 @@ k8s-binaries:
 sandbox-deps:
 	hack/install-sandbox-deps.sh
 
+# The product image (Dockerfile) and the chart's kube-scheduler image, built with buildah, no Docker
+# daemon (root); OCI archives under build/images/ for `skopeo copy` (docs/install.md). Incremental.
+images: sandbox-deps k8s-binaries
+	hack/build-images.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -47,4 +52,4 @@ simulate: $(STAMP)
 	$(BIN)/tessera simulate
 
 clean:
-	rm -rf $(VENV) hook/build tools/fakegpu/build
+	rm -rf $(VENV) hook/build tools/fakegpu/build build/images
