@@ -21,8 +21,13 @@ from starlette.types import Receive, Scope, Send
 from extender import wire
 from extender.service import Extender, NotSyncedError
 from extender.watch import Watcher
+from tessera.contract import PodShapeError
 
 log = logging.getLogger(__name__)
+
+# The longest message a refusal answers or logs: enough for the field and a cut value, never the
+# megabytes of a body that carried them.
+MESSAGE_LIMIT = 1000
 
 
 def create_app(extender: Extender, watcher: Watcher | None = None) -> ExtenderApp:
@@ -50,9 +55,11 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> ExtenderAp
         started = time.perf_counter()
         try:
             content, status = await work(), 200
-        except wire.BadRequestError as e:
-            log.info("%s: bad request: %s", verb, e)
-            content, status = f"bad {verb} request: {e}\n".encode(), 400
+        except (wire.BadRequestError, PodShapeError) as e:
+            where = "Pod: " if isinstance(e, PodShapeError) else ""
+            message = wire.cut(f"{where}{e}", MESSAGE_LIMIT)
+            log.info("%s: bad request: %s", verb, message)
+            content, status = f"bad {verb} request: {message}\n".encode(), 400
         except NotSyncedError as e:
             log.info("%s refused: %s", verb, e)
             content, status = on_error(str(e)), 200

@@ -26,6 +26,7 @@ from tessera.contract import (
     JsonObject,
     Phase,
     PodRequest,
+    PodShapeError,
     format_time,
     parse_allocation,
     parse_pod_request,
@@ -130,6 +131,8 @@ class Extender:
         self._require_synced()
         try:
             request = parse_pod_request(pod, self.keys)
+        except PodShapeError:
+            raise  # no pod the API server stores: a malformed request (HTTP 400)
         except ContractError as e:
             # The pod itself is wrong: no node can take it, and kubectl describe should say why.
             self.metrics.count_rejections({Shortfall.NODE: len(names)})
@@ -234,6 +237,8 @@ class Extender:
             return scores
         try:
             request = parse_pod_request(pod, self.keys)
+        except PodShapeError:
+            raise
         except ContractError:
             return [0] * len(names)
         if not request.wants_gpu:

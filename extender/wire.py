@@ -77,9 +77,47 @@ def _json(body: bytes) -> Any:
         pass
     # The stdlib decoder's messages say more, and it takes what orjson refuses (NaN, lone surrogates).
     try:
-        return json.loads(body)
+        raw = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequestError(f"request body is not JSON: {e}") from None
+    except RecursionError:
+        raise BadRequestError("request body nests JSON too deeply (a Pod nests a few dozen levels)") from None
+    _refuse_lone_surrogates(raw)
+    return raw
+
+
+def _refuse_lone_surrogates(raw: Any) -> None:
+    """A BadRequestError naming the first field whose name or text holds a lone surrogate: no such
+    string can be encoded into an answer or sent to the API server (UTF-8 has no surrogates). Only
+    bodies orjson refused are walked; iterative, as such a body nests up to the stdlib's limit."""
+    pending: list[tuple[str, Any]] = [("", raw)]
+    while pending:
+        where, value = pending.pop()
+        if isinstance(value, str):
+            items: list[tuple[str, Any]] = []
+            text = value
+        elif isinstance(value, dict):
+            items = [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
+            text = "".join(value)
+        elif isinstance(value, list):
+            items = [(f"{where}.{i}" if where else str(i), v) for i, v in enumerate(value)]
+            text = ""
+        else:
+            continue
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            field = cut(where or "body")
+            raise BadRequestError(
+                f"{field}: a string holds a lone UTF-16 surrogate (not valid UTF-8)"
+            ) from None
+        pending.extend(reversed(items))
+
+
+def cut(text: str, limit: int = 200) -> str:
+    """``text`` for a message, cut to ``limit`` characters, unencodable characters escaped."""
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def parse_extender_args(body: bytes) -> tuple[dict[str, Any], list[str], list[dict[str, Any]] | None]:

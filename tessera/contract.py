@@ -59,6 +59,46 @@ class ContractError(ValueError):
     """Input that breaks the contract. The message names the field and the value."""
 
 
+class PodShapeError(ContractError):
+    """A pod whose JSON is not shaped like a Kubernetes Pod: a field of the wrong type (a list where
+    an object belongs, a number for a name). The API server stores no such pod, so only a malformed
+    request carries one; the message names the field."""
+
+
+def _kind(value: object) -> str:
+    """A JSON value's kind, as a message names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "an object"
+    return type(value).__name__
+
+
+def _mapping(value: object, field: str) -> Mapping[str, Any]:
+    """``value`` as an object (null or absent: empty), else a PodShapeError naming ``field``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise PodShapeError(f"{field}: must be an object, got {_kind(value)}")
+    return value
+
+
+def _sequence(value: object, field: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise PodShapeError(f"{field}: must be a list, got {_kind(value)}")
+    return list(value)
+
+
 class Phase(StrEnum):
     """Progress of a placement decision, written on the pod."""
 
@@ -134,6 +174,16 @@ class ContractKeys:
     @property
     def resources(self) -> tuple[str, str, str]:
         return (self.vgpu, self.vgpu_memory, self.vgpu_cores)
+
+    @property
+    def preferences(self) -> tuple[str, ...]:
+        """The annotations a user writes to steer placement (:func:`parse_preferences`)."""
+        return (self.gpu_models, self.gpu_models_exclude, self.workload, self.min_speed, self.policy)
+
+    @property
+    def placement_annotations(self) -> tuple[str, str, str]:
+        """The annotations only Tessera writes on a pod: the decision and its progress."""
+        return (self.allocation, self.allocation_phase, self.bind_time)
 
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -318,6 +368,10 @@ _SUFFIX_DIGITS = 20
 # The syntax of a Kubernetes quantity: a decimal number, then a suffix (letters) or a decimal
 # exponent. Checked here only so that bad input is worded as what it is; the value, suffixes
 # included, is the official client's (kubernetes.utils.parse_quantity).
+# Kubernetes keeps a quantity in an int64; anything longer than this is no quantity it accepts.
+_MAX_QUANTITY = 2**63 - 1
+_MAX_DIGITS = 18
+_MAX_QUANTITY_TEXT = 64
 _QUANTITY = re.compile(r"^(?:[+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)([a-zA-Z]*|[eE][+-]?[0-9]+)$")
 
 
@@ -329,10 +383,18 @@ def parse_integer_quantity(value: object, *, field: str) -> int:
     if isinstance(value, bool):
         raise ContractError(f"{field}: {value!r} must be an integer")
     if isinstance(value, int):
+        if abs(value) > _MAX_QUANTITY:
+            raise ContractError(f"{field}: {value!r} is out of range")
         return value
-    if isinstance(value, str) and value.isascii() and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= _MAX_DIGITS:
         return int(value)  # the common case ("4096"), without the regular expression and Decimal
+    if not isinstance(value, str | float):
+        raise ContractError(f"{field}: {_shown(value)} is not a quantity")
     text = str(value).strip()
+    if len(text) > _MAX_QUANTITY_TEXT:
+        raise ContractError(
+            f"{field}: {_shown(value)} is not a quantity (over {_MAX_QUANTITY_TEXT} characters)"
+        )
     match = _QUANTITY.match(text)
     if not match:
         raise ContractError(f"{field}: {value!r} is not a quantity")
@@ -344,18 +406,33 @@ def parse_integer_quantity(value: object, *, field: str) -> int:
         with localcontext() as exact:
             exact.prec = len(text) + _SUFFIX_DIGITS  # no rounding: "1.0000…01Ki" is no integer
             amount = parse_quantity(text)
+            in_range = amount.is_finite() and abs(amount) <= _MAX_QUANTITY
+    except ArithmeticError:  # decimal's Overflow: an exponent past its context's
+        in_range = False
     except ValueError:
         raise ContractError(f"{field}: {value!r} has an unknown suffix {match.group(1)!r}") from None
+    if not in_range:
+        raise ContractError(f"{field}: {value!r} is out of range")
     if amount != amount.to_integral_value():
         raise ContractError(f"{field}: {value!r} must be an integer")
     return int(amount)
 
 
-def _container_request(container: Mapping[str, Any], keys: ContractKeys) -> ContainerRequest | None:
-    name = str(container.get("name") or "")
-    resources = container.get("resources") or {}
-    limits: Mapping[str, Any] = resources.get("limits") or {}
-    requests: Mapping[str, Any] = resources.get("requests") or {}
+def _shown(value: object) -> str:
+    """``value`` for a message: its repr, cut to 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _container_request(container: object, where: str, keys: ContractKeys) -> ContainerRequest | None:
+    container = _mapping(container, where)
+    raw_name = container.get("name")
+    if raw_name is not None and not isinstance(raw_name, str):
+        raise PodShapeError(f"{where}: name: must be a string, got {_kind(raw_name)}")
+    name = raw_name or ""
+    resources = _mapping(container.get("resources"), f"container {name!r}: resources")
+    limits = _mapping(resources.get("limits"), f"container {name!r}: resources.limits")
+    requests = _mapping(resources.get("requests"), f"container {name!r}: resources.requests")
     values: dict[str, int] = {}
     for resource in keys.resources:
         field = f"container {name!r}: {resource}"
@@ -392,16 +469,20 @@ def _split_models(text: str) -> tuple[str, ...]:
 
 
 def parse_preferences(annotations: Mapping[str, str] | None, keys: ContractKeys = KEYS) -> PodPreferences:
-    annotations = annotations or {}
+    annotations = _mapping(annotations, "metadata.annotations")
+    for key in keys.preferences:
+        value = annotations.get(key)
+        if value is not None and not isinstance(value, str):
+            raise PodShapeError(f"annotation {key}: must be a string, got {_kind(value)}")
     min_speed: float | None = None
     raw_speed = annotations.get(keys.min_speed)
     if raw_speed is not None:
         try:
             min_speed = float(raw_speed)
         except ValueError:
-            raise ContractError(f"annotation {keys.min_speed}: {raw_speed!r} is not a number") from None
+            raise ContractError(f"annotation {keys.min_speed}: {_shown(raw_speed)} is not a number") from None
         if not 0 < min_speed < float("inf"):
-            raise ContractError(f"annotation {keys.min_speed}: {raw_speed!r} must be a positive number")
+            raise ContractError(f"annotation {keys.min_speed}: {_shown(raw_speed)} must be a positive number")
     policy: Policy | None = None
     raw_policy = annotations.get(keys.policy)
     if raw_policy is not None:
@@ -409,10 +490,12 @@ def parse_preferences(annotations: Mapping[str, str] | None, keys: ContractKeys 
             policy = Policy(raw_policy.strip().lower())
         except ValueError:
             allowed = ", ".join(p.value for p in Policy)
-            raise ContractError(f"annotation {keys.policy}: {raw_policy!r} is not one of {allowed}") from None
+            raise ContractError(
+                f"annotation {keys.policy}: {_shown(raw_policy)} is not one of {allowed}"
+            ) from None
     workload = annotations.get(keys.workload)
     if workload is not None and not workload.strip():
-        raise ContractError(f"annotation {keys.workload}: {workload!r} is empty")
+        raise ContractError(f"annotation {keys.workload}: {_shown(workload)} is empty")
     return PodPreferences(
         models=_split_models(annotations.get(keys.gpu_models, "")),
         models_exclude=_split_models(annotations.get(keys.gpu_models_exclude, "")),
@@ -430,14 +513,15 @@ def parse_container_requests(
 
     Raises :class:`ContractError` naming the container, the resource and the value.
     """
-    spec = pod.get("spec") or {}
+    pod = _mapping(pod, "pod")
+    spec = _mapping(pod.get("spec"), "spec")
     containers: list[ContainerRequest] = []
-    for container in spec.get("containers") or []:
-        parsed = _container_request(container, keys)
+    for i, container in enumerate(_sequence(spec.get("containers"), "spec.containers")):
+        parsed = _container_request(container, f"spec.containers[{i}]", keys)
         if parsed is not None:
             containers.append(parsed)
-    for container in spec.get("initContainers") or []:
-        if _container_request(container, keys) is not None:
+    for i, container in enumerate(_sequence(spec.get("initContainers"), "spec.initContainers")):
+        if _container_request(container, f"spec.initContainers[{i}]", keys) is not None:
             raise ContractError(
                 f"init container {container.get('name')!r}: {keys.vgpu} is supported on containers only"
             )
@@ -450,7 +534,8 @@ def parse_pod_request(pod: Mapping[str, Any], keys: ContractKeys = KEYS) -> PodR
     Raises :class:`ContractError` naming the container, the resource and the value.
     """
     containers = parse_container_requests(pod, keys)
-    preferences = parse_preferences((pod.get("metadata") or {}).get("annotations"), keys)
+    metadata = _mapping(pod.get("metadata"), "metadata")
+    preferences = parse_preferences(metadata.get("annotations"), keys)
     return PodRequest(containers=containers, preferences=preferences)
 
 

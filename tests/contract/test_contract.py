@@ -14,6 +14,7 @@ from tessera.contract import (
     ContractError,
     GpuGrant,
     GpuInfo,
+    PodShapeError,
     Policy,
     dump_allocation,
     dump_inventory,
@@ -337,3 +338,48 @@ def test_time_round_trip() -> None:
         parse_time("yesterday", field="t")
     with pytest.raises(ContractError, match="has no time zone"):
         parse_time("2026-11-21T10:00:00", field="t")
+
+
+@pytest.mark.parametrize(
+    ("pod_json", "message"),
+    [
+        ([], "pod: must be an object, got a list"),
+        ({"spec": []}, "spec: must be an object, got a list"),
+        ({"spec": {"containers": {}}}, "spec.containers: must be a list, got an object"),
+        ({"spec": {"containers": [None, "x"]}}, "spec.containers[1]: must be an object, got a string"),
+        (
+            {"spec": {"containers": [{"name": ["x"]}]}},
+            "spec.containers[0]: name: must be a string, got a list",
+        ),
+        (
+            {"spec": {"containers": [{"name": "x", "resources": {"limits": 1}}]}},
+            "container 'x': resources.limits: must be an object, got a number",
+        ),
+        ({"metadata": {"annotations": []}}, "metadata.annotations: must be an object, got a list"),
+        (
+            {"metadata": {"annotations": {KEYS.policy: 1}}},
+            "annotation tessera.io/policy: must be a string, got a number",
+        ),
+    ],
+)
+def test_wrong_shapes_name_the_field(pod_json: Any, message: str) -> None:
+    with pytest.raises(PodShapeError) as error:
+        parse_pod_request(pod_json)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("1e1000000000", "f: '1e1000000000' is out of range"),
+        ("9" * 5000, "f: '" + "9" * 76 + "... is not a quantity (over 64 characters)"),
+        (2**80, f"f: {2**80} is out of range"),
+        (float("nan"), "f: nan is not a quantity"),
+        ([1], "f: [1] is not a quantity"),
+        ({"a": 1}, "f: {'a': 1} is not a quantity"),
+    ],
+)
+def test_quantities_out_of_range_or_of_another_type(value: object, message: str) -> None:
+    with pytest.raises(ContractError) as error:
+        parse_integer_quantity(value, field="f")
+    assert str(error.value) == message
