@@ -1,23 +1,20 @@
 """Writes the fuzzers' seed corpora (hook/fuzz/seeds/): limits files as the device plugin writes them
 (``hook.limits``), and the first bytes of a region a hooked process wrote over the fake GPU.
 
-Run again after a change of either format: ``.venv/bin/python hook/fuzz/make_seeds.py``.
+Run again after a change of either format: ``.venv/bin/python tests/hook/make_fuzz_seeds.py``. It
+lives with the tests, not in hook/: it needs the fake GPU, a tool the shipped hook never imports.
 """
 
 from __future__ import annotations
 
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+import fakegpu
+from hook.limits import DeviceLimit, render_limits
 
-import fakegpu  # noqa: E402
-from hook.limits import DeviceLimit, render_limits  # noqa: E402
-
-SEEDS = Path(__file__).resolve().parent / "seeds"
+SEEDS = Path(__file__).resolve().parents[2] / "hook" / "fuzz" / "seeds"
 # The fuzzers read at most this much of an input (hook/Makefile: -max_len).
 MAX_LEN = 4096
 GIB = 2**30
