@@ -25,16 +25,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from deviceplugin.nvml import GpuReading
-from deviceplugin.statedir import StateDir
+from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
 from hook.limits import CONTAINER_REGION_FILE
 from hook.region import RegionError, RegionUsage, read_region
-from tessera.contract import CONTAINER_STATE_DIR, MIB, GpuInfo
+from tessera.contract import CONTAINER_STATE_DIR, MIB, GpuGrant, GpuInfo
 
 log = logging.getLogger(__name__)
 
-GPU_LABELS = ("node", "gpu_uuid", "model")
-CONTAINER_LABELS = ("namespace", "pod", "container", "gpu_uuid")
-POD_LABELS = ("namespace", "pod", "gpu_uuid")
+# Label names are NVIDIA dcgm-exporter's (``Hostname``: the node's name, as dcgm-exporter sets it from
+# NODE_NAME in Kubernetes; ``UUID``; ``modelName``), so Tessera's series and DCGM's join on ``UUID``
+# (or on all three) without relabelling. The workload's ``namespace``, ``pod`` and ``container`` are
+# the labels the Prometheus target also carries: scrape with honor_labels (docs/observability.md).
+GPU_LABELS = ("Hostname", "UUID", "modelName")
+CONTAINER_LABELS = ("namespace", "pod", "container", "Hostname", "UUID", "modelName")
+POD_LABELS = ("namespace", "pod", "Hostname", "UUID", "modelName")
 # CUDA contexts hold device memory the hook does not count (a few hundred MiB per process on real
 # GPUs): a pod is over quota only beyond its quotas plus this much per process.
 CONTEXT_ALLOWANCE_BYTES = 512 * MIB
@@ -73,6 +77,9 @@ def pod_uid_of(pid: int, proc: Path = PROC) -> str | None:
     return found.group(1).replace("_", "-") if found else None
 
 
+Inventory = tuple[GpuInfo, ...]
+Records = list[tuple[ContainerDir, ServedRecord]]
+
 # The region's path inside the container's state dir (the hook reads it from the limits file).
 REGION_NAME = CONTAINER_REGION_FILE.removeprefix(CONTAINER_STATE_DIR + "/")
 
@@ -98,13 +105,21 @@ class AgentCollector(Collector):
         self._over: set[tuple[str, str]] = set()
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        yield from self._gpu_metrics()
-        yield from self._container_metrics()
-        yield from self._driver_crosscheck()
+        # One read of the inventory and of the served records per scrape, shared by every family.
+        inventory = self._inventory()
+        records = [(where, record) for where, record in self._state.records()]
+        yield from self._gpu_metrics(inventory, records)
+        yield from self._container_metrics(inventory, records)
+        yield from self._driver_crosscheck(inventory, records)
 
-    def _gpu_metrics(self) -> Iterator[GaugeMetricFamily]:
+    def _gpu_metrics(self, inventory: Inventory, records: Records) -> Iterator[GaugeMetricFamily]:
         healthy = GaugeMetricFamily("tessera_gpu_healthy", "1 if the GPU is healthy", labels=GPU_LABELS)
-        total = GaugeMetricFamily("tessera_gpu_memory_total_bytes", "GPU memory", labels=GPU_LABELS)
+        capacity = GaugeMetricFamily(
+            "tessera_gpu_memory_capacity_bytes",
+            "GPU memory in the node's inventory: what quotas are allocated against",
+            labels=GPU_LABELS,
+        )
+        total = GaugeMetricFamily("tessera_gpu_memory_total_bytes", "GPU memory (NVML)", labels=GPU_LABELS)
         used = GaugeMetricFamily("tessera_gpu_memory_used_bytes", "GPU memory in use", labels=GPU_LABELS)
         utilization = GaugeMetricFamily(
             "tessera_gpu_utilization_ratio", "Share of time a kernel ran, 0..1", labels=GPU_LABELS
@@ -112,19 +127,53 @@ class AgentCollector(Collector):
         slices = GaugeMetricFamily(
             "tessera_gpu_slices", "Slices advertised to the kubelet", labels=GPU_LABELS
         )
-        for gpu in self._inventory():
+        slices_used = GaugeMetricFamily(
+            "tessera_gpu_slices_used", "Containers served on the GPU (one slice each)", labels=GPU_LABELS
+        )
+        memory_allocated = GaugeMetricFamily(
+            "tessera_gpu_memory_allocated_bytes",
+            "Sum of the memory quotas of the containers served on the GPU",
+            labels=GPU_LABELS,
+        )
+        cores_allocated = GaugeMetricFamily(
+            "tessera_gpu_cores_allocated_ratio",
+            "Sum of the compute quotas of the containers served on the GPU, 0..1 (beyond 1: overcommitted)",
+            labels=GPU_LABELS,
+        )
+        grants: dict[str, list[GpuGrant]] = defaultdict(list)
+        for _, record in records:
+            for grant in record.gpus:
+                grants[grant.uuid].append(grant)
+        for gpu in inventory:
             labels = (self._node, gpu.uuid, gpu.model)
             healthy.add_metric(labels, 1.0 if gpu.healthy else 0.0)
             slices.add_metric(labels, gpu.split)
+            capacity.add_metric(labels, gpu.memory_mib * MIB)
+            on_gpu = grants.get(gpu.uuid, [])
+            slices_used.add_metric(labels, len(on_gpu))
+            memory_allocated.add_metric(labels, sum(g.memory_mib for g in on_gpu) * MIB)
+            cores_allocated.add_metric(labels, sum(g.cores for g in on_gpu) / 100)
             reading = self._reading(gpu.uuid)
             if reading is None:
                 continue
             total.add_metric(labels, reading.memory_total_bytes)
             used.add_metric(labels, reading.memory_used_bytes)
             utilization.add_metric(labels, reading.utilization_ratio)
-        yield from (healthy, slices, total, used, utilization)
+        yield from (
+            healthy,
+            slices,
+            slices_used,
+            capacity,
+            memory_allocated,
+            cores_allocated,
+            total,
+            used,
+            utilization,
+        )
 
-    def _container_metrics(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def _container_metrics(
+        self, inventory: Inventory, records: Records
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         quota = GaugeMetricFamily(
             "tessera_container_memory_quota_bytes", "GPU memory quota", labels=CONTAINER_LABELS
         )
@@ -144,10 +193,13 @@ class AgentCollector(Collector):
             "Time the container's kernel launches were held back by its compute quota",
             labels=CONTAINER_LABELS,
         )
-        for where, record in self._state.records():
+        models = {gpu.uuid: gpu.model for gpu in inventory}
+        for where, record in records:
             usage = self._region(where.state / REGION_NAME)
             for grant in record.gpus:
-                labels = (record.namespace, record.pod, record.container, grant.uuid)
+                # A GPU gone from the inventory keeps its containers' series, with no model.
+                model = models.get(grant.uuid, "")
+                labels = (record.namespace, record.pod, record.container, self._node, grant.uuid, model)
                 quota.add_metric(labels, grant.memory_mib * MIB)
                 cores.add_metric(labels, grant.cores / 100)
                 device = usage.device(grant.uuid) if usage is not None else None
@@ -165,7 +217,7 @@ class AgentCollector(Collector):
             log.warning("%s", e)
             return None
 
-    def _driver_crosscheck(self) -> Iterator[GaugeMetricFamily]:
+    def _driver_crosscheck(self, inventory: Inventory, records: Records) -> Iterator[GaugeMetricFamily]:
         """Per pod and GPU: device memory its processes hold by NVML, and whether that exceeds
         what its containers' quotas allow there (whatever their regions say)."""
         held = GaugeMetricFamily(
@@ -180,12 +232,12 @@ class AgentCollector(Collector):
         )
         quota: dict[tuple[str, str], int] = defaultdict(int)
         names: dict[str, tuple[str, str]] = {}
-        for _, record in self._state.records():
+        for _, record in records:
             names[record.pod_uid] = (record.namespace, record.pod)
             for grant in record.gpus:
                 quota[record.pod_uid, grant.uuid] += grant.memory_mib * MIB
         now_over: set[tuple[str, str]] = set()
-        for gpu in self._inventory():
+        for gpu in inventory:
             found = self._processes(gpu.uuid)
             if found is None:
                 continue
@@ -199,7 +251,7 @@ class AgentCollector(Collector):
             for pod_uid, (namespace, pod) in names.items():
                 if (pod_uid, gpu.uuid) not in quota and pod_uid not in used:
                     continue
-                labels = (namespace, pod, gpu.uuid)
+                labels = (namespace, pod, self._node, gpu.uuid, gpu.model)
                 allowed = quota[pod_uid, gpu.uuid] + CONTEXT_ALLOWANCE_BYTES * count[pod_uid]
                 exceeds = used[pod_uid] > allowed
                 held.add_metric(labels, used[pod_uid])

@@ -346,9 +346,10 @@ def test_allocate_gives_exactly_the_annotated_gpu_and_quota_and_the_hook_enforce
     assert results == ["CUDA_SUCCESS"] * 4 + ["CUDA_ERROR_OUT_OF_MEMORY"], out
 
     # The agent's metrics: quotas from its record, GPU figures from NVML.
-    labels = frozenset(
-        {"namespace": namespace, "pod": "trainer", "container": "main", "gpu_uuid": gpu_x}.items()
-    )
+    model = "NVIDIA A100-SXM4-40GB"
+    # dcgm-exporter's label names for the node, the GPU and its model (docs/observability.md).
+    gpu_labels = frozenset({"Hostname": gpu_node, "UUID": gpu_x, "modelName": model}.items())
+    labels = gpu_labels | frozenset({"namespace": namespace, "pod": "trainer", "container": "main"}.items())
     holder = start_in_container(response, [str(CUCLIENT), "alloc", "mem", "1g", "3", "hold"], fake_gpus.env())
     try:
         assert holder.stdout is not None
@@ -361,9 +362,13 @@ def test_allocate_gives_exactly_the_annotated_gpu_and_quota_and_the_hook_enforce
     assert metrics["tessera_container_memory_used_bytes", labels] == 3 * 2**30
     assert metrics["tessera_container_memory_quota_bytes", labels] == 4096 * MIB
     assert metrics["tessera_container_compute_quota_ratio", labels] == 0.3
-    gpu_labels = frozenset({"node": gpu_node, "gpu_uuid": gpu_x, "model": "NVIDIA A100-SXM4-40GB"}.items())
     assert metrics["tessera_gpu_memory_total_bytes", gpu_labels] == 40 * 2**30
+    assert metrics["tessera_gpu_memory_capacity_bytes", gpu_labels] == 40 * 2**30
     assert metrics["tessera_gpu_healthy", gpu_labels] == 1
+    # What is allocated on the GPU against its capacity: this container's quotas, one slice.
+    assert metrics["tessera_gpu_memory_allocated_bytes", gpu_labels] == 4096 * MIB
+    assert metrics["tessera_gpu_cores_allocated_ratio", gpu_labels] == 0.3
+    assert metrics["tessera_gpu_slices_used", gpu_labels] == 1
 
 
 def test_twenty_pods_bound_at_once_each_get_their_own_gpus_and_quotas(node: Node) -> None:
@@ -508,10 +513,19 @@ def test_equal_key_pods_admitted_out_of_bind_order_end_up_under_their_own_names(
         assert line.strip() == "hold ready"
 
         def used(pod: str) -> float | None:
-            labels = frozenset(
-                {"namespace": namespace, "pod": pod, "container": "main", "gpu_uuid": g[1]}.items()
-            )
-            return scrape(plugin.metrics_port()).get(("tessera_container_memory_used_bytes", labels))
+            want = {
+                "namespace": namespace,
+                "pod": pod,
+                "container": "main",
+                "UUID": g[1],
+                "Hostname": node.name,
+            }
+            found = [
+                value
+                for (name, labels), value in scrape(plugin.metrics_port()).items()
+                if name == "tessera_container_memory_used_bytes" and want.items() <= dict(labels).items()
+            ]
+            return found[0] if found else None
 
         wait_for(lambda: used("late") == 2**30 and used("early") == 0, what="metrics under the right pods")
     finally:

@@ -1,0 +1,108 @@
+"""The exposition itself: metric names in base units with ``_total`` on counters, and the labels that
+join with NVIDIA dcgm-exporter's series (docs/observability.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from deviceplugin.metrics import AgentCollector
+from deviceplugin.nvml import GpuReading
+from deviceplugin.statedir import ServedRecord, StateDir
+from extender.metrics import Metrics
+from tessera.contract import MIB, GpuGrant, GpuInfo
+
+MODEL = "NVIDIA A100-SXM4-40GB"
+GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+
+
+def gpu(uuid: str, index: int) -> GpuInfo:
+    return GpuInfo(
+        uuid=uuid,
+        index=index,
+        model=MODEL,
+        memory_mib=40960,
+        sm_count=108,
+        compute_capability="8.0",
+        split=10,
+    )
+
+
+def agent_exposition(tmp_path: Path) -> str:
+    state = StateDir(tmp_path / "state")
+    for pod, grants in (
+        ("train", (GpuGrant(uuid=GPU_A, memory_mib=4096, cores=30),)),
+        (
+            "infer",
+            (GpuGrant(uuid=GPU_A, memory_mib=2048, cores=20), GpuGrant(uuid=GPU_B, memory_mib=1024, cores=0)),
+        ),
+    ):
+        where = state.container(f"uid-{pod}", "main")
+        state.write_record(
+            where, ServedRecord(namespace="ml", pod=pod, pod_uid=f"uid-{pod}", container="main", gpus=grants)
+        )
+    registry = CollectorRegistry()
+    registry.register(
+        AgentCollector(
+            "node-1",
+            lambda: (gpu(GPU_A, 0), gpu(GPU_B, 1)),
+            lambda uuid: GpuReading(uuid, 40 * 2**30, 2**30, 0.5),
+            state,
+            processes=lambda uuid: (),
+            pod_of_pid=lambda pid: None,
+        )
+    )
+    return generate_latest(registry).decode()
+
+
+def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return found
+
+
+def test_agent_series_carry_dcgm_exporter_labels_and_base_units(tmp_path: Path) -> None:
+    text = agent_exposition(tmp_path)
+    found = samples(text)
+    gpu_a = {"Hostname": "node-1", "UUID": GPU_A, "modelName": MODEL}
+    assert (gpu_a, 40 * 2**30) in found["tessera_gpu_memory_capacity_bytes"]
+    # Allocated against capacity, per GPU: both containers' quotas on A, one on B.
+    assert (gpu_a, 6144 * MIB) in found["tessera_gpu_memory_allocated_bytes"]
+    assert (gpu_a, 0.5) in found["tessera_gpu_cores_allocated_ratio"]
+    assert (gpu_a, 2) in found["tessera_gpu_slices_used"]
+    assert ({**gpu_a, "UUID": GPU_B}, 1) in found["tessera_gpu_slices_used"]
+    train = {"namespace": "ml", "pod": "train", "container": "main", **gpu_a}
+    assert (train, 4096 * MIB) in found["tessera_container_memory_quota_bytes"]
+    assert (train, 0.3) in found["tessera_container_compute_quota_ratio"]
+    # Counters are exposed with _total (prometheus_client appends it to the family's name).
+    assert (train, 0.0) in found["tessera_container_gpu_busy_seconds_total"]
+    assert (train, 0.0) in found["tessera_container_throttled_seconds_total"]
+    assert "tessera_container_gpu_busy_seconds_total{" in text
+    names = set(found)
+    assert all(n.startswith("tessera_") for n in names)
+    # No label of the old scheme is left (gpu_uuid, model, node).
+    labels = {label for series in found.values() for lbls, _ in series for label in lbls}
+    assert labels <= {"Hostname", "UUID", "modelName", "namespace", "pod", "container"}, labels
+
+
+def test_every_counter_ends_in_total_and_every_unit_is_a_base_unit(tmp_path: Path) -> None:
+    metrics = Metrics()
+    metrics.latency.labels("filter").observe(0.001)
+    metrics.requests.labels("filter", "200").inc()
+    metrics.pods_filtered.labels("feasible").inc()
+    metrics.node_rejections.labels("memory").inc()
+    metrics.binds.labels("bound").inc()
+    metrics.bind_failures.labels("conflict").inc()
+    text = agent_exposition(tmp_path) + generate_latest(metrics.registry).decode()
+    for family in text_string_to_metric_families(text):
+        if family.type == "counter":
+            assert all(s.name.endswith(("_total", "_created")) for s in family.samples), family.name
+        for unit in ("_ms", "_milliseconds", "_mib", "_mb", "_percent"):
+            assert unit not in family.name, family.name
+    assert "tessera_extender_binds_total" in text
+    assert 'tessera_extender_request_seconds_bucket{le="0.001",verb="filter"} 1.0' in text
