@@ -15,7 +15,7 @@ from kubernetes.config import ConfigException
 from extender.app import create_app
 from extender.kube import KubeApi, load_configuration
 from extender.metrics import Metrics
-from extender.service import Extender
+from extender.service import DEFAULT_SCHEDULER_NAME, Extender
 from extender.state import ClusterState
 from extender.watch import Watcher
 from tessera.cliargs import seconds
@@ -89,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
         "that weighs the prioritize score against its own (default best)",
     )
     parser.add_argument(
+        "--scheduler-name",
+        action="append",
+        dest="scheduler_names",
+        metavar="NAME",
+        help="bind only pods whose spec.schedulerName is NAME, the scheduler profile that calls this "
+        f"extender (repeat for several; default {DEFAULT_SCHEDULER_NAME})",
+    )
+    parser.add_argument(
         "--domain",
         default=None,
         help=f"resource and annotation domain (default ${DOMAIN_ENV} or {DEFAULT_DOMAIN})",
@@ -127,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         clock=now,
         inflight_wait=timedelta(seconds=args.inflight_wait),
         filter_keeps_best=args.filter_keeps == "best",
+        scheduler_names=frozenset(args.scheduler_names or [DEFAULT_SCHEDULER_NAME]),
     )
     app = create_app(extender, Watcher(kube, state, clock=now))
     host, port = args.listen

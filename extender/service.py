@@ -11,6 +11,7 @@ import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import compress
@@ -51,6 +52,8 @@ class NotSyncedError(RuntimeError):
     away capacity that pods already hold, so every verb refuses until they are."""
 
 
+# The scheduler profile whose pods the extender binds (the chart's scheduler.name).
+DEFAULT_SCHEDULER_NAME = "tessera-scheduler"
 # Filter results kept for the prioritize call that follows (by pod UID).
 REMEMBERED_FILTERS = 256
 # Attempts at writing the allocation when the pod changes under the bind (HTTP 409).
@@ -83,8 +86,7 @@ class _Filtered:
 
     passed: list[str]
     kept: list[NodeFit]
-    pod: JsonObject  # as kube-scheduler sent it: bind starts from this copy
-    request: PodRequest  # parsed from ``pod``
+    request: PodRequest  # parsed from the pod in the filter body; bind compares the API's copy
 
 
 def ref_of(pod: JsonObject) -> str:
@@ -105,6 +107,7 @@ class Extender:
         clock: Callable[[], datetime],
         inflight_wait: timedelta = timedelta(seconds=2),
         filter_keeps_best: bool = True,
+        scheduler_names: AbstractSet[str] = frozenset({DEFAULT_SCHEDULER_NAME}),
     ) -> None:
         self.state = state
         self.kube = kube
@@ -114,6 +117,8 @@ class Extender:
         self.inflight_wait = inflight_wait
         self.clock = clock
         self.filter_keeps_best = filter_keeps_best
+        # Bind binds only pods naming one of these in spec.schedulerName.
+        self.scheduler_names = frozenset(scheduler_names)
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
         # Binds waiting for a change of pods in flight (see _decide_waiting).
         self._waiting_binds: set[asyncio.Event] = set()
@@ -179,7 +184,7 @@ class Extender:
         self.metrics.pods_filtered.labels("feasible" if kept else "infeasible").inc()
         if uid:
             # kept[i] is the fit of passed[i]: prioritize scores them without looking up names.
-            remembered = _Filtered(answer.passed, kept, pod, request)
+            remembered = _Filtered(answer.passed, kept, request)
             self._filtered[uid] = remembered
             self._filtered.move_to_end(uid)
             if len(self._filtered) > REMEMBERED_FILTERS:
@@ -251,48 +256,59 @@ class Extender:
     # bind
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
-        """Place and bind the pod on ``node``; returns "" on success, else the error for kube-scheduler."""
+        """Place and bind the pod on ``node``; returns "" on success, else the error for kube-scheduler.
+
+        Decided from the pod as the API server has it, read afresh: whoever calls bind names a pod,
+        and nothing in a filter body (which anyone could have sent) decides what it gets.
+        """
         self._require_synced()
         error = "no attempt made"
-        # First from the copy kube-scheduler sent to filter; after a conflict, read afresh.
-        remembered = self._filtered.get(uid)
         for _ in range(BIND_ATTEMPTS):
-            error, retry = await self._bind_once(namespace, name, uid, node, remembered)
+            error, retry = await self._bind_once(namespace, name, uid, node)
             if not retry:
                 break
-            remembered = None
         self.metrics.binds.labels("bound" if not error else "failed").inc()
         if error:
             log.info("bind %s/%s on %s refused: %s", namespace, name, node, error)
         return error
 
-    async def _bind_once(
-        self, namespace: str, name: str, uid: str, node: str, remembered: _Filtered | None
-    ) -> tuple[str, bool]:
+    async def _bind_once(self, namespace: str, name: str, uid: str, node: str) -> tuple[str, bool]:
         """(error, worth retrying at once with the pod read afresh).
 
-        One write: a Binding whose annotations (allocation, phase allocating, bind time) the API
-        server copies onto the pod together with the node name, under the pod's UID and
-        resourceVersion as preconditions. The pod is never bound without its allocation, and a
+        One read, then one write: a Binding whose annotations (allocation, phase allocating, bind
+        time) the API server copies onto the pod together with the node name, under the pod's UID
+        and resourceVersion as preconditions. The pod is never bound without its allocation, and a
         failure leaves nothing to roll back on the pod.
         """
         assert self.kube is not None, "bind needs the Kubernetes API"
         ref = pod_ref(namespace, name)
-        if remembered is not None:
-            pod, request = remembered.pod, remembered.request
-        else:
-            try:
-                pod = await self.kube.get_pod(namespace, name)
-            except ApiError as e:
-                return self._fail("api", f"pod {ref}: cannot read it: {e}"), False
-            done = self._already_bound(pod, uid, node)
-            if done is not None:
-                return done, False
-            try:
-                request = parse_pod_request(pod, self.keys)
-            except ContractError as e:
-                return self._fail("invalid", f"pod {ref}: {e}"), False
+        try:
+            pod = await self.kube.get_pod(namespace, name)
+        except ApiError as e:
+            if e.status == 404 and uid:
+                self._drop(uid)  # its reservation holds capacity for nobody
+            return self._fail("gone" if e.status == 404 else "api", f"pod {ref}: cannot read it: {e}"), False
+        done = self._already_bound(pod, uid, node)
+        if done is not None:
+            return done, False
+        scheduler = (pod.get("spec") or {}).get("schedulerName")
+        if scheduler not in self.scheduler_names:
+            self._drop(uid)
+            served = ", ".join(sorted(self.scheduler_names))
+            return self._fail(
+                "scheduler", f"pod {ref} names scheduler {scheduler!r}; this extender binds for {served}"
+            ), False
+        try:
+            request = parse_pod_request(pod, self.keys)
+        except ContractError as e:
+            self._drop(uid)
+            return self._fail("invalid", f"pod {ref}: {e}"), False
         metadata = pod.get("metadata") or {}
+        pod_uid = str(metadata.get("uid") or uid)
+        filtered = self._filtered.get(pod_uid)
+        if filtered is None or filtered.request != request:
+            # A reservation made from a filter body asking something else than the pod does.
+            self.state.unreserve(pod_uid)
         now = self.clock()
         # Decide afresh against the current state (an allocation annotation on an unbound pod holds
         # nothing).
@@ -304,7 +320,6 @@ class Extender:
             self.keys.allocation_phase: Phase.ALLOCATING.value,
             self.keys.bind_time: format_time(now),
         }
-        pod_uid = str(metadata.get("uid") or uid)
         try:
             await self.kube.bind_pod(
                 namespace,
@@ -320,8 +335,15 @@ class Extender:
                 # Changed under us, or bound by an earlier attempt whose answer was lost: read again.
                 return self._fail("conflict", f"pod {ref} changed while binding: {e.message}"), True
             return self._fail("api", f"pod {ref}: binding to {node} failed: {e}"), False
+        self._filtered.pop(pod_uid, None)
         self.state.placed(shape_of(request))
         return "", False
+
+    def _drop(self, uid: str) -> None:
+        """Forget a pod that will not be bound here: its filter answer and its reservation."""
+        if uid:
+            self._filtered.pop(uid, None)
+            self.state.unreserve(uid)
 
     def _already_bound(self, pod: JsonObject, uid: str, node: str) -> str | None:
         """None if the pod (read from the API) still needs binding; "" if it is bound to ``node`` with

@@ -116,11 +116,50 @@ def test_bind_writes_the_allocation_with_the_binding_and_counts_it_at_once(state
 def test_a_conflict_is_retried_with_the_pod_read_again(state: ClusterState) -> None:
     api = FakeApi([api_pod("p")])
     ext = extender(state, api)
-    ext.filter(api.pod("p"), ["n"])  # bind starts from filter's copy...
-    api.touch("p")  # ...which is now stale
+    ext.filter(api.pod("p"), ["n"])
+    # The pod changes between bind's read and its write: the Binding's precondition fails.
+    api.fail_next_bind = ApiError(409, "Precondition failed")
     assert bind(ext, "default", "p", "uid-p", "n") == ""
     assert api.binds == 2
     assert used(state) == 4096
+
+
+def test_bind_decides_from_the_api_copy_not_the_filter_body(state: ClusterState) -> None:
+    """A filter body carrying a real pod's name and UID but smaller requests must not decide what
+    the pod gets: bind reads the pod and places what it asks for."""
+    api = FakeApi([api_pod("p", memory=12000, cores=90)])
+    ext = extender(state, api)
+    forged = api.pod("p")
+    limits = forged["spec"]["containers"][0]["resources"]["limits"]
+    limits[KEYS.vgpu_memory], limits[KEYS.vgpu_cores] = "1024", "5"
+    assert ext.filter(forged, ["n"]).passed == ["n"]  # reserved 1024 MiB / 5 cores
+    assert bind(ext, "default", "p", "uid-p", "n") == ""
+    grant = parse_allocation(api.pods["p"]["metadata"]["annotations"][KEYS.allocation]).containers[0].gpus[0]
+    assert (grant.memory_mib, grant.cores) == (12000, 90)
+    assert used(state) == 12000
+
+
+def test_bind_refuses_a_pod_of_another_scheduler(state: ClusterState) -> None:
+    api = FakeApi([api_pod("p", scheduler="default-scheduler")])
+    ext = extender(state, api)
+    ext.filter(api.pod("p"), ["n"])
+    assert bind(ext, "default", "p", "uid-p", "n") == (
+        "pod default/p names scheduler 'default-scheduler'; this extender binds for tessera-scheduler"
+    )
+    assert api.binds == 0
+    assert used(state) == 0  # and its reservation is gone
+    assert ext.metrics.bind_failures.labels("scheduler")._value.get() == 1
+
+
+def test_bind_of_a_pod_that_does_not_exist_drops_its_reservation(state: ClusterState) -> None:
+    api = FakeApi([])
+    ext = extender(state, api)
+    assert ext.filter(gpu_pod("ghost", uid="uid-ghost", memory=15000), ["n"]).passed == ["n"]
+    assert used(state) == 15000  # reserved
+    assert bind(ext, "default", "ghost", "uid-ghost", "n").startswith(
+        "pod default/ghost: cannot read it: HTTP 404"
+    )
+    assert used(state) == 0
 
 
 def test_a_retried_bind_that_went_through_is_a_success(state: ClusterState) -> None:
