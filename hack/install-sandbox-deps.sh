@@ -11,10 +11,11 @@
 #   file                     hack/build-images.sh checks that kube-scheduler is statically linked
 #   clang, libclang-rt-dev   the hook's fuzzers (libFuzzer with ASan/UBSan: make -C hook fuzz,
 #                            tests/hook/test_fuzz.py)
+#   prometheus               promtool: the alerts' rule checks and unit tests (tests/monitoring)
 # Must run as root (apt). Safe to run again: it installs nothing when everything is present.
 set -euo pipefail
 
-packages=(containerd runc containernetworking-plugins busybox-static iptables iproute2 buildah mmdebstrap skopeo file clang libclang-rt-dev)
+packages=(containerd runc containernetworking-plugins busybox-static iptables iproute2 buildah mmdebstrap skopeo file clang libclang-rt-dev prometheus)
 
 missing=()
 for p in "${packages[@]}"; do

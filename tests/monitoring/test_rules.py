@@ -1,0 +1,92 @@
+"""The alerts (deploy/prometheus/tessera-alerts.yaml): promtool checks the rule file, and each alert has
+a unit test of its own under tests/monitoring/rules/ (``promtool test rules``), run here."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+HERE = Path(__file__).parent
+RULE_TESTS = sorted((HERE / "rules").glob("*.yaml"))
+
+
+def promtool() -> str:
+    found = shutil.which("promtool")
+    assert found, "promtool not found: install Debian's prometheus package (hack/install-sandbox-deps.sh)"
+    return found
+
+
+def rule_file(repo_root: Path) -> Path:
+    return repo_root / "deploy" / "prometheus" / "tessera-alerts.yaml"
+
+
+def alerts(repo_root: Path) -> list[dict[str, object]]:
+    groups = yaml.safe_load(rule_file(repo_root).read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_promtool_accepts_the_rule_file(repo_root: Path) -> None:
+    result = subprocess.run(
+        [promtool(), "check", "rules", str(rule_file(repo_root))], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_chart_reads_the_same_rule_file(repo_root: Path) -> None:
+    linked = repo_root / "charts" / "tessera" / "files" / "tessera-alerts.yaml"
+    assert linked.resolve() == rule_file(repo_root).resolve()
+
+
+def test_every_alert_has_a_unit_test_and_every_test_an_alert(repo_root: Path) -> None:
+    names = {str(rule["alert"]) for rule in alerts(repo_root)}
+    assert names == {path.stem for path in RULE_TESTS}
+    for path in RULE_TESTS:
+        tested = {
+            t["alertname"]
+            for case in yaml.safe_load(path.read_text())["tests"]
+            for t in case["alert_rule_test"]
+        }
+        assert tested == {path.stem}, path.name
+
+
+@pytest.mark.parametrize("test_file", RULE_TESTS, ids=[p.stem for p in RULE_TESTS])
+def test_alert_unit_test(test_file: Path) -> None:
+    result = subprocess.run(
+        [promtool(), "test", "rules", test_file.name],
+        cwd=test_file.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alerts_query_only_metrics_the_components_export(repo_root: Path) -> None:
+    exported = (repo_root / "deviceplugin" / "metrics.py").read_text() + (
+        repo_root / "extender" / "metrics.py"
+    ).read_text()
+    names = {
+        re.sub(r"_(total|bucket|count|sum)$", "", m)
+        for rule in alerts(repo_root)
+        for m in re.findall(r"tessera_[a-z_]+", str(rule["expr"]))
+    }
+    assert names
+    missing = sorted(n for n in names if f'"{n}"' not in exported)
+    assert not missing, f"alerts query metrics nobody exports: {missing}"
+
+
+def test_plain_prometheus_config_honors_the_workload_labels(repo_root: Path) -> None:
+    """Debian's promtool is built without Kubernetes discovery, so it cannot check this file: its shape
+    and the jobs the alerts name are checked here."""
+    config = yaml.safe_load((repo_root / "deploy" / "prometheus" / "scrape-config.yaml").read_text())
+    assert config["rule_files"] == ["tessera-alerts.yaml"]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"tessera-device-plugin", "tessera-extender"}
+    assert all(job["honor_labels"] is True for job in jobs.values())
+    expressions = " ".join(str(rule["expr"]) for rule in alerts(repo_root))
+    assert 'job="tessera-device-plugin"' in expressions
