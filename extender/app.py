@@ -19,6 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Receive, Scope, Send
 
 from extender import wire
+from extender.metrics import Metrics
+from extender.server import Limits
 from extender.service import Extender, NotSyncedError
 from extender.watch import Watcher
 from tessera.contract import PodShapeError
@@ -30,7 +32,9 @@ log = logging.getLogger(__name__)
 MESSAGE_LIMIT = 1000
 
 
-def create_app(extender: Extender, watcher: Watcher | None = None) -> ExtenderApp:
+def create_app(
+    extender: Extender, watcher: Watcher | None = None, limits: Limits | None = None
+) -> ExtenderApp:
     metrics = extender.metrics
     priorities = wire.HostPriorityWriter()
     metrics.nodes.set_function(extender.state.node_count)
@@ -65,7 +69,8 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> ExtenderAp
             content, status = on_error(str(e)), 200
         except Exception as e:
             log.exception("%s failed", verb)
-            content, status = on_error(f"tessera extender: {verb} failed: {type(e).__name__}: {e}"), 200
+            failure = wire.cut(f"tessera extender: {verb} failed: {type(e).__name__}: {e}", MESSAGE_LIMIT)
+            content, status = on_error(failure), 200
         metrics.latency.labels(verb).observe(time.perf_counter() - started)
         metrics.requests.labels(verb, str(status)).inc()
         return content, status
@@ -109,7 +114,9 @@ def create_app(extender: Extender, watcher: Watcher | None = None) -> ExtenderAp
     async def metrics_() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return ExtenderApp(app, {"/filter": filter_, "/prioritize": prioritize, "/bind": bind})
+    return ExtenderApp(
+        app, {"/filter": filter_, "/prioritize": prioritize, "/bind": bind}, limits or Limits(), metrics
+    )
 
 
 # A verb: the request body in, (the answer, HTTP status) out.
@@ -125,9 +132,15 @@ class ExtenderApp:
     less CPU per pod (docs/benchmarks.md). A verb catches its own errors (see ``guarded``).
     """
 
-    def __init__(self, api: FastAPI, verbs: Mapping[str, Verb]) -> None:
+    def __init__(
+        self, api: FastAPI, verbs: Mapping[str, Verb], limits: Limits, metrics: Metrics | None = None
+    ) -> None:
         self.api = api
         self.verbs = dict(verbs)
+        self.limits = limits
+        self.metrics = metrics
+        # Bytes of request bodies held now, all requests together (``limits.max_buffered_bytes``).
+        self.buffered = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         verb = self.verbs.get(scope["path"]) if scope["type"] == "http" else None
@@ -137,16 +150,51 @@ class ExtenderApp:
         if scope["method"] != "POST":
             await _send(send, 405, b"only POST\n", [(b"allow", b"POST")])
             return
+        limit = self.limits.max_body_bytes
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            await self._refuse(send, scope, 413, f"request body of {declared} bytes is over {limit}\n")
+            return
         chunks = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # kube-scheduler gave up on this request (its timeout): nobody to answer
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        content, status = await verb(b"".join(chunks))
+        size = 0
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return  # kube-scheduler gave up on this request (its timeout): nobody to answer
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                self.buffered += len(chunk)
+                if size > limit:
+                    await self._refuse(send, scope, 413, f"request body is over {limit} bytes\n")
+                    return
+                if self.buffered > self.limits.max_buffered_bytes:
+                    # Many large bodies at once: this one waits for a retry rather than the memory.
+                    await self._refuse(send, scope, 503, "too many request bytes in flight; retry\n")
+                    return
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+            chunks.clear()
+            content, status = await verb(body)
+        finally:
+            self.buffered -= size
         await _send(send, status, content)
+
+    async def _refuse(self, send: Send, scope: Scope, status: int, message: str) -> None:
+        verb = str(scope["path"]).lstrip("/")
+        log.info("%s refused: %s", verb, message.strip())
+        if self.metrics is not None:
+            self.metrics.requests.labels(verb, str(status)).inc()
+        await _send(send, status, message.encode(), [(b"connection", b"close")])
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
 
 
 async def _send(

@@ -15,6 +15,7 @@ from kubernetes.config import ConfigException
 from extender.app import create_app
 from extender.kube import KubeApi, load_configuration
 from extender.metrics import Metrics
+from extender.server import Limits, uvicorn_options
 from extender.service import DEFAULT_SCHEDULER_NAME, Extender
 from extender.state import ClusterState
 from extender.watch import Watcher
@@ -31,6 +32,21 @@ def _listen(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+# The longest log line written: a request's content can reach a message, never megabytes of it.
+MAX_LOG_LINE = 4000
+
+
+class CutFormatter(logging.Formatter):
+    """Log lines cut to ``MAX_LOG_LINE`` characters (a traceback's last lines kept)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        if len(line) <= MAX_LOG_LINE:
+            return line
+        half = MAX_LOG_LINE // 2
+        return f"{line[:half]} [... {len(line) - 2 * half} characters cut ...] {line[-half:]}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,15 +117,68 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"resource and annotation domain (default ${DOMAIN_ENV} or {DEFAULT_DOMAIN})",
     )
+    defaults = Limits()
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=defaults.max_body_bytes,
+        metavar="BYTES",
+        help="largest request body taken; a larger one gets 413 (default %(default)d)",
+    )
+    parser.add_argument(
+        "--max-buffered-bytes",
+        type=int,
+        default=defaults.max_buffered_bytes,
+        metavar="BYTES",
+        help="request bodies held at once, all connections together; past it a request gets 503 "
+        "(default %(default)d)",
+    )
+    parser.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=defaults.max_header_bytes,
+        metavar="BYTES",
+        help="largest request head (request line and headers) taken (default %(default)d)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        metavar="N",
+        help="open connections; past it the oldest not yet answered (else idle) is closed "
+        "(default %(default)d)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=seconds,
+        default=defaults.header_timeout,
+        metavar="SECONDS",
+        help="a request's headers must arrive within this of the connection or of the request's "
+        "start (default %(default)g)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=seconds,
+        default=defaults.body_timeout,
+        metavar="SECONDS",
+        help="a request's body must arrive within this of its headers (default %(default)g)",
+    )
+    parser.add_argument(
+        "--keep-alive-timeout",
+        type=seconds,
+        default=defaults.keep_alive_timeout,
+        metavar="SECONDS",
+        help="an idle kept-alive connection is closed after this (default %(default)g)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper())
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(CutFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     try:
         keys = keys_for(args.domain) if args.domain else KEYS
         profiles = SpeedProfiles()
@@ -137,7 +206,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         filter_keeps_best=args.filter_keeps == "best",
         scheduler_names=frozenset(args.scheduler_names or [DEFAULT_SCHEDULER_NAME]),
     )
-    app = create_app(extender, Watcher(kube, state, clock=now))
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes,
+        max_buffered_bytes=args.max_buffered_bytes,
+        max_header_bytes=args.max_header_bytes,
+        max_connections=args.max_connections,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+    )
+    app = create_app(extender, Watcher(kube, state, clock=now), limits)
     host, port = args.listen
     log.info(
         "serving on %s:%d, policy %s, filter keeps %s, domain %s",
@@ -159,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         access_log=False,
         loop="uvloop",
         proxy_headers=False,
+        **uvicorn_options(limits),
     )
     return 0
 

@@ -222,6 +222,7 @@ class Extender:
             allocation=allocation,
             phase=None,
             bind_time=now,  # the in-flight rule's timeout runs from the reservation
+            shape=shape_of(remembered.request),
         )
         self.state.reserve(record, now, fit)
 
@@ -305,8 +306,8 @@ class Extender:
             return self._fail("invalid", f"pod {ref}: {e}"), False
         metadata = pod.get("metadata") or {}
         pod_uid = str(metadata.get("uid") or uid)
-        filtered = self._filtered.get(pod_uid)
-        if filtered is None or filtered.request != request:
+        reserved = self.state.reservation(pod_uid)
+        if reserved is not None and reserved.shape != shape_of(request):
             # A reservation made from a filter body asking something else than the pod does.
             self.state.unreserve(pod_uid)
         now = self.clock()

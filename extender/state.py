@@ -65,6 +65,8 @@ class PodAllocation:
     allocation: Allocation
     phase: str | None
     bind_time: datetime | None
+    # A reservation's: the shape it was made for (bind keeps it only for a pod asking the same).
+    shape: PodShape | None = field(default=None, compare=False, repr=False)
     # The in-flight rule's container keys, computed once.
     keys: tuple[InflightKey, ...] = field(init=False)
 
@@ -397,6 +399,13 @@ class ClusterState:
         record.assumed = reserved
         record.reserved_at = now
         self._reindex(reserved.uid, touched, fit)
+
+    def reservation(self, uid: str) -> PodAllocation | None:
+        """The pod's reservation, if it has one (and no bind decision yet)."""
+        record = self._pods.get(uid)
+        if record is None or record.reserved_at is None:
+            return None
+        return record.assumed
 
     def unreserve(self, uid: str) -> None:
         record = self._pods.get(uid)

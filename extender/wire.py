@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -23,10 +23,18 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# Kubernetes' own limits on names (a DNS subdomain; a namespace is a DNS label) and a UID's length
+# (36): a longer one is in no request kube-scheduler sends, and is never sent to the API server.
+MAX_NAME = 253
+MAX_NAMESPACE = 63
+MAX_UID = 128
+_NodeName = Annotated[str, Field(max_length=MAX_NAME)]
+
+
 class _Meta(_Wire):
-    name: str = Field(min_length=1)
-    namespace: str = ""
-    uid: str = ""
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+    namespace: str = Field(default="", max_length=MAX_NAMESPACE)
+    uid: str = Field(default="", max_length=MAX_UID)
     annotations: dict[str, str] | None = None
 
 
@@ -45,14 +53,14 @@ class _NodeList(_Wire):
 class ExtenderArgs(_Wire):
     Pod: _Pod
     Nodes: _NodeList | None = None
-    NodeNames: list[str] | None = None
+    NodeNames: list[_NodeName] | None = None
 
 
 class ExtenderBindingArgs(_Wire):
-    PodName: str = Field(min_length=1)
-    PodNamespace: str = Field(min_length=1)
-    PodUID: str = ""
-    Node: str = Field(min_length=1)
+    PodName: str = Field(min_length=1, max_length=MAX_NAME)
+    PodNamespace: str = Field(min_length=1, max_length=MAX_NAMESPACE)
+    PodUID: str = Field(default="", max_length=MAX_UID)
+    Node: str = Field(min_length=1, max_length=MAX_NAME)
 
 
 def _describe(error: ValidationError) -> str:
@@ -193,7 +201,7 @@ class HostPriorityWriter:
             prefixes = list(map(self._prefixes.__getitem__, hosts))
         except KeyError:
             self._learn(hosts)
-            prefixes = list(map(self._prefixes.__getitem__, hosts))
+            prefixes = [self._prefixes.get(host) or _prefix(host) for host in hosts]
         try:
             tails = list(map(_SCORE_TEXT.__getitem__, scores))
         except KeyError:
@@ -207,9 +215,13 @@ class HostPriorityWriter:
         new = [host for host in hosts if host not in self._prefixes]
         if len(self._prefixes) + len(new) > self._limit:
             self._prefixes.clear()
-            new = list(hosts)
+            new = list(dict.fromkeys(hosts))[: self._limit]  # never more than the limit kept
         for host in new:
-            self._prefixes[host] = '{"Host":' + json.dumps(host) + ',"Score":'
+            self._prefixes[host] = _prefix(host)
+
+
+def _prefix(host: str) -> str:
+    return '{"Host":' + json.dumps(host) + ',"Score":'
 
 
 # A score and what follows it: the entry's closing brace and the comma before the next entry.
