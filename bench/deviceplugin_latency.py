@@ -5,15 +5,16 @@ kube-apiserver (etcd + apiserver from hack/k8s-binaries.sh) and the kubelet stan
 (``sandbox.kubelet_standin``, as in the tests).
 
 - Allocate: rounds of ``--pods`` pods bound to the node at once (phase ``allocating``, one GPU each, the
-  same key, as the in-flight rule allows), then admitted one by one as the kubelet does
-  (GetPreferredAllocation, then Allocate). Timed: each RPC round trip seen by the kubelet side; an
-  Allocate includes listing the node's pods, matching, writing the limits file and record, and
-  patching the pod's phase.
+  same key, as the in-flight rule allows), then admitted ``--concurrency`` at a time (each admission
+  GetPreferredAllocation, then Allocate of a free slice of the GPU it names, as the kubelet does;
+  ``--concurrency 1`` admits them one by one, as one kubelet does). Timed: each RPC round trip seen by
+  the kubelet side, from the call to its answer.
 - Re-registration: ``--restarts`` times, the stand-in deletes every socket in the plugin dir and
   serves a new ``kubelet.sock`` (as a restarting kubelet does); timed until the plugin's new
   ``Register`` arrives.
 
-    .venv/bin/python bench/deviceplugin_latency.py [--rounds 10] [--pods 20] [--restarts 30]
+    .venv/bin/python bench/deviceplugin_latency.py [--rounds 10] [--pods 20] [--concurrency 1]
+        [--restarts 30]
 
 Reported: p50 / p99 / max in ms.
 """
@@ -26,7 +27,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kubernetes import client, config
@@ -76,10 +79,73 @@ def bound_pod(name: str, gpu: str) -> dict[str, object]:
     }
 
 
+class Admissions:
+    """Admits containers as the kubelet does, from several threads at once: GetPreferredAllocation among
+    the free slices, then Allocate of a free slice of the GPU it names; each RPC timed."""
+
+    def __init__(self, kubelet: KubeletStandIn) -> None:
+        self.kubelet = kubelet
+        self.lock = threading.Lock()
+        self.allocate_ms: list[float] = []
+        self.preferred_ms: list[float] = []
+
+    def free(self) -> list[str]:
+        with self.lock:
+            in_use = set(self.kubelet.in_use)
+        return sorted(d for d, h in self.kubelet.devices().items() if h == "Healthy" and d not in in_use)
+
+    def admit(self) -> None:
+        start = time.perf_counter()
+        preferred = self.kubelet.preferred(self.free(), [], 1)
+        preferred_ms = (time.perf_counter() - start) * 1000
+        gpu = preferred[0].split("::")[0]
+        with self.lock:  # a free slice of that GPU, taken at once (another admission runs beside)
+            slice_ = next(
+                d
+                for d in sorted(self.kubelet.devices())
+                if d.startswith(f"{gpu}::") and d not in self.kubelet.in_use
+            )
+            self.kubelet.in_use.add(slice_)
+        start = time.perf_counter()
+        self.kubelet.allocate([slice_])
+        allocate_ms = (time.perf_counter() - start) * 1000
+        with self.lock:
+            self.preferred_ms.append(preferred_ms)
+            self.allocate_ms.append(allocate_ms)
+
+
+def restart(kubelet: KubeletStandIn) -> float:
+    """``kubelet.restart()``, again when the plugin replaced its socket while the stand-in was
+    deleting the sockets (the stand-in then finds one gone: FileNotFoundError)."""
+    for _ in range(2):
+        try:
+            return kubelet.restart()
+        except FileNotFoundError:
+            continue
+    return kubelet.restart()
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--pods", type=int, default=20, help="pods in flight at once per round")
+    parser.add_argument("--rounds", type=positive, default=10)
+    parser.add_argument("--pods", type=positive, default=20, help="pods in flight at once per round")
+    parser.add_argument(
+        "--concurrency",
+        type=positive,
+        default=1,
+        help="admissions (GetPreferredAllocation + Allocate) run at once (default 1: one by one, as "
+        "one kubelet admits pods; 20: every pod of a round at once)",
+    )
     parser.add_argument("--restarts", type=int, default=30)
     args = parser.parse_args()
 
@@ -123,40 +189,32 @@ def main() -> None:
         plugin.start()
         kubelet.wait_for(lambda k: bool(k.registrations and len(k.devices()) == 4 * split), timeout=60)
 
-        allocate_ms: list[float] = []
-        preferred_ms: list[float] = []
-        for round_ in range(args.rounds):
-            gpu = specs[round_ % 4].uuid
-            names = [f"r{round_}-p{i}" for i in range(args.pods)]
-            for name in names:
-                core.create_namespaced_pod(NAMESPACE, bound_pod(name, gpu))
-            for _ in names:
-                free = sorted(
-                    d for d, h in kubelet.devices().items() if h == "Healthy" and d not in kubelet.in_use
-                )
-                start = time.perf_counter()
-                preferred = kubelet.preferred(free, [], 1)
-                preferred_ms.append((time.perf_counter() - start) * 1000)
-                start = time.perf_counter()
-                kubelet.allocate(preferred[:1])
-                allocate_ms.append((time.perf_counter() - start) * 1000)
-                kubelet.in_use.update(preferred[:1])
-            for name in names:
-                core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
-            kubelet.in_use.clear()
+        admissions = Admissions(kubelet)
+        with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
+            for round_ in range(args.rounds):
+                gpu = specs[round_ % 4].uuid
+                names = [f"r{round_}-p{i}" for i in range(args.pods)]
+                for name in names:
+                    core.create_namespaced_pod(NAMESPACE, bound_pod(name, gpu))
+                for future in [pool.submit(admissions.admit) for _ in names]:
+                    future.result()
+                for name in names:
+                    core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+                kubelet.in_use.clear()
+        allocate_ms, preferred_ms = admissions.allocate_ms, admissions.preferred_ms
 
         reregister_ms: list[float] = []
         for _ in range(args.restarts):
             before = len(kubelet.registrations)
-            restarted_at = kubelet.restart()
+            restarted_at = restart(kubelet)
             kubelet.wait_for(lambda k: len(k.registrations) > before, timeout=30)  # noqa: B023
             reregister_ms.append((kubelet.current.at - restarted_at) * 1000)
             kubelet.wait_for(lambda k: len(k.devices()) == 4 * split)
 
         cpu = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
         print(
-            f"machine: {cpu} cores; {args.rounds} rounds x {args.pods} pods in flight; "
-            f"{args.restarts} restarts"
+            f"machine: {cpu} cores; {args.rounds} rounds x {args.pods} pods in flight, admitted "
+            f"{args.concurrency} at a time; {args.restarts} restarts"
         )
         print("| operation | samples | p50 ms | p99 ms | max ms |")
         print("|---|---|---|---|---|")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from deviceplugin.config import Config
 from deviceplugin.devices import GpuHealth, VirtualDevice, virtual_devices, with_health
 from deviceplugin.identity import corrected_records
-from deviceplugin.kube import Kube, KubeUnavailableError
+from deviceplugin.kube import FreshReads, Kube, KubeUnavailableError
 from deviceplugin.matching import (
     AllocationError,
     BrokenPod,
@@ -66,6 +66,7 @@ class Agent:
         self.kube = kube
         self.state = state
         self.cache = cache
+        self._reads = FreshReads(kube)
         self.phases = phases if phases is not None else PhaseWriter(kube)
         self._gpus = gpus
         self._uuids = frozenset(g.uuid for g in gpus)
@@ -78,6 +79,7 @@ class Agent:
         self._served: set[ContainerRef] = state.served()
         # Containers matched from the cache whose pods are being confirmed with the API.
         self._reserved: set[ContainerRef] = set()
+        self._fallbacks_waiting = 0
         self._published_inventory: str | None = None
         # Allocate calls answered from the cache and from a fresh list; why the cache could not.
         self.cache_answers = 0
@@ -193,10 +195,14 @@ class Agent:
         if pods is None:
             return None
         with self._lock:
+            if self._fallbacks_waiting:  # no new reservations while a fallback waits for them to end
+                self.api_reasons["a fallback waiting"] += 1
+                return None
             try:
                 chosen = self._match(self._snapshot(pods, self._served | self._reserved), requests)
             except AllocationError:
                 self.api_reasons["no match in the cache"] += 1
+                log.info("Allocate: no fresh match in the pod cache for %s; asking the API", list(requests))
                 return None
             if any(c.stale for c in chosen):
                 self.api_reasons["stale match"] += 1
@@ -231,7 +237,11 @@ class Agent:
         pods = self.kube.pending_pods()
         try:
             with self._lock:
-                self._lock.wait_for(lambda: not self._reserved)
+                self._fallbacks_waiting += 1
+                try:
+                    self._lock.wait_for(lambda: not self._reserved)
+                finally:
+                    self._fallbacks_waiting -= 1
                 chosen = self._match(self._snapshot(pods, self._served), requests)
                 answers = self._serve(chosen, requests)
         except AllocationError as e:
@@ -289,7 +299,7 @@ class Agent:
         keys = self.config.keys
         fields = (keys.allocation, keys.allocation_phase, keys.bind_time)
         for pod in {p.uid: p for p in pods}.values():
-            fresh = self.kube.read_pod(pod.namespace, pod.name)
+            fresh = self._reads.read_pod(pod.namespace, pod.name)
             if (
                 fresh is None
                 or not fresh.pending

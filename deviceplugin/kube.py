@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,6 +234,61 @@ class Kube:
 
     def annotate_node(self, annotations: Mapping[str, str]) -> None:
         self._core.patch_node(self.node, {"metadata": {"annotations": dict(annotations)}})
+
+
+@dataclass
+class _Read:
+    started: int = 0  # reads of the pod started
+    finished: int = 0  # number of the last one finished
+    running: bool = False
+    callers: int = 0
+    result: NodePod | None = None
+    error: Exception | None = None
+
+
+class FreshReads:
+    """Reads of one pod that start after the caller asked, shared: callers asking for the same pod
+    while a read of it is under way wait for the next read (the one under way may have started
+    before they asked), and everyone waiting for it gets its answer."""
+
+    def __init__(self, kube: Kube) -> None:
+        self._kube = kube
+        self._changed = threading.Condition()
+        self._reads: dict[tuple[str, str], _Read] = {}
+
+    def read_pod(self, namespace: str, name: str) -> NodePod | None:
+        """As :meth:`Kube.read_pod`, from a read that started after this call did."""
+        key = (namespace, name)
+        with self._changed:
+            read = self._reads.setdefault(key, _Read())
+            wanted = read.started + 1
+            read.callers += 1
+            try:
+                while read.finished < wanted:
+                    if read.running:
+                        self._changed.wait()
+                        continue
+                    read.running = True
+                    read.started += 1
+                    number = read.started
+                    self._changed.release()
+                    try:
+                        result, error = self._kube.read_pod(namespace, name), None
+                    except Exception as e:  # handed to every caller of this read
+                        result, error = None, e
+                    finally:
+                        self._changed.acquire()
+                    read.running = False
+                    read.finished, read.result, read.error = number, result, error
+                    self._changed.notify_all()
+                result, error = read.result, read.error
+            finally:
+                read.callers -= 1
+                if not read.callers and not read.running:
+                    del self._reads[key]
+        if error is not None:
+            raise error
+        return result
 
 
 def watch_events(response: Any) -> Iterator[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
-from deviceplugin.kube import KubeUnavailableError, NodePod
+from deviceplugin.kube import FreshReads, KubeUnavailableError, NodePod
 from deviceplugin.matching import AllocationError, PodView
 from deviceplugin.statedir import StateDir
 from tessera.contract import (
@@ -279,3 +280,45 @@ def test_without_the_api_preferred_spreads_and_allocate_says_why(tmp_path: Path)
     assert agent.preferred(["GPU-0::0", "GPU-0::1", "GPU-3::0"], [], 2) == ["GPU-0::0", "GPU-3::0"]
     with pytest.raises(KubeUnavailableError, match="connection refused"):
         agent.allocate([["GPU-2::0"]])
+
+
+def test_fresh_reads_start_after_the_call_and_are_shared() -> None:
+    """Callers that ask while a read of the pod is under way get the next read (which started after
+    they asked), one read for all of them."""
+    started: list[int] = []
+    release = [threading.Event(), threading.Event()]
+    pod = in_flight_pod("p", {"main": [("GPU-0", 1024, 10)]})
+
+    class SlowKube:
+        def read_pod(self, namespace: str, name: str) -> NodePod:
+            number = len(started)
+            started.append(number)
+            release[number].wait(30)
+            return NodePod(dataclasses.replace(pod, name=f"read-{number}"), pending=True)
+
+    kube_any: Any = SlowKube()
+    reads = FreshReads(kube_any)
+    got: dict[str, str] = {}
+
+    def call(who: str) -> None:
+        result = reads.read_pod("ns", "p")
+        got[who] = result.view.name if result else ""
+
+    first = threading.Thread(target=call, args=("first",))
+    first.start()
+    while not started:
+        time.sleep(0.01)
+    later = [threading.Thread(target=call, args=(f"later-{i}",)) for i in range(3)]
+    for t in later:
+        t.start()
+    while reads._reads[("ns", "p")].callers < 4:  # all three wait while the first read is under way
+        time.sleep(0.01)
+    release[0].set()
+    first.join(30)
+    while len(started) < 2:
+        time.sleep(0.01)
+    release[1].set()
+    for t in later:
+        t.join(30)
+    assert got == {"first": "read-0", "later-0": "read-1", "later-1": "read-1", "later-2": "read-1"}
+    assert started == [0, 1]
