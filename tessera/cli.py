@@ -1,9 +1,10 @@
 """`tessera`: the user's command line.
 
-The product ships no subcommand of its own yet: `simulate` and `sandbox` come from the tools
-distribution (tools/pyproject.toml), which registers each under the ``tessera.commands`` entry point
-group as a ``register(subparsers)`` function. The module sets ``func`` on its parser, which receives
-the parsed arguments and returns the exit status. The product never imports the tools.
+The product's own subcommand is `status` (``tessera.status``; also installed as ``kubectl-tessera``).
+`simulate` and `sandbox` come from the tools distribution (tools/pyproject.toml), which registers each
+under the ``tessera.commands`` entry point group as a ``register(subparsers)`` function. Each module
+sets ``func`` on its parser, which receives the parsed arguments and returns the exit status. The
+product never imports the tools.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
+from tessera import status
+
 COMMAND_GROUP = "tessera.commands"
 # Subcommands the tools provide, named in the error when they are not installed.
 TOOL_EXTRAS = {"simulate": "simulate", "sandbox": "sandbox"}
@@ -21,6 +24,7 @@ TOOL_EXTRAS = {"simulate": "simulate", "sandbox": "sandbox"}
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="Fractional GPU sharing for Kubernetes.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    status.register(subparsers)
     installed = set()
     for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
         entry.load()(subparsers)
