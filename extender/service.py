@@ -54,6 +54,8 @@ class NotSyncedError(RuntimeError):
 
 # The scheduler profile whose pods the extender binds (the chart's scheduler.name).
 DEFAULT_SCHEDULER_NAME = "tessera-scheduler"
+# Reservations whose pod is still being checked (see Extender._reserve); past it none is made.
+MAX_UNCHECKED_RESERVATIONS = 64
 # Filter results kept for the prioritize call that follows (by pod UID).
 REMEMBERED_FILTERS = 256
 # Attempts at writing the allocation when the pod changes under the bind (HTTP 409).
@@ -86,7 +88,15 @@ class _Filtered:
 
     passed: list[str]
     kept: list[NodeFit]
-    request: PodRequest  # parsed from the pod in the filter body; bind compares the API's copy
+    pod: JsonObject  # as the filter body had it: bind decides from it while it reads the pod
+    request: PodRequest  # parsed from ``pod``; bind keeps that decision only if the API's copy asks the same
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # called outside the server (tests, benchmarks): nothing to check with
+        return None
 
 
 def ref_of(pod: JsonObject) -> str:
@@ -122,6 +132,8 @@ class Extender:
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
         # Binds waiting for a change of pods in flight (see _decide_waiting).
         self._waiting_binds: set[asyncio.Event] = set()
+        # Background checks of reservations (see _reserve).
+        self._checks: set[asyncio.Task[None]] = set()
         state.on_pods_changed = self._wake_waiting_binds
 
     # ----------------------------------------------------------------------------------------------
@@ -184,7 +196,7 @@ class Extender:
         self.metrics.pods_filtered.labels("feasible" if kept else "infeasible").inc()
         if uid:
             # kept[i] is the fit of passed[i]: prioritize scores them without looking up names.
-            remembered = _Filtered(answer.passed, kept, request)
+            remembered = _Filtered(answer.passed, kept, pod, request)
             self._filtered[uid] = remembered
             self._filtered.move_to_end(uid)
             if len(self._filtered) > REMEMBERED_FILTERS:
@@ -212,9 +224,19 @@ class Extender:
         self.metrics.count_rejections(kinds)
 
     def _reserve(self, pod: JsonObject, remembered: _Filtered, fit: NodeFit) -> None:
+        """Reserve ``fit`` for the pod, and check the pod in the background: a filter body names a
+        pod anyone could make up, and a reservation for a pod that does not exist, names another
+        scheduler or asks another shape must not hold capacity for its 10 s."""
+        checking = self.kube is not None and _running_loop() is not None
+        if checking and len(self._checks) >= MAX_UNCHECKED_RESERVATIONS:
+            # A reservation only spares a pod a failed bind: none is made while this many are
+            # unchecked (a flood of filters, not kube-scheduler's one at a time).
+            log.debug("no reservation: %d unchecked already", len(self._checks))
+            return
         allocation = to_allocation(fit.node, fit.placement, [c.name for c in remembered.request.containers])
         metadata = pod.get("metadata") or {}
         now = self.clock()
+        shape = shape_of(remembered.request)
         record = PodAllocation(
             uid=str(metadata.get("uid")),
             namespace=str(metadata.get("namespace", "")),
@@ -222,9 +244,43 @@ class Extender:
             allocation=allocation,
             phase=None,
             bind_time=now,  # the in-flight rule's timeout runs from the reservation
-            shape=shape_of(remembered.request),
+            shape=shape,
         )
         self.state.reserve(record, now, fit)
+        if checking:
+            task = asyncio.get_running_loop().create_task(self._check_reservation(record))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+
+    async def _check_reservation(self, reserved: PodAllocation) -> None:
+        """Drop ``reserved`` unless the API server has its pod, unbound, of a scheduler served
+        here, asking the shape it was reserved for."""
+        assert self.kube is not None
+        try:
+            pod = await self.kube.get_pod(reserved.namespace, reserved.name)
+        except ApiError as e:
+            if e.status == 404:
+                self._drop(reserved.uid)
+            return
+        except Exception:  # the check is best effort: the reservation expires anyway
+            log.exception("checking the reservation of pod %s", reserved.ref)
+            return
+        metadata = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        try:
+            shape = shape_of(parse_pod_request(pod, self.keys))
+        except ContractError:
+            shape = None
+        if (
+            metadata.get("uid") != reserved.uid
+            or spec.get("nodeName")
+            or spec.get("schedulerName") not in self.scheduler_names
+            or shape != reserved.shape
+        ):
+            current = self.state.reservation(reserved.uid)
+            if current is not None and current.allocation == reserved.allocation:
+                log.info("dropping the reservation of pod %s: not a pod this extender binds", reserved.ref)
+                self._drop(reserved.uid)
 
     # ----------------------------------------------------------------------------------------------
     # prioritize
@@ -259,61 +315,80 @@ class Extender:
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Place and bind the pod on ``node``; returns "" on success, else the error for kube-scheduler.
 
-        Decided from the pod as the API server has it, read afresh: whoever calls bind names a pod,
-        and nothing in a filter body (which anyone could have sent) decides what it gets.
+        Bound as the API server has the pod, read afresh: whoever calls bind names a pod, and
+        nothing in a filter body (which anyone could have sent) decides what it gets.
         """
         self._require_synced()
         error = "no attempt made"
+        # First decided from the copy sent to filter while the pod is read, kept only if the API's
+        # copy asks the same; after a conflict, decided from the API's copy alone.
+        remembered = self._filtered.get(uid)
         for _ in range(BIND_ATTEMPTS):
-            error, retry = await self._bind_once(namespace, name, uid, node)
+            error, retry = await self._bind_once(namespace, name, uid, node, remembered)
             if not retry:
                 break
+            remembered = None
         self.metrics.binds.labels("bound" if not error else "failed").inc()
         if error:
             log.info("bind %s/%s on %s refused: %s", namespace, name, node, error)
         return error
 
-    async def _bind_once(self, namespace: str, name: str, uid: str, node: str) -> tuple[str, bool]:
+    async def _bind_once(
+        self, namespace: str, name: str, uid: str, node: str, remembered: _Filtered | None
+    ) -> tuple[str, bool]:
         """(error, worth retrying at once with the pod read afresh).
 
         One read, then one write: a Binding whose annotations (allocation, phase allocating, bind
         time) the API server copies onto the pod together with the node name, under the pod's UID
         and resourceVersion as preconditions. The pod is never bound without its allocation, and a
         failure leaves nothing to roll back on the pod.
+
+        While the pod is read, the placement is decided from the filter's copy (``remembered``),
+        at once as before the read was added, so the next pod's filter sees it counted; it is kept
+        only if the API's copy asks exactly the same, else undone and decided from the API's copy.
         """
         assert self.kube is not None, "bind needs the Kubernetes API"
         ref = pod_ref(namespace, name)
+        reading = asyncio.ensure_future(self.kube.get_pod(namespace, name))
+        early: Allocation | None = None
+        now = self.clock()
+        if remembered is not None:
+            decided_early = self.decide(remembered.pod, remembered.request, node, now)
+            if not isinstance(decided_early, Refusal):
+                early = decided_early
         try:
-            pod = await self.kube.get_pod(namespace, name)
+            pod = await reading
         except ApiError as e:
+            self._undo(uid, early)
             if e.status == 404 and uid:
                 self._drop(uid)  # its reservation holds capacity for nobody
             return self._fail("gone" if e.status == 404 else "api", f"pod {ref}: cannot read it: {e}"), False
-        done = self._already_bound(pod, uid, node)
-        if done is not None:
-            return done, False
-        scheduler = (pod.get("spec") or {}).get("schedulerName")
-        if scheduler not in self.scheduler_names:
-            self._drop(uid)
-            served = ", ".join(sorted(self.scheduler_names))
-            return self._fail(
-                "scheduler", f"pod {ref} names scheduler {scheduler!r}; this extender binds for {served}"
-            ), False
+        except BaseException:
+            self._undo(uid, early)
+            raise
+        refused = self._refuse_bind(pod, uid, node)
+        if refused is not None:
+            self._undo(uid, early)
+            return refused, False
         try:
             request = parse_pod_request(pod, self.keys)
         except ContractError as e:
+            self._undo(uid, early)
             self._drop(uid)
             return self._fail("invalid", f"pod {ref}: {e}"), False
         metadata = pod.get("metadata") or {}
         pod_uid = str(metadata.get("uid") or uid)
-        reserved = self.state.reservation(pod_uid)
-        if reserved is not None and reserved.shape != shape_of(request):
-            # A reservation made from a filter body asking something else than the pod does.
-            self.state.unreserve(pod_uid)
-        now = self.clock()
-        # Decide afresh against the current state (an allocation annotation on an unbound pod holds
-        # nothing).
-        decided = await self._decide_waiting(pod, request, node, now)
+        decided: Allocation | Refusal
+        if early is not None and remembered is not None and remembered.request == request:
+            decided = early
+        else:
+            self._undo(pod_uid, early)
+            reserved = self.state.reservation(pod_uid)
+            if reserved is not None and reserved.shape != shape_of(request):
+                # A reservation made from a filter body asking something else than the pod does.
+                self.state.unreserve(pod_uid)
+            now = self.clock()
+            decided = await self._decide_waiting(pod, request, node, now)
         if isinstance(decided, Refusal):
             return self._fail(decided.reason, decided.message), False
         annotations = {
@@ -339,6 +414,27 @@ class Extender:
         self._filtered.pop(pod_uid, None)
         self.state.placed(shape_of(request))
         return "", False
+
+    def _undo(self, uid: str, early: Allocation | None) -> None:
+        """Undo a decision taken from the filter's copy that will not be written."""
+        if early is not None:
+            self.state.forget(uid, early)
+
+    def _refuse_bind(self, pod: JsonObject, uid: str, node: str) -> str | None:
+        """None if the pod read from the API is one to bind now; else the answer ("" for a retry of
+        a bind that went through, else the error)."""
+        done = self._already_bound(pod, uid, node)
+        if done is not None:
+            return done
+        scheduler = (pod.get("spec") or {}).get("schedulerName")
+        if scheduler not in self.scheduler_names:
+            self._drop(uid)
+            served = ", ".join(sorted(self.scheduler_names))
+            return self._fail(
+                "scheduler",
+                f"pod {ref_of(pod)} names scheduler {scheduler!r}; this extender binds for {served}",
+            )
+        return None
 
     def _drop(self, uid: str) -> None:
         """Forget a pod that will not be bound here: its filter answer and its reservation."""
