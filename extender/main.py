@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
+import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import uvicorn
+import uvloop
 from kubernetes.config import ConfigException
 
-from extender.app import create_app
+from extender.app import ExtenderApp, create_app
 from extender.kube import KubeApi, load_configuration
 from extender.metrics import Metrics
 from extender.server import Limits, uvicorn_options
@@ -170,12 +175,38 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="an idle kept-alive connection is closed after this (default %(default)g)",
     )
+    parser.add_argument(
+        "--tls-cert-file",
+        metavar="FILE",
+        help="serve HTTPS with this certificate (PEM); kube-scheduler's extender config then needs "
+        "enableHTTPS and a tlsConfig",
+    )
+    parser.add_argument("--tls-key-file", metavar="FILE", help="the private key of --tls-cert-file (PEM)")
+    parser.add_argument(
+        "--client-ca-file",
+        metavar="FILE",
+        help="with --tls-cert-file: accept only clients presenting a certificate this CA signed "
+        "(kube-scheduler's tlsConfig certFile)",
+    )
+    parser.add_argument(
+        "--health-listen",
+        type=_listen,
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve /healthz, /readyz and /metrics (not the verbs) on plain HTTP here, for "
+        "probes and Prometheus when the verbs need a client certificate",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.tls_cert_file) != bool(args.tls_key_file):
+        parser.error("--tls-cert-file and --tls-key-file go together")
+    if args.client_ca_file and not args.tls_cert_file:
+        parser.error("--client-ca-file needs --tls-cert-file")
     logging.basicConfig(level=args.log_level.upper())
     for handler in logging.getLogger().handlers:
         handler.setFormatter(CutFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -229,17 +260,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     # scheduled pod by about a fifth against the stdlib loop (docs/benchmarks.md, Extender).
     # No proxy headers: kube-scheduler calls the extender directly, and the middleware that would
     # read them is one more layer on every verb.
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level=args.log_level,
-        access_log=False,
-        loop="uvloop",
-        proxy_headers=False,
-        **uvicorn_options(limits),
+    common: dict[str, Any] = {"log_level": args.log_level, "access_log": False, "proxy_headers": False}
+    tls: dict[str, Any] = {}
+    if args.tls_cert_file:
+        # kube-scheduler's extender tlsConfig (certFile, keyFile, caFile): only a client holding a
+        # certificate signed by --client-ca-file gets past the handshake.
+        tls = {"ssl_certfile": args.tls_cert_file, "ssl_keyfile": args.tls_key_file}
+        if args.client_ca_file:
+            tls |= {"ssl_ca_certs": args.client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    if args.health_listen is None:
+        uvicorn.run(app, host=host, port=port, loop="uvloop", **common, **tls, **uvicorn_options(limits))
+        return 0
+    verbs = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, **common, **tls, **uvicorn_options(limits))
     )
+    health_host, health_port = args.health_listen
+    health = _QuietServer(
+        uvicorn.Config(
+            ExtenderApp(app.api, {}, limits),  # health, readiness and metrics only: no verbs
+            host=health_host,
+            port=health_port,
+            lifespan="off",  # the verbs' server runs the watches
+            **common,
+            **uvicorn_options(limits),
+        )
+    )
+    log.info("health, readiness and metrics also on plain HTTP at %s:%d", health_host, health_port)
+    uvloop.run(_serve_both(verbs, health))
     return 0
+
+
+class _QuietServer(uvicorn.Server):
+    """A second server in the process: the first one handles the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve_both(verbs: uvicorn.Server, health: uvicorn.Server) -> None:
+    health_task = asyncio.create_task(health.serve())
+    try:
+        await verbs.serve()
+    finally:
+        health.should_exit = True
+        await health_task
 
 
 if __name__ == "__main__":

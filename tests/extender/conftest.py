@@ -40,10 +40,17 @@ class ExtenderServer:
     port: int = field(default_factory=free_port)
     process: ManagedProcess | None = None
     starts: int = 0
+    # Where /readyz and /metrics are served when the verbs' port needs a client certificate
+    # (--health-listen); None: on the verbs' port.
+    health_port: int | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.url if self.health_port is None else f"http://127.0.0.1:{self.health_port}"
 
     def start(self, timeout: float = 60.0) -> None:
         self.starts += 1
@@ -65,7 +72,7 @@ class ExtenderServer:
         while time.monotonic() < deadline:
             assert self.process.running, f"extender exited:\n{self.process.log_tail()}"
             try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+                with urllib.request.urlopen(f"{self.health_url}/readyz", timeout=2) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -85,7 +92,7 @@ class ExtenderServer:
             self.process.stop()
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"{self.health_url}/metrics", timeout=5) as response:
             text: str = response.read().decode()
             return text
 

@@ -1,0 +1,152 @@
+"""Mutual TLS between the real kube-scheduler and the extender: scheduling works over HTTPS with the
+scheduler's client certificate, and a client without one (or with one another CA signed) is refused
+before any verb runs. Probes and metrics stay on a plain-HTTP port that serves no verb."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from sandbox.controlplane import ControlPlane, ManagedProcess, free_port
+from tessera.contract import KEYS, parse_allocation
+from tests.extender.conftest import ExtenderServer, scheduler_config
+from tests.extender.helpers import gpu_pod
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.k8s
+
+
+def openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
+    key, cert = directory / f"{name}.key", directory / f"{name}.crt"
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", key, "-out", cert, "-days", "1", "-subj", f"/CN={name}")  # fmt: skip
+    return key, cert
+
+
+def make_cert(directory: Path, name: str, ca: tuple[Path, Path], extensions: str) -> tuple[Path, Path]:
+    key, csr, cert = directory / f"{name}.key", directory / f"{name}.csr", directory / f"{name}.crt"
+    ext = directory / f"{name}.ext"
+    ext.write_text(extensions)
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", key, "-out", csr, "-subj", f"/CN={name}")  # fmt: skip
+    openssl("x509", "-req", "-in", csr, "-CA", ca[1], "-CAkey", ca[0], "-CAcreateserial",
+            "-out", cert, "-days", "1", "-extfile", ext)  # fmt: skip
+    return key, cert
+
+
+SERVER_EXT = "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
+CLIENT_EXT = "extendedKeyUsage=clientAuth\n"
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, Path]:
+    ca = make_ca(tmp_path, "tessera-ca")
+    other_ca = make_ca(tmp_path, "other-ca")
+    server = make_cert(tmp_path, "tessera-extender", ca, SERVER_EXT)
+    scheduler = make_cert(tmp_path, "tessera-scheduler", ca, CLIENT_EXT)
+    stranger = make_cert(tmp_path, "stranger", other_ca, CLIENT_EXT)
+    return {
+        "ca": ca[1],
+        "server.key": server[0],
+        "server.crt": server[1],
+        "client.key": scheduler[0],
+        "client.crt": scheduler[1],
+        "stranger.key": stranger[0],
+        "stranger.crt": stranger[1],
+    }
+
+
+def tls_scheduler_config(url: str, pki: dict[str, Path]) -> str:
+    config: dict[str, Any] = yaml.safe_load(scheduler_config(url))
+    config["extenders"][0]["enableHTTPS"] = True
+    config["extenders"][0]["tlsConfig"] = {
+        "certFile": str(pki["client.crt"]),
+        "keyFile": str(pki["client.key"]),
+        "caFile": str(pki["ca"]),
+    }
+    return str(yaml.safe_dump(config))
+
+
+def filter_over_tls(port: int, pki: dict[str, Path], cert: str | None) -> int:
+    """POST a filter with the client certificate ``cert`` (a pki prefix) or none; the HTTP status."""
+    context = ssl.create_default_context(cafile=str(pki["ca"]))
+    if cert is not None:
+        context.load_cert_chain(str(pki[f"{cert}.crt"]), str(pki[f"{cert}.key"]))
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    try:
+        body = json.dumps({"Pod": gpu_pod("p", memory=1024), "NodeNames": ["t4-0"]})
+        connection.request("POST", "/filter", body=body, headers={"Content-Type": "application/json"})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_scheduling_over_mutual_tls_and_strangers_refused(
+    *,
+    control_plane: ControlPlane,
+    kube: client.ApiClient,
+    namespace: str,
+    gpu_cluster: dict[str, str],
+    pki: dict[str, Path],
+    start_scheduler: Callable[[str], ManagedProcess],
+) -> None:
+    server = ExtenderServer(
+        control_plane,
+        [
+            f"--tls-cert-file={pki['server.crt']}",
+            f"--tls-key-file={pki['server.key']}",
+            f"--client-ca-file={pki['ca']}",
+            "--heartbeat-timeout=600",
+        ],
+        health_port=free_port(),
+    )
+    server.extra_args.append(f"--health-listen=127.0.0.1:{server.health_port}")
+    try:
+        server.start()
+        start_scheduler(tls_scheduler_config(f"https://127.0.0.1:{server.port}", pki))
+        core = client.CoreV1Api(kube)
+        body = gpu_pod("over-tls", memory=2048)
+        body["metadata"].pop("namespace", None)
+        core.create_namespaced_pod(namespace, body)
+
+        def bound() -> str | None:
+            pod = core.read_namespaced_pod("over-tls", namespace)
+            return pod.spec.node_name  # type: ignore[no-any-return]
+
+        node = wait_for(bound, timeout=60, what="the pod bound through the extender over mTLS")
+        annotations = core.read_namespaced_pod("over-tls", namespace).metadata.annotations
+        assert parse_allocation(annotations[KEYS.allocation]).node == node
+
+        # The scheduler's certificate works; none, or one another CA signed, is refused in the handshake.
+        assert filter_over_tls(server.port, pki, "client") == 200
+        for cert in (None, "stranger"):
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                filter_over_tls(server.port, pki, cert)
+        # Plain HTTP on the verbs' port gets no answer either.
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            urllib.request.urlopen(f"{server.url}/healthz", timeout=5)
+        # The health port answers probes and metrics, and no verb.
+        with urllib.request.urlopen(f"{server.health_url}/readyz", timeout=5) as response:
+            assert response.status == 200
+        assert 'tessera_extender_binds_total{result="bound"} 1.0' in server.metrics()
+        request = urllib.request.Request(f"{server.health_url}/filter", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(request, timeout=5)
+        assert error.value.code == 404
+    finally:
+        server.stop()
