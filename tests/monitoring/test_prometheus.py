@@ -1,0 +1,268 @@
+"""A real Prometheus (Debian's) scrapes the real exporters, loads the alerts, and answers every query
+the dashboard makes.
+
+The targets are the node agent's collector and the extender's registry, each on its own HTTP server
+as the components serve them. Debian's Prometheus is built without Kubernetes discovery, so the
+target labels Kubernetes discovery attaches (the agent's own ``namespace``, ``pod``, ``container``)
+are given as static labels: exactly the collision ``honor_labels`` decides. The same target is
+scraped twice, with and without it, to show what each does to the workload's labels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, start_http_server
+
+from deviceplugin.metrics import AgentCollector
+from deviceplugin.nvml import GpuReading
+from deviceplugin.statedir import ServedRecord, StateDir
+from extender.metrics import Metrics
+from tessera.contract import GpuGrant, GpuInfo
+
+NODE = "node-1"
+MODEL = "NVIDIA A100-SXM4-40GB"
+GPUS = ("GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000")
+# What Kubernetes discovery attaches to the agent's target (its own pod).
+AGENT_TARGET_LABELS = {
+    "namespace": "kube-system",
+    "pod": "tessera-device-plugin-x7k2p",
+    "container": "device-plugin",
+}
+# Dashboard variables, as a user would pick them: one namespace, every node, GPU and pod.
+VARIABLES = {
+    "$node": NODE,
+    "$gpu": "|".join(GPUS),
+    "$namespace": "ml",
+    "$pod": ".*",
+    "$__rate_interval": "30s",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def exporters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    """The node agent's and the extender's /metrics on loopback ports."""
+    state = StateDir(tmp_path_factory.mktemp("exporters") / "state")
+    for pod, grants in (
+        ("train", (GpuGrant(uuid=GPUS[0], memory_mib=8192, cores=30),)),
+        ("infer", (GpuGrant(uuid=GPUS[1], memory_mib=4096, cores=20),)),
+    ):
+        where = state.container(f"uid-{pod}", "main")
+        state.write_record(
+            where, ServedRecord(namespace="ml", pod=pod, pod_uid=f"uid-{pod}", container="main", gpus=grants)
+        )
+    inventory = tuple(
+        GpuInfo(
+            uuid=u, index=i, model=MODEL, memory_mib=40960, sm_count=108, compute_capability="8.0", split=10
+        )
+        for i, u in enumerate(GPUS)
+    )
+    agent = CollectorRegistry()
+    agent.register(
+        AgentCollector(
+            NODE,
+            lambda: inventory,
+            lambda uuid: GpuReading(uuid, 40960 * 2**20, 2**30, 0.25),
+            state,
+            processes=lambda uuid: (),
+            pod_of_pid=lambda pid: None,
+        )
+    )
+    metrics = Metrics()
+    for verb in ("filter", "prioritize", "bind"):
+        metrics.latency.labels(verb).observe(0.002)
+        metrics.requests.labels(verb, "200").inc()
+    metrics.pods_filtered.labels("feasible").inc()
+    metrics.node_rejections.labels("memory").inc()
+    metrics.binds.labels("bound").inc()
+    metrics.bind_failures.labels("conflict").inc()
+    metrics.nodes.set(1)
+    servers = [start_http_server(0, "127.0.0.1", registry=r) for r in (agent, metrics.registry)]
+    try:
+        yield servers[0][0].server_port, servers[1][0].server_port
+    finally:
+        for server, thread in servers:
+            server.shutdown()
+            thread.join(timeout=10)
+
+
+class Prometheus:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def get(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.get("/api/v1/query", query=expr)["result"]
+        return result
+
+
+@contextlib.contextmanager
+def running_prometheus(directory: Path, rule_file: Path, jobs: list[dict[str, Any]]) -> Iterator[Prometheus]:
+    """Debian's Prometheus scraping ``jobs`` every second, with ``rule_file``; stopped on exit."""
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus not found: install Debian's prometheus package (hack/install-sandbox-deps.sh)"
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rule_file)],
+        "scrape_configs": jobs,
+    }
+    (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log_path = directory / "prometheus.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={directory / 'prometheus.yml'}",
+                f"--storage.tsdb.path={directory / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            server = Prometheus(f"http://127.0.0.1:{port}")
+            deadline = time.monotonic() + 60
+            while True:
+                assert process.poll() is None, log_path.read_text()
+                try:
+                    # Every target scraped a few times: enough samples for rate() over the dashboard's
+                    # window.
+                    if len(server.query("count_over_time(up[1m]) >= 4")) == len(jobs):
+                        break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.5)
+            yield server
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=30)
+
+
+def agent_job(name: str, port: int, *, honor_labels: bool) -> dict[str, Any]:
+    return {
+        "job_name": name,
+        "honor_labels": honor_labels,
+        "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": AGENT_TARGET_LABELS}],
+    }
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    tmp_path_factory: pytest.TempPathFactory, repo_root: Path, exporters: tuple[int, int]
+) -> Iterator[Prometheus]:
+    """Scraping as the shipped configurations do (honor_labels, the alerts' job names)."""
+    agent_port, extender_port = exporters
+    jobs = [
+        agent_job("tessera-device-plugin", agent_port, honor_labels=True),
+        {
+            "job_name": "tessera-extender",
+            "honor_labels": True,
+            "static_configs": [{"targets": [f"127.0.0.1:{extender_port}"]}],
+        },
+    ]
+    rules = repo_root / "deploy" / "prometheus" / "tessera-alerts.yaml"
+    with running_prometheus(tmp_path_factory.mktemp("prometheus"), rules, jobs) as server:
+        yield server
+
+
+def test_honor_labels_keeps_the_workloads_labels(
+    tmp_path: Path, repo_root: Path, exporters: tuple[int, int]
+) -> None:
+    jobs = [
+        agent_job("with-honor-labels", exporters[0], honor_labels=True),
+        agent_job("without-honor-labels", exporters[0], honor_labels=False),
+    ]
+    rules = repo_root / "deploy" / "prometheus" / "tessera-alerts.yaml"
+    with running_prometheus(tmp_path, rules, jobs) as prometheus:
+        honored = prometheus.query('tessera_container_memory_quota_bytes{job="with-honor-labels"}')
+        renamed = prometheus.query('tessera_container_memory_quota_bytes{job="without-honor-labels"}')
+    assert {(s["metric"]["namespace"], s["metric"]["pod"], s["metric"]["container"]) for s in honored} == {
+        ("ml", "train", "main"),
+        ("ml", "infer", "main"),
+    }
+    assert not any(k.startswith("exported_") for s in honored for k in s["metric"])
+    # Without it the target's labels win and the workload's are renamed: filters on namespace miss.
+    assert {s["metric"]["namespace"] for s in renamed} == {"kube-system"}
+    assert {s["metric"]["exported_namespace"] for s in renamed} == {"ml"}
+
+
+def _substitute(expr: str) -> str:
+    for name, value in VARIABLES.items():
+        expr = expr.replace(name, value)
+    return expr
+
+
+def _label_values(expr: str) -> str:
+    """Grafana's label_values(metric{...}, label) as PromQL."""
+    found = re.fullmatch(r"label_values\((.*), *([A-Za-z_]+)\)", expr)
+    assert found, expr
+    return f"group by ({found.group(2)}) ({found.group(1)})"
+
+
+def test_every_dashboard_query_answers_with_data(repo_root: Path, prometheus: Prometheus) -> None:
+    board = json.loads((repo_root / "deploy" / "grafana" / "tessera-dashboard.json").read_text())
+    answered = 0
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            expr = _substitute(target["expr"])
+            result = prometheus.query(expr)
+            assert result, f"panel {panel['title']!r}: no data for {expr}"
+            answered += 1
+    assert answered >= 20
+    values = {}
+    for variable in board["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        result = prometheus.query(_label_values(_substitute(variable["query"])))
+        label = re.search(r", *([A-Za-z_]+)\)$", variable["query"])
+        assert label
+        values[variable["name"]] = {s["metric"][label.group(1)] for s in result}
+    assert values == {"node": {NODE}, "gpu": set(GPUS), "namespace": {"ml"}, "pod": {"train", "infer"}}
+
+
+def test_the_alerts_load_and_evaluate(prometheus: Prometheus) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        groups = prometheus.get("/api/v1/rules")["groups"]
+        rules = {r["name"]: r for g in groups for r in g["rules"]}
+        if (
+            all(r.get("lastEvaluation", "0001").startswith("20") for r in rules.values())
+            or time.monotonic() > deadline
+        ):
+            break
+        time.sleep(0.5)
+    assert len(rules) == 7
+    assert {name: r["health"] for name, r in rules.items()} == dict.fromkeys(rules, "ok")
+    # Nothing is wrong with these exporters: no alert fires (the tripwires least of all).
+    assert prometheus.get("/api/v1/alerts")["alerts"] == []
