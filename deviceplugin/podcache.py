@@ -7,14 +7,17 @@ answer it takes from here against the API (docs/deviceplugin.md "Allocate from t
 One thread runs :meth:`PodCache.run`: list, then watch from the list's resourceVersion, renewing the
 watch from the last version seen (bookmarks included); list again at once on 410 Gone (the version
 is older than the API server keeps), and after any other failure after a jittered exponential
-backoff (tenacity, as the extender's watch), which starts again from its first step after each
-successful list. The contents stay readable (and marked synced) while it reconnects.
+backoff: failed lists are retried by tenacity (as the extender's watch), starting again from its
+first step after each successful list; consecutive failed watches lengthen the pause before the
+next list the same way. The contents stay readable (and marked synced) while it reconnects.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +36,8 @@ RETRY_FIRST = 0.5
 RETRY_MAX = 4.0
 RETRY_JITTER = 1.0
 HTTP_GONE = 410
+# A watch that ends sooner than this without an event is counted as failed.
+QUICK_END_SECONDS = 1.0
 
 
 class GoneError(Exception):
@@ -56,6 +61,7 @@ class PodCache:
         self._sleep = sleep or self._pause
         self.resource_version = ""
         self.lists = 0  # successful lists: the first, and one after each 410 Gone or failure
+        self.events = 0  # watch events applied (bookmarks included)
 
     # ---------------------------------------------------------------------------------------------
     # What the agent reads
@@ -115,6 +121,7 @@ class PodCache:
         version = str(metadata.get("resourceVersion") or "")
         uid = str(metadata.get("uid") or "")
         with self._lock:
+            self.events += 1
             if kind in {"ADDED", "MODIFIED"} and uid:
                 self._pods[uid] = node_pod(obj, self._kube.keys)
             elif kind == "DELETED" and uid:
@@ -146,9 +153,15 @@ class PodCache:
 
     def run(self, stop: threading.Event, resume_from: str | None = None) -> None:
         """List and watch until ``stop``. ``resume_from`` starts with a watch from that version
-        instead of a list (the cache then holds what was put in it before)."""
+        instead of a list (the cache then holds what was put in it before).
+
+        After a failed watch the pause before the next list grows with consecutive failures (0.5,
+        1, 2, then 4 s, each plus 0-1 s), and starts again once a watch delivered an event; a watch
+        the API server ends at once without an event counts as failed (no busy loop)."""
         self._stop = stop
         version = resume_from
+        failures = 0
+        last_error = ""
         while not stop.is_set():
             if version is None:
                 try:
@@ -159,17 +172,31 @@ class PodCache:
                     raise
                 if version is None:
                     return
+            events = self.events
             try:
                 while not stop.is_set():
+                    began = time.monotonic()
                     version = self.watch(version)
+                    if self.events == events and time.monotonic() - began < QUICK_END_SECONDS:
+                        raise WatchError("the API server ended the watch at once, without an event")
+                    failures, last_error, events = 0, "", self.events
             except GoneError as e:
                 log.info("pods on node %s: watch expired (%s), listing again", self._kube.node, e)
                 version = None
             except Exception as e:
                 if stop.is_set():
                     return
-                log.warning("pods on node %s: watch failed: %s", self._kube.node, e)
-                self._sleep(RETRY_FIRST)
+                failures = 1 if self.events != events else failures + 1
+                pause = min(RETRY_MAX, RETRY_FIRST * 2.0 ** (failures - 1)) + random.uniform(0, RETRY_JITTER)
+                if str(e) != last_error:
+                    log.warning(
+                        "pods on node %s: watch failed: %s; listing again in %.1f s",
+                        self._kube.node,
+                        e,
+                        pause,
+                    )
+                    last_error = str(e)
+                self._sleep(pause)
                 version = None
 
     def _list_until_it_works(self, stop: threading.Event) -> str | None:
