@@ -4,8 +4,10 @@ before any verb runs. Probes and metrics stay on a plain-HTTP port that serves n
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
+import socket
 import ssl
 import subprocess
 import urllib.error
@@ -18,9 +20,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from sandbox.controlplane import ControlPlane, ManagedProcess, free_port
+from sandbox.controlplane import ControlPlane, ManagedProcess, find_binaries, free_port
 from tessera.contract import KEYS, parse_allocation
-from tests.extender.conftest import ExtenderServer, scheduler_config
+from tests.extender.conftest import REPO, ExtenderServer, scheduler_config
 from tests.extender.helpers import gpu_pod
 from tests.waiting import wait_for
 
@@ -148,5 +150,88 @@ def test_scheduling_over_mutual_tls_and_strangers_refused(
         with pytest.raises(urllib.error.HTTPError) as error:
             urllib.request.urlopen(request, timeout=5)
         assert error.value.code == 404
+    finally:
+        server.stop()
+
+
+def helm(*args: str) -> str:
+    binary = find_binaries(names=("helm",)) / "helm"
+    result = subprocess.run([str(binary), *args], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_charts_certificates_secure_the_extender(control_plane: ControlPlane, tmp_path: Path) -> None:
+    """The chart's generated CA, server and client certificates (Helm genCA/genSignedCert), used as
+    the chart mounts them: the scheduler's certificate gets a filter answered under the Service's
+    name; no certificate, none at all."""
+    rendered = helm(
+        "template", "t", str(REPO / "charts" / "tessera"), "--namespace", "kube-system",
+        "--set", "extender.tls.enabled=true", "--set", "extender.networkPolicy.enabled=true",
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    secrets = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "Secret"}
+    files: dict[str, Path] = {}
+    for secret, prefix in (
+        ("tessera-extender-tls", "server"),
+        ("tessera-scheduler-extender-client", "client"),
+    ):
+        for key, value in secrets[secret].items():
+            path = tmp_path / f"{prefix}-{key}"
+            path.write_bytes(base64.b64decode(value))
+            files[f"{prefix}-{key}"] = path
+    assert files["server-ca.crt"].read_bytes() == files["client-ca.crt"].read_bytes()
+    [deployment] = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "tessera-extender"
+    ]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--client-ca-file=/etc/tessera-tls/ca.crt" in args
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["ingress"][0]["from"] == [
+        {"podSelector": {"matchLabels": {"app": "tessera-scheduler"}}}
+    ]
+
+    server = ExtenderServer(
+        control_plane,
+        [
+            f"--tls-cert-file={files['server-tls.crt']}",
+            f"--tls-key-file={files['server-tls.key']}",
+            f"--client-ca-file={files['server-ca.crt']}",
+        ],
+        health_port=free_port(),
+    )
+    server.extra_args.append(f"--health-listen=127.0.0.1:{server.health_port}")
+    try:
+        server.start()
+
+        def filter_as(cert: bool) -> int:
+            """The HTTP status, or 0 when the connection was refused (in or right after the handshake:
+            with TLS 1.3 the server checks the client's certificate after the client's side is done)."""
+            try:
+                return _filter_as(cert)
+            except (ssl.SSLError, ConnectionError):
+                return 0
+
+        def _filter_as(cert: bool) -> int:
+            context = ssl.create_default_context(cafile=str(files["client-ca.crt"]))
+            if cert:
+                context.load_cert_chain(str(files["client-tls.crt"]), str(files["client-tls.key"]))
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            # The name the chart's scheduler calls it by (its urlPrefix).
+            with context.wrap_socket(sock, server_hostname="tessera-extender.kube-system.svc") as tls:
+                body = json.dumps({"Pod": gpu_pod("p"), "NodeNames": []}).encode()
+                tls.sendall(
+                    b"POST /filter HTTP/1.1\r\nHost: tessera-extender.kube-system.svc\r\n"
+                    b"Content-Type: application/json\r\nConnection: close\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                answer = b""
+                while chunk := tls.recv(65536):
+                    answer += chunk
+            return int(answer.split(b" ", 2)[1]) if answer else 0
+
+        assert filter_as(cert=True) == 200
+        assert filter_as(cert=False) == 0
     finally:
         server.stop()
