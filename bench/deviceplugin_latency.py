@@ -114,17 +114,6 @@ class Admissions:
             self.allocate_ms.append(allocate_ms)
 
 
-def restart(kubelet: KubeletStandIn) -> float:
-    """``kubelet.restart()``, again when the plugin replaced its socket while the stand-in was
-    deleting the sockets (the stand-in then finds one gone: FileNotFoundError)."""
-    for _ in range(2):
-        try:
-            return kubelet.restart()
-        except FileNotFoundError:
-            continue
-    return kubelet.restart()
-
-
 def positive(text: str) -> int:
     try:
         value = int(text)
@@ -206,7 +195,7 @@ def main() -> None:
         reregister_ms: list[float] = []
         for _ in range(args.restarts):
             before = len(kubelet.registrations)
-            restarted_at = restart(kubelet)
+            restarted_at = kubelet.restart()
             kubelet.wait_for(lambda k: len(k.registrations) > before, timeout=30)  # noqa: B023
             reregister_ms.append((kubelet.current.at - restarted_at) * 1000)
             kubelet.wait_for(lambda k: len(k.devices()) == 4 * split)

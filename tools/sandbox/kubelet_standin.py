@@ -108,8 +108,10 @@ class KubeletStandIn:
         """
         self.stop()
         for path in self.plugin_dir.iterdir():
-            if stat.S_ISSOCK(path.lstat().st_mode):
-                path.unlink()
+            # A plugin may replace its own socket meanwhile: one gone already needs no deleting.
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISSOCK(path.lstat().st_mode):
+                    path.unlink()
         self.start()
         return time.monotonic()
 
