@@ -497,8 +497,8 @@ def parse_preferences(annotations: Mapping[str, str] | None, keys: ContractKeys 
     if workload is not None and not workload.strip():
         raise ContractError(f"annotation {keys.workload}: {_shown(workload)} is empty")
     return PodPreferences(
-        models=_split_models(annotations.get(keys.gpu_models, "")),
-        models_exclude=_split_models(annotations.get(keys.gpu_models_exclude, "")),
+        models=_split_models(annotations.get(keys.gpu_models) or ""),
+        models_exclude=_split_models(annotations.get(keys.gpu_models_exclude) or ""),
         workload=workload.strip() if workload else None,
         min_speed=min_speed,
         policy=policy,
@@ -533,6 +533,7 @@ def parse_pod_request(pod: Mapping[str, Any], keys: ContractKeys = KEYS) -> PodR
 
     Raises :class:`ContractError` naming the container, the resource and the value.
     """
+    pod = _mapping(pod, "pod")
     containers = parse_container_requests(pod, keys)
     metadata = _mapping(pod.get("metadata"), "metadata")
     preferences = parse_preferences(metadata.get("annotations"), keys)
