@@ -86,7 +86,9 @@ def create_app(
     async def prioritize(body: bytes) -> tuple[bytes, int]:
         async def work() -> bytes:
             pod, names, _ = wire.parse_extender_args(body)
-            return priorities.write(names, extender.prioritize(pod, names))
+            # Names past the unknown ones answered are left out: a host not listed scores 0.
+            hosts = extender.candidates(names)
+            return priorities.write(hosts, extender.prioritize(pod, hosts))
 
         # A failed prioritize is ignored by kube-scheduler; an empty list says "no opinion".
         return await guarded("prioritize", work, lambda e: b"[]")

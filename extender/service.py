@@ -54,6 +54,9 @@ class NotSyncedError(RuntimeError):
 
 # The scheduler profile whose pods the extender binds (the chart's scheduler.name).
 DEFAULT_SCHEDULER_NAME = "tessera-scheduler"
+# Names of nodes the extender does not know answered per request with a reason; more are rejected
+# by leaving them out (a filter body can carry millions of made-up names).
+UNKNOWN_NAMES_ANSWERED = 100
 # Reservations whose pod is still being checked (see Extender._reserve); past it none is made.
 MAX_UNCHECKED_RESERVATIONS = 64
 # Filter results kept for the prioritize call that follows (by pod UID).
@@ -144,8 +147,14 @@ class Extender:
         if missing:
             raise NotSyncedError(f"tessera extender is starting: caches not synced ({', '.join(missing)})")
 
+    def candidates(self, names: Sequence[str]) -> Sequence[str]:
+        """The names worth answering: every known node once, and the first
+        ``UNKNOWN_NAMES_ANSWERED`` unknown ones (:meth:`ClusterState.candidates`)."""
+        return self.state.candidates(names, UNKNOWN_NAMES_ANSWERED)
+
     def filter(self, pod: JsonObject, names: Sequence[str]) -> FilterAnswer:
         self._require_synced()
+        names = self.candidates(names)
         try:
             request = parse_pod_request(pod, self.keys)
         except PodShapeError:
@@ -286,7 +295,8 @@ class Extender:
     # prioritize
 
     def prioritize(self, pod: JsonObject, names: Sequence[str]) -> list[int]:
-        """The score of each of ``names``, in their order."""
+        """The score of each of ``names``, in their order (see :meth:`candidates` for the names
+        worth scoring)."""
         self._require_synced()
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         remembered = self._filtered.get(uid)

@@ -20,7 +20,7 @@ all tasks on that one loop).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -173,6 +173,24 @@ class ClusterState:
     def node_count(self) -> int:
         """Nodes with a GPU inventory (readable or not)."""
         return len(self.engine.nodes)
+
+    def candidates(self, names: Sequence[str], unknown_kept: int) -> Sequence[str]:
+        """``names`` to evaluate: all of them when they cannot all be distinct known nodes' (no more
+        names than nodes: kube-scheduler's lists, checked for free); else each known node once and
+        the first ``unknown_kept`` unknown names (answered "unknown node"), the rest left out of the
+        answer, which rejects them as surely. A list of a million made-up names costs one pass."""
+        nodes = self.engine.nodes
+        if len(names) <= len(nodes):
+            return names
+        kept: list[str] = []
+        unknown = 0
+        for name in dict.fromkeys(names):
+            if name in nodes:
+                kept.append(name)
+            elif unknown < unknown_kept:
+                unknown += 1
+                kept.append(name)
+        return kept
 
     def evaluate(self, shape: PodShape, names: Iterable[str]) -> Evaluation:
         """The outcome of ``shape`` on the nodes ``names``, in their order."""

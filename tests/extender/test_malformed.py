@@ -80,3 +80,19 @@ def test_a_wrong_typed_quantity_names_the_resource(client: TestClient) -> None: 
     assert response.status_code == 200
     reasons = response.json()["FailedAndUnresolvableNodes"]
     assert reasons == {"t4": "pod default/p: container 'x': tessera.io/vgpu-memory: [1] is not a quantity"}
+
+
+def test_made_up_node_names_are_rejected_without_being_answered_one_by_one(
+    client: TestClient,  # noqa: F811
+) -> None:
+    """A list of many names nobody knows (the issue's 4.2 million, here under the body cap): the
+    known nodes are answered as ever, the first 100 unknown ones with a reason, the rest rejected
+    by being left out of the answer (kube-scheduler keeps only the names answered as passed)."""
+    names = ["t4", *(f"made-up-{i}" for i in range(5000)), "a100", "t4"]
+    body = json.dumps({"Pod": POD, "NodeNames": names}).encode()
+    answer = client.post("/filter", content=body).json()
+    assert answer["NodeNames"] == ["t4", "a100"]
+    assert len(answer["FailedNodes"] or {}) + len(answer["FailedAndUnresolvableNodes"] or {}) <= 100
+    scores = client.post("/prioritize", content=body).json()
+    assert [s["Host"] for s in scores][:1] == ["t4"]
+    assert len(scores) == 102  # t4, a100 and the first 100 unknown (score 0)
