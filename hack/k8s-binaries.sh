@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the real Kubernetes control plane (and kubelet, kubectl, etcd, helm) from Go modules into a
+# Build the real Kubernetes control plane (and kubelet, kube-proxy, kubectl, etcd, CoreDNS, helm) from
+# Go modules into a
 # cache directory outside the work tree, so tests run against real binaries and later runs reuse them.
 #
 #   hack/k8s-binaries.sh            build what is missing, print the bin directory
@@ -13,6 +14,7 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.34.10}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.14}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 GO_MIN_MINOR=24
 
 staging_version="v0.${K8S_VERSION#v1.}"
@@ -41,7 +43,7 @@ ensure_go
 have_all() { for b in "$@"; do [ -x "$bin/$b" ] || return 1; done; }
 
 build_kubernetes() {
-  have_all kube-apiserver kube-scheduler kubelet kubectl kube-controller-manager && return 0
+  have_all kube-apiserver kube-scheduler kubelet kubectl kube-controller-manager kube-proxy && return 0
   local mod="$cache/src/kubernetes"
   mkdir -p "$mod"
   if [ ! -f "$mod/go.mod" ]; then
@@ -55,7 +57,7 @@ build_kubernetes() {
       mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller; do
       (cd "$mod" && go mod edit -replace="k8s.io/$m=k8s.io/$m@$staging_version")
     done
-    printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' >"$mod/tools.go"
+    printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n\t_ "k8s.io/kubernetes/cmd/kube-proxy"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' >"$mod/tools.go"
     sed -i '1s/^/\/\/go:build tools\n\n/' "$mod/tools.go"
   fi
   local date ldf="-s -w" p
@@ -68,7 +70,7 @@ build_kubernetes() {
   (cd "$mod" && go build -trimpath -tags selinux,notest -ldflags "$ldf" -o "$bin/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubelet \
-    k8s.io/kubernetes/cmd/kubectl)
+    k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl)
 }
 
 build_etcd() {
@@ -97,7 +99,49 @@ build_helm() {
     "$pkg/cmd/helm@$HELM_VERSION"
 }
 
+# Cluster DNS: the chart's kube-scheduler calls the extender by its Service name
+# (tessera-extender.<namespace>.svc). A main package with only the plugins a cluster DNS needs
+# (upstream's coredns.go links all ~60, with cloud SDKs), registered in upstream's plugin.cfg order.
+build_coredns() {
+  have_all coredns && return 0
+  local mod="$cache/src/coredns"
+  mkdir -p "$mod"
+  if [ ! -f "$mod/go.mod" ]; then
+    (cd "$mod" && go mod init example.local/corednsbuild >/dev/null 2>&1 &&
+      go mod edit -require="github.com/coredns/coredns@$COREDNS_VERSION")
+    cat >"$mod/main.go" <<'GO'
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/cache"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/forward"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/ready"
+)
+
+func init() {
+	// The order plugins run in, as in upstream's plugin.cfg.
+	dnsserver.Directives = []string{"bind", "ready", "health", "errors", "log", "cache", "kubernetes", "forward"}
+}
+
+func main() { coremain.Run() }
+GO
+  fi
+  log "building CoreDNS $COREDNS_VERSION"
+  (cd "$mod" && go build -trimpath \
+    -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+    -o "$bin/coredns" .)
+}
+
 build_etcd
 build_helm
 build_kubernetes
+build_coredns
 echo "$bin"
