@@ -31,8 +31,21 @@ class HostView:
     def now() -> HostView:
         return HostView(
             dirs={str(p): p.exists() for p in host.HOST_PATHS},
-            sysctls={k: (Path("/proc/sys") / k).read_text().strip() for k in host.TRACKED_SYSCTLS},
+            sysctls={
+                k: (Path("/proc/sys") / k).read_text().strip()
+                for k in host.TRACKED_SYSCTLS
+                if (Path("/proc/sys") / k).exists()  # nf_conntrack's appear once the module loads
+            },
         )
+
+
+def kube_iptables_chains() -> list[str]:
+    """KUBE-* chains in any table, IPv4 and IPv6, as iptables-save prints them."""
+    found = []
+    for save in ("iptables-save", "ip6tables-save"):
+        out = subprocess.run([save], capture_output=True, text=True, check=True).stdout
+        found += [f"{save} {line.split()[0][1:]}" for line in out.splitlines() if line.startswith(":KUBE-")]
+    return found
 
 
 def differences(before: HostView, root: Path) -> list[str]:
@@ -57,10 +70,13 @@ def differences(before: HostView, root: Path) -> list[str]:
         for line in links.splitlines()
         if BRIDGE in line or "veth" in line
     ]
+    found += [f"iptables chain {c}" for c in kube_iptables_chains()]
     after = HostView.now()
     found += [f"directory {d}" for d, existed in before.dirs.items() if not existed and after.dirs[d]]
     found += [
-        f"sysctl {k}={after.sysctls[k]} (was {v})" for k, v in before.sysctls.items() if after.sysctls[k] != v
+        f"sysctl {k}={after.sysctls.get(k)} (was {v})"
+        for k, v in before.sysctls.items()
+        if after.sysctls.get(k) != v
     ]
     return found
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 import fakegpu
-from sandbox import containerd, fakenode, gpu, host, images, kubelet
-from sandbox.layout import CGROUP_ROOT, Layout
+from sandbox import addons, containerd, controlplane, fakenode, gpu, host, images, kubelet
+from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, POD_SUBNET, SERVICE_CIDR, Layout
 from tessera.contract import KEYS
 
 LAYOUT = Layout(Path("/srv/sbx"))
@@ -173,6 +173,10 @@ def test_preflight_passes_on_a_good_host() -> None:
         ({"socket_path": "/" + "d" * 120}, "sandbox directory too deep"),
         ({"node_name_is_loopback": False}, "node name 'vm' does not resolve to 127.0.0.1"),
         ({"already_up": True}, "a sandbox is already up in this directory"),
+        (
+            {"kube_chains": ("iptables nat KUBE-SERVICES",)},
+            "iptables chains of another Kubernetes node exist (iptables nat KUBE-SERVICES)",
+        ),
     ],
 )
 def test_preflight_names_each_problem(changes: dict[str, object], message: str) -> None:
@@ -271,3 +275,62 @@ ROOT = "/srv/sbx"
 )
 def test_only_the_sandboxs_own_components_count_as_its_processes(args: list[str], component: bool) -> None:
     assert host.is_component(args, ROOT) is component
+
+
+SAVED_NAT = [
+    "*nat",
+    ":PREROUTING ACCEPT [0:0]",
+    ":POSTROUTING ACCEPT [0:0]",
+    ":KUBE-SERVICES - [0:0]",
+    ":KUBE-POSTROUTING - [0:0]",
+    ":OTHER - [0:0]",
+    '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
+    "-A POSTROUTING -j KUBE-POSTROUTING",
+    "-A POSTROUTING -s 10.1.0.0/16 -j MASQUERADE",
+    "-A KUBE-POSTROUTING -j RETURN",
+    "COMMIT",
+]
+
+
+def test_kube_chains_and_the_rules_jumping_into_them_are_found_in_iptables_save_output() -> None:
+    assert host.kube_chain_names(SAVED_NAT) == ["KUBE-SERVICES", "KUBE-POSTROUTING"]
+    # Only rules in other chains (those must go before the chains can), quoted words kept whole.
+    assert host.kube_jump_rules(SAVED_NAT) == [
+        ["PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES"],
+        ["POSTROUTING", "-j", "KUBE-POSTROUTING"],
+    ]
+
+
+def test_kube_proxy_runs_iptables_mode_over_the_pod_subnet_and_leaves_host_sysctls_alone() -> None:
+    config = addons.kube_proxy_config(LAYOUT, Path("/srv/sbx/cluster/admin.kubeconfig"), "vm", 1, 2)
+    assert config["mode"] == "iptables"
+    assert config["clusterCIDR"] == POD_SUBNET
+    assert config["hostnameOverride"] == "vm"
+    assert config["healthzBindAddress"] == "127.0.0.1:1" and config["metricsBindAddress"] == "127.0.0.1:2"
+    assert config["conntrack"]["maxPerCore"] == 0 and config["conntrack"]["min"] == 0
+    assert config["iptables"]["localhostNodePorts"] is False
+
+
+def test_cluster_dns_is_a_service_in_front_of_coredns_on_the_bridge() -> None:
+    service, endpoints = addons.dns_service_objects()
+    assert service["spec"]["clusterIP"] == CLUSTER_DNS_IP and "selector" not in service["spec"]
+    assert endpoints["metadata"]["labels"]["kubernetes.io/service-name"] == "kube-dns"
+    assert endpoints["endpoints"][0]["addresses"] == ["10.244.77.1"]
+    corefile = addons.render_corefile(Path("/k.conf"), 3, 4)
+    assert "bind 10.244.77.1" in corefile and "kubernetes cluster.local" in corefile
+    assert "kubeconfig /k.conf" in corefile and "ready 127.0.0.1:4" in corefile
+    config = kubelet.render_config(LAYOUT, port=10250, healthz_port=10248)
+    assert config["clusterDNS"] == [CLUSTER_DNS_IP] and config["clusterDomain"] == "cluster.local"
+
+
+def test_pods_route_the_service_range_through_the_bridge() -> None:
+    ipam = containerd.cni_config(LAYOUT)["plugins"][0]["ipam"]
+    assert ipam["routes"] == [{"dst": SERVICE_CIDR}]
+
+
+def test_controller_manager_runs_what_a_chart_needs_but_not_node_lifecycle() -> None:
+    wanted = {"deployment-controller", "daemonset-controller", "serviceaccount-token-controller"}
+    wanted |= {"garbage-collector-controller", "endpointslice-controller", "namespace-controller"}
+    wanted |= {"root-ca-certificate-publisher-controller", "replicaset-controller"}
+    assert wanted <= set(controlplane.CONTROLLERS)
+    assert "node-lifecycle-controller" not in controlplane.CONTROLLERS

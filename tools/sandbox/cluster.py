@@ -1,8 +1,9 @@
 """`tessera sandbox up/down/status`: the whole path on one machine, every part a real process.
 
 ``up`` starts, with all state under one directory: containerd (with the project's images imported),
-etcd + kube-apiserver + kube-scheduler (:mod:`sandbox.controlplane`), the extender, a kubelet
-registered as a real node, and the device plugin on that node over the fake GPU driver. It records
+etcd + kube-apiserver + kube-controller-manager + kube-scheduler (:mod:`sandbox.controlplane`), the
+extender, a kubelet registered as a real node, kube-proxy and CoreDNS (:mod:`sandbox.addons`), and
+the device plugin on that node over the fake GPU driver. It records
 what it started in ``sandbox.json`` and returns; the processes run on. ``down`` stops them newest
 first and removes what they left on the host (:mod:`sandbox.host`).
 """
@@ -23,13 +24,21 @@ import yaml
 from kubernetes import client, config
 from pydantic import BaseModel, ConfigDict
 
-from sandbox import containerd, fakenode, gpu, host, images, kubelet
+from sandbox import addons, containerd, fakenode, gpu, host, images, kubelet
 from sandbox.controlplane import LOOPBACK, ControlPlane, ManagedProcess, default_bin_dir, free_port
-from sandbox.layout import HOST_DEVICE_PLUGIN_DIR, Layout
+from sandbox.layout import BRIDGE_ADDRESS, HOST_DEVICE_PLUGIN_DIR, Layout
 from sandbox.processes import Started, StartError, adopt, alive, start, stop, wait_for
 from tessera.contract import KEYS, ContractError, parse_allocation, parse_inventory
 
-KUBERNETES_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubelet")
+KUBERNETES_BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kubelet",
+    "kube-proxy",
+    "coredns",
+)
 
 
 def default_node_name() -> str:
@@ -50,6 +59,8 @@ class SandboxState(BaseModel):
     kubelet_healthz_port: int
     processes: list[Started]
     ready_seconds: float = 0.0
+    health: dict[str, str] = {}
+    """A health URL for each component `restart` waits on besides the kubelet and the plugin."""
 
     def process(self, name: str) -> Started:
         for p in self.processes:
@@ -124,11 +135,17 @@ def preflight(options: Options, layout: Layout) -> list[str]:
     return found
 
 
+def _controller_manager_health(argv: Sequence[str]) -> str:
+    [port] = [a.split("=", 1)[1] for a in argv if a.startswith("--secure-port=")]
+    return f"https://{LOOPBACK}:{port}/healthz"
+
+
 @dataclass
 class _Starting:
     """Processes started so far by one `up`, stopped newest first if a later step fails."""
 
     started: list[Started] = field(default_factory=list)
+    health: dict[str, str] = field(default_factory=dict)
 
     def add(self, process: Started) -> Started:
         self.started.append(process)
@@ -166,11 +183,19 @@ def _start_all(
     starting.add(containerd.start_containerd(layout))
     containerd.import_images(layout, tarballs)
 
-    report("control plane (etcd, kube-apiserver)")
-    plane = ControlPlane(work_dir=layout.cluster, bin_dir=options.kubernetes_bin)
+    report("control plane (etcd, kube-apiserver, kube-controller-manager)")
+    # The pod bridge first: kube-apiserver listens on its address, so pods reach it through the
+    # `kubernetes` Service with their service account's token (in-cluster config).
+    addons.create_bridge()
+    plane = ControlPlane(
+        work_dir=layout.cluster, bin_dir=options.kubernetes_bin, service_accounts=True, address=BRIDGE_ADDRESS
+    )
     plane.start(timeout=options.timeout)
     for process in plane.processes:
         starting.add(_recorded(process))
+    manager = plane.start_controller_manager(timeout=options.timeout)
+    starting.add(_recorded(manager))
+    starting.health["kube-controller-manager"] = _controller_manager_health(manager.args)
 
     report("extender and kube-scheduler (tessera-scheduler profile)")
     extender_port = free_port()
@@ -187,6 +212,28 @@ def _start_all(
         host.create_cgroup_root()
         node_agent = starting.add(_start_kubelet(options, layout, plane.kubeconfig))
         _wait_node(api, "Ready", node_ready, node=options.node, process=node_agent, timeout=options.timeout)
+
+        report("kube-proxy (iptables) and CoreDNS")
+        proxy_health, proxy_metrics = free_port(), free_port()
+        addons.write_kube_proxy_config(layout, plane.kubeconfig, options.node, proxy_health, proxy_metrics)
+        proxy = starting.add(addons.start_kube_proxy(layout, options.kubernetes_bin / "kube-proxy"))
+        starting.health["kube-proxy"] = f"http://{LOOPBACK}:{proxy_health}/healthz"
+        dns_health, dns_ready = free_port(), free_port()
+        dns = starting.add(
+            addons.start_coredns(
+                layout, options.kubernetes_bin / "coredns", plane.kubeconfig, dns_health, dns_ready
+            )
+        )
+        starting.health["coredns"] = f"http://{LOOPBACK}:{dns_ready}/ready"
+        addons.create_dns_service(api)
+        wait_for("kube-proxy", lambda: addons.http_ok(starting.health["kube-proxy"]), proxy, options.timeout)
+        wait_for("CoreDNS", lambda: addons.http_ok(starting.health["coredns"]), dns, options.timeout)
+        wait_for(
+            "the default service account and kube-root-ca.crt",
+            lambda: addons.service_accounts_ready(api),
+            None,
+            options.timeout,
+        )
 
         report("device plugin")
         plugin = starting.add(gpu.start_device_plugin(layout, files, plane.kubeconfig, options.node))
@@ -226,25 +273,37 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
         kubelet_port=options.kubelet_port,
         kubelet_healthz_port=options.kubelet_healthz_port,
         processes=starting.started,
+        health=starting.health,
         ready_seconds=round(time.monotonic() - began, 1),
     )
     save_state(layout, state)
     return state
 
 
-RESTARTABLE = ("kubelet", "tessera-device-plugin")
+# Started again from the command line `up` recorded, ready when their health URL answers.
+RESTARTABLE_AS_RECORDED = ("kube-controller-manager", "kube-proxy", "coredns")
+RESTARTABLE = ("kubelet", "tessera-device-plugin", *RESTARTABLE_AS_RECORDED)
 
 
 def restart(root: Path, name: str, timeout: float = 120.0) -> Started:
-    """Stop one node component and start it again as `up` did; returns once the kubelet itself
-    (its pod-resources API) offers the GPU slices from the device plugin again."""
+    """Stop one component and start it again as `up` did. For the kubelet and the device plugin,
+    returns once the kubelet itself (its pod-resources API) offers the GPU slices from the device
+    plugin again; for the others, once their health endpoint answers."""
     if name not in RESTARTABLE:
         raise ValueError(f"component: {name!r} is not one of {', '.join(RESTARTABLE)}")
     layout = Layout(root)
     state = load_state(layout)
     if state is None:
         raise StartError(f"no sandbox is up in {root}")
-    stop(state.process(name))
+    old = state.process(name)
+    stop(old)
+    if name in RESTARTABLE_AS_RECORDED:
+        process = start(name, old.argv, Path(old.log), cwd=layout.root)
+        url = state.health[name]
+        wait_for(f"{name}'s health", lambda: addons.http_ok(url), process, timeout)
+        state.replace(process)
+        save_state(layout, state)
+        return process
     kubeconfig = Path(state.kubeconfig)
     if name == "kubelet":
         bin_dir = Path(state.process("kubelet").argv[0]).parent
@@ -351,6 +410,10 @@ def down(root: Path, report: Callable[[str], None] = print) -> list[str]:
     state = load_state(layout)
     if state is not None:
         names = {p.name for p in state.processes}
+        if "kube-controller-manager" in names:
+            # First, or its ReplicaSets and DaemonSets would replace the pods being deleted.
+            report("stopping kube-controller-manager")
+            stop(state.process("kube-controller-manager"))
         if "kubelet" in names and alive(state.process("kubelet")):
             report("deleting pods")
             try:
@@ -360,6 +423,9 @@ def down(root: Path, report: Callable[[str], None] = print) -> list[str]:
         for process in reversed(state.processes):
             report(f"stopping {process.name}")
             stop(process)
+        if "kube-proxy" in names:
+            report("removing kube-proxy's iptables rules (kube-proxy --cleanup)")
+            addons.cleanup_kube_proxy(Path(state.process("kube-proxy").argv[0]))
     report("removing mounts, cgroups, network devices and host directories")
     host.restore_host(layout)
     left = host.leftovers(layout)

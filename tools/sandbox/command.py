@@ -69,7 +69,10 @@ def _restart(args: argparse.Namespace) -> int:
     except (StartError, KeyError) as e:
         print(f"tessera sandbox restart: {e}", file=sys.stderr)
         return 1
-    print(f"{process.name} restarted (pid {process.pid}); the node's GPU slices are back")
+    if process.name in cluster.RESTARTABLE_AS_RECORDED:
+        print(f"{process.name} restarted (pid {process.pid}) and healthy")
+    else:
+        print(f"{process.name} restarted (pid {process.pid}); the node's GPU slices are back")
     return 0
 
 
@@ -154,7 +157,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     down.set_defaults(func=_down)
 
     restart = commands.add_parser(
-        "restart", help="restart the kubelet or the device plugin under running pods"
+        "restart",
+        help="restart a component under running pods: the kubelet, the device plugin, "
+        "kube-controller-manager, kube-proxy or CoreDNS",
     )
     common(restart)
     restart.add_argument("component", choices=cluster.RESTARTABLE)

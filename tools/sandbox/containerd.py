@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.images import PAUSE_IMAGE
-from sandbox.layout import BRIDGE, NETWORK_NAME, POD_SUBNET, Layout
+from sandbox.layout import BRIDGE, NETWORK_NAME, POD_SUBNET, SERVICE_CIDR, Layout
 from sandbox.processes import Started, start, wait_for
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -120,7 +120,8 @@ def base_spec(
 
 
 def cni_config(layout: Layout) -> dict[str, Any]:
-    """A bridge network for pods. No masquerading: pods only talk to the host and to each other."""
+    """A bridge network for pods. No masquerading: pods only talk to the host, to each other and
+    to ClusterIP Services (routed through the bridge's address, where kube-proxy's rules apply)."""
     return {
         "cniVersion": "1.0.0",
         "name": NETWORK_NAME,
@@ -134,6 +135,7 @@ def cni_config(layout: Layout) -> dict[str, Any]:
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": POD_SUBNET}]],
+                    "routes": [{"dst": SERVICE_CIDR}],
                     "dataDir": str(layout.cni_ipam_dir),
                 },
             }

@@ -1,4 +1,5 @@
-"""A real Kubernetes control plane as local processes: etcd, kube-apiserver, and kube-scheduler.
+"""A real Kubernetes control plane as local processes: etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager.
 
 Used by the tests (through ``tests/conftest.py``) and by ``tessera sandbox``. Binaries come from
 ``hack/k8s-binaries.sh``, which builds them from Go modules into a cache outside the work tree.
@@ -21,6 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox.layout import SERVICE_CIDR
+
+# The one Kubernetes version everything is built at (hack/k8s-binaries.sh has the same default).
 K8S_VERSION = "v1.34.10"
 BIN_ENV = "TESSERA_K8S_BIN"
 CACHE_ENV = "TESSERA_K8S_CACHE"
@@ -28,6 +32,29 @@ ADMIN_TOKEN = "tessera-admin-token"
 LOOPBACK = "127.0.0.1"
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
+
+# What a chart's workloads need: Deployments (and their ReplicaSets), DaemonSets, Jobs (Helm hooks),
+# service accounts with tokens and the kube-root-ca.crt ConfigMap their projected volumes read,
+# garbage collection by owner, Service endpoints, namespace deletion, aggregated ClusterRoles.
+# Not node-lifecycle: it would taint and evict the sandbox's fake nodes, which have no kubelet.
+CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "daemonset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "garbage-collector-controller",
+    "pod-garbage-collector-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+    "namespace-controller",
+    "clusterrole-aggregation-controller",
+    "disruption-controller",
+)
 
 
 class ControlPlaneError(RuntimeError):
@@ -156,13 +183,19 @@ class ControlPlane:
     bin_dir: Path = field(default_factory=default_bin_dir)
     extra_tokens: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Additional bearer tokens: token -> (user name, comma-separated groups), for RBAC tests."""
+    service_accounts: bool = False
+    """Whether kube-controller-manager will run (:meth:`start_controller_manager`): then the
+    ServiceAccount admission plugin is on and every pod gets its service account's token."""
+    address: str = LOOPBACK
+    """Where kube-apiserver listens and what it advertises as the `kubernetes` Service's endpoint.
+    Pods cannot reach the host's loopback; the sandbox uses the pod bridge's own address."""
 
     api_port: int = 0
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @property
     def api_url(self) -> str:
-        return f"https://{LOOPBACK}:{self.api_port}"
+        return f"https://{self.address}:{self.api_port}"
 
     @property
     def kubeconfig(self) -> Path:
@@ -224,20 +257,18 @@ class ControlPlane:
             [
                 str(self.bin_dir / "kube-apiserver"),
                 f"--etcd-servers=http://{LOOPBACK}:{etcd_port}",
-                f"--bind-address={LOOPBACK}",
-                f"--advertise-address={LOOPBACK}",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={self.api_port}",
                 f"--cert-dir={certs}",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                f"--service-account-issuer=https://{LOOPBACK}:{self.api_port}/",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-account-issuer=https://{self.address}:{self.api_port}/",
                 f"--service-account-key-file={certs / 'sa.pub'}",
                 f"--service-account-signing-key-file={certs / 'sa.key'}",
                 f"--token-auth-file={tokens}",
                 "--authorization-mode=RBAC",
                 "--allow-privileged=true",
-                # No kube-controller-manager runs: nothing would create default service accounts
-                # or lift the not-ready taint from new nodes.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                *self._admission(),
                 "--kubelet-preferred-address-types=Hostname,InternalIP",
                 "--v=1",
             ],
@@ -246,6 +277,14 @@ class ControlPlane:
         self._launch(apiserver)
         wait_http_ok(f"{self.api_url}/readyz", apiserver, timeout, token=ADMIN_TOKEN)
         self.kubeconfig_for(ADMIN_TOKEN, "admin")
+
+    def _admission(self) -> list[str]:
+        # Without kube-controller-manager nothing would create default service accounts. No
+        # node-lifecycle controller runs either way (it would evict the pods of fake nodes, which
+        # have no kubelet lease), so nothing would lift the not-ready taint from new nodes.
+        if self.service_accounts:
+            return ["--disable-admission-plugins=TaintNodesByCondition"]
+        return ["--disable-admission-plugins=ServiceAccount,TaintNodesByCondition"]
 
     def restart_apiserver(self, timeout: float = 90.0) -> None:
         """Stop kube-apiserver and start it again on the same port, with the same certificates and
@@ -282,6 +321,42 @@ class ControlPlane:
             self.stop_process(scheduler)
             raise
         return scheduler
+
+    def start_controller_manager(self, timeout: float = 60.0) -> ManagedProcess:
+        """Start kube-controller-manager with the controllers a Helm chart's workloads need; returns
+        once its health endpoint answers."""
+        find_binaries(self.bin_dir, ("kube-controller-manager",))
+        certs = self.work_dir / "pki"
+        port = free_port()
+        manager = ManagedProcess(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                f"--secure-port={port}",
+                f"--bind-address={LOOPBACK}",
+                f"--cert-dir={certs / 'controller-manager'}",
+                "--leader-elect=false",
+                f"--controllers={','.join(CONTROLLERS)}",
+                # Tokens signed with the key whose public half kube-apiserver verifies
+                # (--service-account-key-file), and the CA pods use to verify kube-apiserver.
+                f"--service-account-private-key-file={certs / 'sa.key'}",
+                f"--root-ca-file={certs / 'apiserver.crt'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--use-service-account-credentials=false",
+                "--v=1",
+            ],
+            self.work_dir / "logs" / "kube-controller-manager.log",
+        )
+        self._launch(manager)
+        try:
+            wait_http_ok(f"https://{LOOPBACK}:{port}/healthz", manager, timeout)
+        except BaseException:
+            self.stop_process(manager)
+            raise
+        return manager
 
     def stop_process(self, process: ManagedProcess) -> None:
         process.stop()

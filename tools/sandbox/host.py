@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -33,10 +34,14 @@ from sandbox.layout import (
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 # cgroup v1 controllers runc and the kubelet need (cpuacct, blkio and hugetlb are optional).
 REQUIRED_CONTROLLERS = ("cpu", "cpuset", "memory", "pids", "devices", "freezer")
-REQUIRED_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "cc", "busybox")
+REQUIRED_PROGRAMS = (
+    "containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "cc", "busybox",
+    "iptables", "iptables-save", "ip6tables", "ip6tables-save",
+)  # fmt: skip
 CNI_PLUGINS = (Path("/usr/lib/cni/bridge"), Path("/usr/lib/cni/host-local"), Path("/usr/lib/cni/loopback"))
 # The kubelet sets the first six when protectKernelDefaults is false; the CNI bridge (isGateway)
-# turns on forwarding.
+# turns on forwarding. kube-proxy is configured to leave the last five alone (conntrack: 0,
+# localhostNodePorts: false); they are watched in case it does not.
 TRACKED_SYSCTLS = (
     "vm/overcommit_memory",
     "vm/panic_on_oom",
@@ -45,7 +50,16 @@ TRACKED_SYSCTLS = (
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
     "net/ipv4/ip_forward",
+    "net/ipv4/conf/all/route_localnet",
+    "net/netfilter/nf_conntrack_max",
+    "net/netfilter/nf_conntrack_tcp_timeout_established",
+    "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+    "net/netfilter/nf_conntrack_tcp_be_liberal",
 )
+# iptables tables kube-proxy (and a kubelet) add KUBE-* chains to, for IPv4 and IPv6.
+IPTABLES = (("iptables", "iptables-save"), ("ip6tables", "ip6tables-save"))
+IPTABLES_TABLES = ("filter", "nat", "mangle", "raw")
+CHAIN_PREFIX = "KUBE-"
 # Host directories the components create whatever they are configured with.
 HOST_PATHS = (
     HOST_CONTAINERD_RUN,
@@ -73,6 +87,7 @@ class HostFacts:
     already_up: bool
     node_name: str
     node_name_is_loopback: bool
+    kube_chains: tuple[str, ...] = ()  # "iptables nat KUBE-SERVICES", before `up`
 
 
 def problems(facts: HostFacts) -> list[str]:
@@ -117,6 +132,12 @@ def problems(facts: HostFacts) -> list[str]:
             f"node name {facts.node_name!r} does not resolve to 127.0.0.1: the apiserver reaches the "
             "kubelet by its node name (kubectl logs, exec) and the kubelet listens on loopback only; "
             "choose --node with a name that does (this host's name usually does)"
+        )
+    if facts.kube_chains:
+        found.append(
+            f"iptables chains of another Kubernetes node exist ({', '.join(facts.kube_chains[:3])}"
+            f"{', ...' if len(facts.kube_chains) > 3 else ''}); the sandbox's kube-proxy would share them "
+            "and `down` would remove them. Remove them first (kube-proxy --cleanup)"
         )
     if facts.already_up:
         found.append("a sandbox is already up in this directory; run `tessera sandbox down` first")
@@ -207,6 +228,7 @@ def gather_facts(
         already_up=layout.state_file.exists(),
         node_name=node_name,
         node_name_is_loopback=resolves_to_loopback(node_name),
+        kube_chains=tuple(kube_chains()),
     )
 
 
@@ -274,7 +296,17 @@ def _cmdline(pid: int) -> list[str]:
 
 # What the sandbox runs: these programs, and Python running these modules.
 COMPONENT_PROGRAMS = frozenset(
-    {"containerd", "containerd-shim-runc-v2", "kubelet", "etcd", "kube-apiserver", "kube-scheduler"}
+    {
+        "containerd",
+        "containerd-shim-runc-v2",
+        "kubelet",
+        "etcd",
+        "kube-apiserver",
+        "kube-scheduler",
+        "kube-controller-manager",
+        "kube-proxy",
+        "coredns",
+    }
 )
 COMPONENT_MODULES = frozenset({"extender.main", "deviceplugin.main", "sandbox.fakenode"})
 
@@ -337,6 +369,60 @@ def network_devices() -> list[str]:
     return devices
 
 
+def _iptables_save(save: str, table: str) -> list[str]:
+    result = subprocess.run([save, "-t", table], capture_output=True, text=True, check=False)
+    return result.stdout.splitlines() if result.returncode == 0 else []
+
+
+def kube_chain_names(saved: Sequence[str]) -> list[str]:
+    """KUBE-* chains declared in one table's iptables-save output (``:NAME POLICY [counters]``)."""
+    return [line[1:].split()[0] for line in saved if line.startswith(":" + CHAIN_PREFIX)]
+
+
+def kube_jump_rules(saved: Sequence[str]) -> list[list[str]]:
+    """Rules in chains other than KUBE-* that jump to or mention one (``-A CHAIN ...`` split), as
+    iptables -D takes them after the chain name."""
+    rules = []
+    for line in saved:
+        if line.startswith("-A ") and CHAIN_PREFIX in line:
+            words = shlex.split(line)
+            if not words[1].startswith(CHAIN_PREFIX):
+                rules.append(words[1:])
+    return rules
+
+
+def kube_chains() -> list[str]:
+    """Every KUBE-* iptables chain on the host, as "iptables nat KUBE-SERVICES"."""
+    found = []
+    for command, save in IPTABLES:
+        if shutil.which(save) is None:
+            continue
+        for table in IPTABLES_TABLES:
+            found += [f"{command} {table} {name}" for name in kube_chain_names(_iptables_save(save, table))]
+    return found
+
+
+def remove_kube_chains() -> None:
+    """The rules that jump into KUBE-* chains, then the chains (flushed first: they reference each
+    other). After `kube-proxy --cleanup` this normally finds nothing; the kubelet's own chains
+    (KUBE-IPTABLES-HINT, KUBE-KUBELET-CANARY) and a killed kube-proxy's are swept here."""
+    for command, save in IPTABLES:
+        if shutil.which(save) is None:
+            continue
+        for table in IPTABLES_TABLES:
+            saved = _iptables_save(save, table)
+            chains = kube_chain_names(saved)
+            if not chains:
+                continue
+            for rule in kube_jump_rules(saved):
+                subprocess.run([command, "-w", "-t", table, "-D", *rule], capture_output=True, check=False)
+            for flag in ("-F", "-X"):
+                for chain in chains:
+                    subprocess.run(
+                        [command, "-w", "-t", table, flag, chain], capture_output=True, check=False
+                    )
+
+
 def remove_cgroups(timeout: float = 15.0) -> None:
     """rmdir the subtree, deepest first; retried while killed processes finish leaving it."""
     deadline = time.monotonic() + timeout
@@ -372,6 +458,7 @@ def restore_host(layout: Layout) -> None:
     for device in network_devices():
         subprocess.run(["ip", "link", "delete", device], capture_output=True, check=False)
     remove_cgroups()
+    remove_kube_chains()
     snapshot = json.loads(layout.host_snapshot.read_text()) if layout.host_snapshot.exists() else None
     existed: dict[str, bool] = snapshot["existed"] if snapshot else {}
     _remove_own_entries(layout)
@@ -391,6 +478,7 @@ def leftovers(layout: Layout) -> list[str]:
     found += [f"mount {p}" for p in mount_points([layout.root, HOST_CONTAINERD_RUN, HOST_KUBELET_DIR])]
     found += [f"cgroup {d}" for d in cgroup_dirs()]
     found += [f"network device {d}" for d in network_devices()]
+    found += [f"iptables chain {c}" for c in kube_chains()]
     if layout.host_snapshot.exists():
         snapshot = json.loads(layout.host_snapshot.read_text())
         found += [f"directory {p}" for p in host_paths_to_remove(snapshot["existed"]) if p.exists()]

@@ -39,7 +39,12 @@ GLIBC_RUNTIME = (
     Path("/lib/x86_64-linux-gnu/libpthread.so.0"),
     Path("/lib/x86_64-linux-gnu/librt.so.1"),
 )
-BUSYBOX_APPLETS = ("sh", "sleep", "cat", "ls", "env", "echo", "true", "mkdir")
+# The network applets let tests reach Services from inside pods (httpd serves, wget/nc call,
+# nslookup asks cluster DNS).
+BUSYBOX_APPLETS = (
+    "sh", "sleep", "cat", "ls", "env", "echo", "true", "mkdir",
+    "httpd", "wget", "nc", "nslookup", "hostname", "timeout",
+)  # fmt: skip
 
 _OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 _OCI_CONFIG = "application/vnd.oci.image.config.v1+json"

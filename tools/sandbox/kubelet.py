@@ -15,7 +15,7 @@ import grpc
 import yaml
 
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
-from sandbox.layout import CGROUP_ROOT, Layout
+from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, CLUSTER_DOMAIN, Layout
 from sandbox.processes import Started, start
 
 LOOPBACK = "127.0.0.1"
@@ -42,6 +42,9 @@ def render_config(layout: Layout, port: int, healthz_port: int) -> dict[str, Any
         "staticPodPath": str(layout.static_pods),
         "podLogsDir": str(layout.pod_logs),
         "resolvConf": "/etc/resolv.conf",
+        # Pods with dnsPolicy ClusterFirst (the default) ask CoreDNS through the kube-dns Service.
+        "clusterDNS": [CLUSTER_DNS_IP],
+        "clusterDomain": CLUSTER_DOMAIN,
         "address": LOOPBACK,
         "port": port,
         "readOnlyPort": 0,

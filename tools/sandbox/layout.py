@@ -24,6 +24,13 @@ CGROUP_ROOT = "tessera-sandbox"
 BRIDGE = "tessera0"
 NETWORK_NAME = "tessera-sandbox"
 POD_SUBNET = "10.244.77.0/24"
+# The bridge's own address (the pods' gateway); CoreDNS listens there, on the host.
+BRIDGE_ADDRESS = "10.244.77.1"
+# ClusterIP Services: kube-apiserver's --service-cluster-ip-range, kube-proxy's view of it, and the
+# two fixed addresses in it (the `kubernetes` Service takes the first; kube-dns is the usual .10).
+SERVICE_CIDR = "10.0.0.0/24"
+CLUSTER_DNS_IP = "10.0.0.10"
+CLUSTER_DOMAIN = "cluster.local"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +110,15 @@ class Layout:
     @property
     def pod_logs(self) -> Path:
         return self.root / "pod-logs"
+
+    # kube-proxy and CoreDNS
+    @property
+    def kube_proxy_config(self) -> Path:
+        return self.root / "kube-proxy.yaml"
+
+    @property
+    def corefile(self) -> Path:
+        return self.root / "Corefile"
 
     # GPU side
     @property
