@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "spinlock.h"
 #include "symbols.h"
 #include "vgpu.h"
 #include "wrappers.h"
@@ -62,19 +63,27 @@ static struct sample pending[MAX_PENDING];
 static int npending;
 /* Estimated work this process launched, and how much of it is known complete. */
 static uint64_t launched_work, completed_work;
-static pthread_mutex_t compute_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Guards the signatures, the pending measurements and the work counters (spinlock.h: taken on every
+ * throttled launch, held for a few loads and stores, and in collect for at most MAX_PENDING
+ * cuEventQuery calls, which do not block). */
+static vgpu_spinlock compute_lock;
 static int throttling; /* 0 = not known yet, 1 = no GPU has a compute quota, 2 = some has */
 
-static int throttling_configured(void) {
-    /* Racing first callers compute the same answer from the same configuration: no lock needed. */
-    int t = __atomic_load_n(&throttling, __ATOMIC_RELAXED);
-    if (t) return t == 2;
+/* The configuration's answer, computed once. Racing first callers compute the same answer from the
+ * same configuration: no lock needed. */
+__attribute__((noinline)) static int throttling_first(void) {
     const struct vgpu_limits *c = vgpu_limits();
     int any = c->all.cores > 0 && c->all.cores < VGPU_MAX_CORES;
     for (int i = 0; i < c->file_devices; i++) any |= c->by_uuid[i].quota.cores > 0 && c->by_uuid[i].quota.cores < VGPU_MAX_CORES;
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) any |= c->by_ordinal[i].cores > 0 && c->by_ordinal[i].cores < VGPU_MAX_CORES;
     __atomic_store_n(&throttling, any ? 2 : 1, __ATOMIC_RELAXED);
     return any;
+}
+
+/* Inline, one load: every launch without a compute quota asks it and nothing more. */
+static inline int throttling_configured(void) {
+    int t = __atomic_load_n(&throttling, __ATOMIC_RELAXED);
+    return t ? t == 2 : throttling_first();
 }
 
 static struct signature *signature_of(const struct launch_key *key) {
@@ -104,43 +113,59 @@ static double rate_of(const struct vgpu_device *d) {
     return d->quota.cores / (double)VGPU_MAX_CORES;
 }
 
+/* The bucket's level changes by atomic adds only (a launch's charge, a refill's credit), so that
+ * charging needs no lock; refills are serialised by the region lock, which guards refilled_at_ns.
+ * The credit is added by compare-and-swap, capped at the burst, so that no concurrent charge is
+ * lost. Lock held. */
 static void refill(struct vgpu_region_device *g, uint64_t now, double rate) {
     if (now > g->refilled_at_ns) {
-        double cap = (double)BURST_NS * rate;
-        double tokens = (double)g->tokens_ns + (double)(now - g->refilled_at_ns) * rate;
-        g->tokens_ns = (int64_t)(tokens > cap ? cap : tokens);
+        int64_t cap = (int64_t)((double)BURST_NS * rate);
+        int64_t credit = (int64_t)((double)(now - g->refilled_at_ns) * rate);
+        int64_t tokens = __atomic_load_n(&g->tokens_ns, __ATOMIC_RELAXED), fresh;
+        do {
+            fresh = tokens >= cap || cap - tokens < credit ? cap : tokens + credit;
+        } while (!__atomic_compare_exchange_n(&g->tokens_ns, &tokens, fresh, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     }
     g->refilled_at_ns = now;
 }
 
 static void charge(struct vgpu_region *r, int rdev, uint64_t ns) {
-    vgpu_region_lock(r);
-    r->dev[rdev].tokens_ns -= (int64_t)ns;
-    vgpu_region_unlock(r);
+    __atomic_sub_fetch(&r->dev[rdev].tokens_ns, (int64_t)ns, __ATOMIC_RELAXED);
     __atomic_add_fetch(&r->dev[rdev].busy_ns, ns, __ATOMIC_RELAXED);
 }
 
-/* Waits until the bucket is not negative, then charges cost. */
+/* Waits until the bucket is not negative, then charges cost.
+ *
+ * Fast path, without the lock or the clock: a bucket that is not negative admits the launch, and
+ * one atomic subtraction charges it (two launches racing on the last tokens both pass, as they
+ * would one after the other under a lock: the bucket goes negative and the next launch waits).
+ * The refill is only needed once the bucket is negative: a lazy refill grants the elapsed time x
+ * the rate (capped at the burst) as refills at every launch would, so the share holds; only a rate
+ * that changed meanwhile (elastic mode) is applied to the whole interval, within the burst. */
 static void wait_for_tokens(struct vgpu_region *r, const struct vgpu_device *d, uint64_t cost) {
+    struct vgpu_region_device *g = &r->dev[d->rdev];
     uint64_t waited = 0;
-    for (;;) {
-        double rate = rate_of(d);
-        uint64_t now = vgpu_now_ns();
-        vgpu_region_lock(r);
-        struct vgpu_region_device *g = &r->dev[d->rdev];
-        refill(g, now, rate);
-        int64_t deficit = -g->tokens_ns;
-        if (deficit <= 0) g->tokens_ns -= (int64_t)cost;
-        vgpu_region_unlock(r);
-        if (deficit <= 0) break;
-        uint64_t ns = (uint64_t)((double)deficit / rate);
-        ns = ns > MAX_SLEEP_NS ? MAX_SLEEP_NS : ns < MIN_SLEEP_NS ? MIN_SLEEP_NS : ns;
-        sleep_ns(ns);
-        waited += ns;
+    if (__atomic_load_n(&g->tokens_ns, __ATOMIC_RELAXED) >= 0) {
+        __atomic_sub_fetch(&g->tokens_ns, (int64_t)cost, __ATOMIC_RELAXED);
+    } else {
+        for (;;) {
+            double rate = rate_of(d);
+            uint64_t now = vgpu_now_ns();
+            vgpu_region_lock(r);
+            refill(g, now, rate);
+            int64_t deficit = -__atomic_load_n(&g->tokens_ns, __ATOMIC_RELAXED);
+            if (deficit <= 0) __atomic_sub_fetch(&g->tokens_ns, (int64_t)cost, __ATOMIC_RELAXED);
+            vgpu_region_unlock(r);
+            if (deficit <= 0) break;
+            uint64_t ns = (uint64_t)((double)deficit / rate);
+            ns = ns > MAX_SLEEP_NS ? MAX_SLEEP_NS : ns < MIN_SLEEP_NS ? MIN_SLEEP_NS : ns;
+            sleep_ns(ns);
+            waited += ns;
+        }
     }
-    __atomic_add_fetch(&r->dev[d->rdev].busy_ns, cost, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&r->dev[d->rdev].launches, 1, __ATOMIC_RELAXED);
-    if (waited) __atomic_add_fetch(&r->dev[d->rdev].throttled_ns, waited, __ATOMIC_RELAXED);
+    if (cost) __atomic_add_fetch(&g->busy_ns, cost, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&g->launches, 1, __ATOMIC_RELAXED);
+    if (waited) __atomic_add_fetch(&g->throttled_ns, waited, __ATOMIC_RELAXED);
 }
 
 /* Takes a finished measurement into its signature's estimate (and the bucket if owed). */
@@ -148,7 +173,7 @@ static void settle(struct vgpu_region *r, struct sample *s, int complete) {
     float ms = 0;
     int ok = complete && REAL(cuEventElapsedTime_v2)(&ms, s->start, s->end) == CUDA_SUCCESS && ms >= 0;
     uint64_t ns = (uint64_t)((double)ms * 1e6);
-    pthread_mutex_lock(&compute_lock);
+    vgpu_spin_take(&compute_lock);
     struct signature *sig = s->sig;
     sig->pending--;
     if (complete && s->work_mark > completed_work) completed_work = s->work_mark;
@@ -161,7 +186,7 @@ static void settle(struct vgpu_region *r, struct sample *s, int complete) {
             if (sig->samples[i] < least) least = sig->samples[i];
         sig->estimate_ns = least;
     }
-    pthread_mutex_unlock(&compute_lock);
+    vgpu_spin_give(&compute_lock);
     if (ok && s->charge) charge(r, s->rdev, ns);
     REAL(cuEventDestroy_v2)(s->start);
     REAL(cuEventDestroy_v2)(s->end);
@@ -171,7 +196,7 @@ static void settle(struct vgpu_region *r, struct sample *s, int complete) {
 static void collect(struct vgpu_region *r, int oldest, const struct signature *of) {
     struct sample done[MAX_PENDING];
     int ndone = 0, waited = -1;
-    pthread_mutex_lock(&compute_lock);
+    vgpu_spin_take(&compute_lock);
     for (int i = 0; i < npending;) {
         int take = (oldest && i == 0) || (of && pending[i].sig == of);
         if (take && waited < 0) waited = ndone;
@@ -179,12 +204,12 @@ static void collect(struct vgpu_region *r, int oldest, const struct signature *o
         if (take) {
             done[ndone++] = pending[i];
             memmove(&pending[i], &pending[i + 1], (size_t)(npending - i - 1) * sizeof *pending);
-            npending--;
+            __atomic_store_n(&npending, npending - 1, __ATOMIC_RELAXED); /* read unlocked by launches */
         } else {
             i++;
         }
     }
-    pthread_mutex_unlock(&compute_lock);
+    vgpu_spin_give(&compute_lock);
     /* Another thread is settling the one we were to wait for: let it finish. */
     if ((oldest || of) && waited < 0) sleep_ns(MIN_SLEEP_NS);
     for (int i = 0; i < ndone; i++) {
@@ -197,15 +222,16 @@ typedef CUresult (*launch_fn)(const void *args);
 
 static CUresult throttled_launch(const struct launch_key *key, CUstream stream, launch_fn go, const void *args) {
     CUresult err;
-    const struct vgpu_device *d = vgpu_device_current(&err);
+    const struct vgpu_device *d = vgpu_device_current(NULL, &err);
     struct vgpu_region *r = d && d->rdev >= 0 ? vgpu_region_attach() : NULL;
     if (!r || d->quota.cores <= 0 || d->quota.cores >= VGPU_MAX_CORES) return go(args);
-    collect(r, 0, NULL);
+    /* A relaxed read: a measurement queued meanwhile by another thread is collected next time. */
+    if (__atomic_load_n(&npending, __ATOMIC_RELAXED)) collect(r, 0, NULL);
     struct signature *sig;
     int must_measure, unknown;
     uint64_t estimate;
     for (;;) {
-        pthread_mutex_lock(&compute_lock);
+        vgpu_spin_take(&compute_lock);
         sig = signature_of(key);
         unknown = sig->nsamples == 0;
         int busy = unknown && sig->pending; /* one unmeasured launch of a signature at a time */
@@ -213,15 +239,22 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
         must_measure = unknown || sig->launches_since_sample + 1 >= SAMPLE_EVERY_LAUNCHES ||
                        sig->work_since_sample_ns + estimate >= SAMPLE_EVERY_NS;
         int full = npending && (npending == MAX_PENDING || launched_work - completed_work > RUNAHEAD_NS);
-        pthread_mutex_unlock(&compute_lock);
+        if (!busy && !full && !must_measure) {
+            /* Not measured: its accounting is known now, and done under this one lock. */
+            launched_work += estimate;
+            sig->launches_since_sample++;
+            sig->work_since_sample_ns += estimate;
+        }
+        vgpu_spin_give(&compute_lock);
         if (!busy && !full) break;
         collect(r, full && !busy, busy ? sig : NULL);
     }
     wait_for_tokens(r, d, estimate);
+    if (!must_measure) return go(args);
     CUevent start = NULL, end = NULL;
-    if (must_measure && (REAL(cuEventCreate)(&start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-                         REAL(cuEventCreate)(&end, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-                         REAL(cuEventRecord)(start, stream) != CUDA_SUCCESS)) {
+    if ((REAL(cuEventCreate)(&start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+         REAL(cuEventCreate)(&end, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+         REAL(cuEventRecord)(start, stream) != CUDA_SUCCESS)) {
         if (start) REAL(cuEventDestroy_v2)(start);
         if (end) REAL(cuEventDestroy_v2)(end);
         start = end = NULL;
@@ -231,10 +264,11 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
     }
     CUresult rc = go(args);
     int measured = start && rc == CUDA_SUCCESS && REAL(cuEventRecord)(end, stream) == CUDA_SUCCESS;
-    pthread_mutex_lock(&compute_lock);
+    vgpu_spin_take(&compute_lock);
     if (measured && npending < MAX_PENDING) {
         launched_work += estimate;
-        pending[npending++] = (struct sample){start, end, sig, d->rdev, unknown, launched_work};
+        pending[npending] = (struct sample){start, end, sig, d->rdev, unknown, launched_work};
+        __atomic_store_n(&npending, npending + 1, __ATOMIC_RELAXED);
         sig->pending++;
         sig->launches_since_sample = 0;
         sig->work_since_sample_ns = 0;
@@ -244,7 +278,7 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
         sig->launches_since_sample++;
         sig->work_since_sample_ns += estimate;
     }
-    pthread_mutex_unlock(&compute_lock);
+    vgpu_spin_give(&compute_lock);
     if (start) {
         REAL(cuEventDestroy_v2)(start);
         REAL(cuEventDestroy_v2)(end);
@@ -273,8 +307,6 @@ static CUresult go_kernel(const void *p) {
 }
 
 static CUresult kernel(const struct kernel_launch *a) {
-    if (!a->fn && !a->cooperative) return CUDA_ERROR_NOT_FOUND;
-    if (!throttling_configured()) return go_kernel(a);
     struct launch_key key = {(uint64_t)(uintptr_t)a->f,
                              {a->grid[0], a->grid[1], a->grid[2]},
                              {a->block[0], a->block[1], a->block[2]},
@@ -282,33 +314,44 @@ static CUresult kernel(const struct kernel_launch *a) {
     return throttled_launch(&key, a->stream, go_kernel, a);
 }
 
-VGPU_API CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                         unsigned by, unsigned bz, unsigned shmem, CUstream stream, void **params,
-                                         void **extra) {
-    struct kernel_launch a = {REAL(cuLaunchKernel), NULL, f, {gx, gy, gz}, {bx, by, bz}, shmem, stream, params, extra};
-    return kernel(&a);
-}
+/* A launch wrapper is two functions with the same parameters: the exported one makes the real call
+ * straight away when no GPU has a compute quota (one load of the real pointer, one of the
+ * configuration's answer, then a sibling call, with no stack frame of its own: it calls nothing
+ * else), else hands over to its out-of-line _throttled twin, also by a sibling call, which resolves
+ * the real function and the configuration when they are not yet known. */
+#define KERNEL_PARAMS                                                                                              \
+    CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem, \
+        CUstream stream, void **params
+#define KERNEL_ARGS f, gx, gy, gz, bx, by, bz, shmem, stream, params
+#define LAUNCH_WRAPPER(name, throttled, params_decl, args)                                   \
+    VGPU_API CUresult CUDAAPI name(params_decl) {                                            \
+        __typeof__(&name) fn = REAL_IF_RESOLVED(name);                                       \
+        if (fn && __atomic_load_n(&throttling, __ATOMIC_RELAXED) == 1) return fn(args);      \
+        return throttled(args);                                                              \
+    }
 
-VGPU_API CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                              unsigned by, unsigned bz, unsigned shmem, CUstream stream,
-                                              void **params, void **extra) {
-    struct kernel_launch a = {REAL(cuLaunchKernel_ptsz), NULL, f, {gx, gy, gz}, {bx, by, bz}, shmem, stream, params, extra};
-    return kernel(&a);
-}
+#define KERNEL_WRAPPER(name)                                                                                 \
+    __attribute__((noinline)) static CUresult name##_throttled(KERNEL_PARAMS, void **extra) {               \
+        struct kernel_launch a = {REAL(name), NULL, f, {gx, gy, gz}, {bx, by, bz}, shmem, stream, params, extra}; \
+        if (!a.fn) return CUDA_ERROR_NOT_FOUND;                                                              \
+        return throttling_configured() ? kernel(&a) : go_kernel(&a);                                         \
+    }                                                                                                        \
+    LAUNCH_WRAPPER(name, name##_throttled, KERNEL_PARAMS COMMA void **extra, KERNEL_ARGS COMMA extra)
 
-VGPU_API CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                                    unsigned bx, unsigned by, unsigned bz, unsigned shmem,
-                                                    CUstream stream, void **params) {
-    struct kernel_launch a = {NULL, REAL(cuLaunchCooperativeKernel), f, {gx, gy, gz}, {bx, by, bz}, shmem, stream, params, NULL};
-    return kernel(&a);
-}
+#define COOPERATIVE_WRAPPER(name)                                                                            \
+    __attribute__((noinline)) static CUresult name##_throttled(KERNEL_PARAMS) {                             \
+        struct kernel_launch a = {NULL, REAL(name), f, {gx, gy, gz}, {bx, by, bz}, shmem, stream, params, NULL}; \
+        if (!a.cooperative) return CUDA_ERROR_NOT_FOUND;                                                     \
+        return throttling_configured() ? kernel(&a) : go_kernel(&a);                                         \
+    }                                                                                                        \
+    LAUNCH_WRAPPER(name, name##_throttled, KERNEL_PARAMS, KERNEL_ARGS)
 
-VGPU_API CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                                         unsigned bx, unsigned by, unsigned bz, unsigned shmem,
-                                                         CUstream stream, void **params) {
-    struct kernel_launch a = {NULL, REAL(cuLaunchCooperativeKernel_ptsz), f, {gx, gy, gz}, {bx, by, bz}, shmem, stream, params, NULL};
-    return kernel(&a);
-}
+#define COMMA ,
+KERNEL_WRAPPER(cuLaunchKernel)
+KERNEL_WRAPPER(cuLaunchKernel_ptsz)
+COOPERATIVE_WRAPPER(cuLaunchCooperativeKernel)
+COOPERATIVE_WRAPPER(cuLaunchCooperativeKernel_ptsz)
+#undef COMMA
 
 struct ex_launch {
     CUresult (*fn)(const CUlaunchConfig *, CUfunction, void **, void **);
@@ -378,5 +421,5 @@ void vgpu_compute_after_fork_child(void) {
     memset(&overflow_signature, 0, sizeof overflow_signature);
     npending = 0;
     launched_work = completed_work = 0;
-    pthread_mutex_init(&compute_lock, NULL);
+    vgpu_spin_init(&compute_lock);
 }

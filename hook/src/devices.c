@@ -62,20 +62,50 @@ const struct vgpu_device *vgpu_device_of(CUdevice cu, CUresult *err) {
     /* devices_ready is stored (release) after the table is complete and never cleared while other
      * threads run (only in a fork child), so an acquire load that sees it sees the table. */
     if (!__atomic_load_n(&devices_ready, __ATOMIC_ACQUIRE) && (*err = enumerate()) != CUDA_SUCCESS) return NULL;
+    /* A CUdevice is its ordinal in every driver we know of: try that slot first, then search. */
+    if (cu >= 0 && cu < device_count && devices[cu].cu == cu) return &devices[cu];
     for (int i = 0; i < device_count; i++)
         if (devices[i].cu == cu) return &devices[i];
     *err = CUDA_ERROR_INVALID_DEVICE;
     return NULL;
 }
 
-const struct vgpu_device *vgpu_device_current(CUresult *err) {
+/* The device of the current context, remembered per thread with that context: a launch or an
+ * allocation asks the driver only for the current context (which it needs for the allocation's
+ * owner anyway), not also for the context's device. A context's device never changes while it
+ * lives; a handle may be reused by a new context once the old one ends, so every end of a context
+ * the hook sees (memory.c), and a fork, moves contexts_epoch on, which forgets every thread's. The
+ * epoch is read before the driver is asked, so an end racing with the lookup forgets its answer. */
+static unsigned contexts_epoch;
+/* initial-exec: one load from the thread pointer, not a __tls_get_addr call per launch; the hook is
+ * preloaded (or dlopen'ed for its region reader, and these 24 bytes fit glibc's static TLS surplus). */
+static __thread __attribute__((tls_model("initial-exec"))) struct {
+    CUcontext ctx;
+    unsigned epoch;
+    const struct vgpu_device *device;
+} last_context;
+
+void vgpu_device_contexts_ended(void) { __atomic_add_fetch(&contexts_epoch, 1, __ATOMIC_RELEASE); }
+
+const struct vgpu_device *vgpu_device_current(CUcontext *current, CUresult *err) {
+    unsigned epoch = __atomic_load_n(&contexts_epoch, __ATOMIC_ACQUIRE);
+    CUcontext ctx = NULL;
     CUdevice cu;
-    if (!REAL(cuCtxGetDevice)) {
+    if (!REAL(cuCtxGetCurrent) || !REAL(cuCtxGetDevice)) {
         *err = CUDA_ERROR_NOT_FOUND;
         return NULL;
     }
+    if ((*err = REAL(cuCtxGetCurrent)(&ctx)) != CUDA_SUCCESS) return NULL;
+    if (current) *current = ctx;
+    if (ctx && ctx == last_context.ctx && epoch == last_context.epoch) return last_context.device;
     if ((*err = REAL(cuCtxGetDevice)(&cu)) != CUDA_SUCCESS) return NULL;
-    return vgpu_device_of(cu, err);
+    const struct vgpu_device *d = vgpu_device_of(cu, err);
+    if (d && ctx) {
+        last_context.ctx = ctx;
+        last_context.epoch = epoch;
+        last_context.device = d;
+    }
+    return d;
 }
 
 int vgpu_ordinal_of_uuid(const char *uuid) {
@@ -92,5 +122,6 @@ void vgpu_devices_after_fork_child(void) {
     /* Region indices belong to the region the child attaches anew. */
     devices_ready = 0;
     device_count = 0;
+    vgpu_device_contexts_ended(); /* the forking thread's remembered device is the parent's */
     pthread_mutex_init(&devices_lock, NULL);
 }

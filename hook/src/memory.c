@@ -7,30 +7,32 @@
 
 #define PITCH_ALIGNMENT 512
 
-/* Reserves bytes on the GPU of the current context (or of `cu` when >= 0). */
-static CUresult reserve(int cu, uint64_t bytes, const struct vgpu_device **out) {
-    CUresult err = CUDA_SUCCESS;
-    const struct vgpu_device *d = cu >= 0 ? vgpu_device_of((CUdevice)cu, &err) : vgpu_device_current(&err);
-    if (!d) return err;
-    if (vgpu_region_reserve(d->rdev, bytes, d->quota.memory) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    *out = d;
-    return CUDA_SUCCESS;
-}
-
 static CUcontext current_context(void) {
     CUcontext ctx = NULL;
     if (REAL(cuCtxGetCurrent)) REAL(cuCtxGetCurrent)(&ctx);
     return ctx;
 }
 
+/* Reserves bytes on the GPU of the current context (or of `cu` when >= 0); *ctx is the current
+ * context, which the allocation will belong to. */
+static CUresult reserve(int cu, uint64_t bytes, const struct vgpu_device **out, CUcontext *ctx) {
+    CUresult err = CUDA_SUCCESS;
+    const struct vgpu_device *d = cu >= 0 ? vgpu_device_of((CUdevice)cu, &err) : vgpu_device_current(ctx, &err);
+    if (!d) return err;
+    if (cu >= 0) *ctx = current_context();
+    if (vgpu_region_reserve(d->rdev, bytes, d->quota.memory) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = d;
+    return CUDA_SUCCESS;
+}
+
 /* Records a successful allocation; if it cannot be recorded, undoes it (fail closed). */
-static CUresult record(CUresult r, enum vgpu_kind kind, uint64_t key, const struct vgpu_device *d,
+static CUresult record(CUresult r, CUcontext ctx, enum vgpu_kind kind, uint64_t key, const struct vgpu_device *d,
                        uint64_t bytes, CUresult (*undo)(uint64_t)) {
     if (r != CUDA_SUCCESS) {
         vgpu_region_release(d->rdev, bytes);
         return r;
     }
-    if (vgpu_track_add(kind, key, d->rdev, bytes, current_context()) == 0) return r;
+    if (vgpu_track_add(kind, key, d->rdev, bytes, ctx) == 0) return r;
     vgpu_log("cannot record an allocation of %llu bytes; refusing it", (unsigned long long)bytes);
     undo(key);
     vgpu_region_release(d->rdev, bytes);
@@ -63,29 +65,32 @@ static CUresult destroy_mipmap(uint64_t m) {
 VGPU_API CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
     REQUIRE(cuMemAlloc_v2);
     const struct vgpu_device *d = NULL;
-    CUresult r = reserve(-1, bytes, &d);
+    CUcontext ctx = NULL;
+    CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuMemAlloc_v2)(dptr, bytes);
-    return record(r, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
+    return record(r, ctx, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
 }
 
 VGPU_API CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags) {
     REQUIRE(cuMemAllocManaged);
     const struct vgpu_device *d = NULL;
-    CUresult r = reserve(-1, bytes, &d);
+    CUcontext ctx = NULL;
+    CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuMemAllocManaged)(dptr, bytes, flags);
-    return record(r, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
+    return record(r, ctx, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
 }
 
 VGPU_API CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                              unsigned int element_bytes) {
     REQUIRE(cuMemAllocPitch_v2);
     const struct vgpu_device *d = NULL;
+    CUcontext ctx = NULL;
     uint64_t rounded = (width + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
     if (height && rounded > UINT64_MAX / height) return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t bytes = rounded * height;
-    CUresult r = reserve(-1, bytes, &d);
+    CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, element_bytes);
     if (r == CUDA_SUCCESS) {
@@ -99,7 +104,7 @@ VGPU_API CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, s
         if (actual < bytes) vgpu_region_release(d->rdev, bytes - actual);
         bytes = actual;
     }
-    return record(r, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
+    return record(r, ctx, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
 }
 
 VGPU_API CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
@@ -111,10 +116,11 @@ static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUd
                             CUstream stream) {
     if (!fn) return CUDA_ERROR_NOT_FOUND;
     const struct vgpu_device *d = NULL;
-    CUresult r = reserve(-1, bytes, &d);
+    CUcontext ctx = NULL;
+    CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = fn(dptr, bytes, stream);
-    return record(r, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
+    return record(r, ctx, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
 }
 
 VGPU_API CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
@@ -129,10 +135,11 @@ static CUresult alloc_from_pool(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPo
                                 size_t bytes, CUmemoryPool pool, CUstream stream) {
     if (!fn) return CUDA_ERROR_NOT_FOUND;
     const struct vgpu_device *d = NULL;
-    CUresult r = reserve(-1, bytes, &d);
+    CUcontext ctx = NULL;
+    CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = fn(dptr, bytes, pool, stream);
-    return record(r, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
+    return record(r, ctx, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
 }
 
 VGPU_API CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
@@ -172,10 +179,11 @@ VGPU_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size
     if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return REAL(cuMemCreate)(handle, size, prop, flags);
     const struct vgpu_device *d = NULL;
-    CUresult r = reserve(prop->location.id, size, &d);
+    CUcontext ctx = NULL;
+    CUresult r = reserve(prop->location.id, size, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuMemCreate)(handle, size, prop, flags);
-    return record(r, VGPU_KIND_HANDLE, r == CUDA_SUCCESS ? *handle : 0, d, size, release_handle);
+    return record(r, ctx, VGPU_KIND_HANDLE, r == CUDA_SUCCESS ? *handle : 0, d, size, release_handle);
 }
 
 VGPU_API CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -209,10 +217,11 @@ VGPU_API CUresult CUDAAPI cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESC
     if (!desc) return REAL(cuArrayCreate_v2)(array, desc);
     uint64_t bytes = array_bytes(desc->Width, desc->Height, 1, desc->NumChannels, desc->Format);
     const struct vgpu_device *d = NULL;
-    CUresult r = reserve(-1, bytes, &d);
+    CUcontext ctx = NULL;
+    CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuArrayCreate_v2)(array, desc);
-    return record(r, VGPU_KIND_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, d, bytes,
+    return record(r, ctx, VGPU_KIND_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, d, bytes,
                   destroy_array);
 }
 
@@ -221,10 +230,11 @@ VGPU_API CUresult CUDAAPI cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_
     if (!desc) return REAL(cuArray3DCreate_v2)(array, desc);
     uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels, desc->Format);
     const struct vgpu_device *d = NULL;
-    CUresult r = reserve(-1, bytes, &d);
+    CUcontext ctx = NULL;
+    CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuArray3DCreate_v2)(array, desc);
-    return record(r, VGPU_KIND_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, d, bytes,
+    return record(r, ctx, VGPU_KIND_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, d, bytes,
                   destroy_array);
 }
 
@@ -241,10 +251,11 @@ VGPU_API CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *mipmap, const
     for (unsigned l = 0; l < levels && l < 64; l++)
         bytes += array_bytes(desc->Width >> l, desc->Height >> l, desc->Depth >> l, desc->NumChannels, desc->Format);
     const struct vgpu_device *d = NULL;
-    CUresult r = reserve(-1, bytes, &d);
+    CUcontext ctx = NULL;
+    CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuMipmappedArrayCreate)(mipmap, desc, levels);
-    return record(r, VGPU_KIND_MIPMAP, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*mipmap : 0, d, bytes,
+    return record(r, ctx, VGPU_KIND_MIPMAP, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*mipmap : 0, d, bytes,
                   destroy_mipmap);
 }
 
@@ -256,7 +267,10 @@ VGPU_API CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray mipmap) {
 VGPU_API CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
     REQUIRE(cuCtxDestroy_v2);
     CUresult r = REAL(cuCtxDestroy_v2)(ctx);
-    if (r == CUDA_SUCCESS) vgpu_track_drop_context(ctx); /* the driver freed its allocations */
+    if (r == CUDA_SUCCESS) {
+        vgpu_device_contexts_ended();
+        vgpu_track_drop_context(ctx); /* the driver freed its allocations */
+    }
     return r;
 }
 
@@ -271,6 +285,7 @@ static CUresult primary_context_ends(CUresult (*fn)(CUdevice), CUdevice dev, int
         REAL(cuDevicePrimaryCtxRetain)(&primary, dev) == CUDA_SUCCESS)
         REAL(cuDevicePrimaryCtxRelease_v2)(dev); /* retained only to learn its handle */
     CUresult r = fn(dev);
+    if (r == CUDA_SUCCESS) vgpu_device_contexts_ended();
     if (r == CUDA_SUCCESS && primary &&
         (reset || REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) != CUDA_SUCCESS || !active))
         vgpu_track_drop_context(primary);
@@ -299,7 +314,7 @@ VGPU_API CUresult CUDAAPI cuMemGetInfo_v2(size_t *free_bytes, size_t *total_byte
     CUresult r = REAL(cuMemGetInfo_v2)(free_bytes, total_bytes);
     if (r != CUDA_SUCCESS) return r;
     CUresult err;
-    const struct vgpu_device *d = vgpu_device_current(&err);
+    const struct vgpu_device *d = vgpu_device_current(NULL, &err);
     if (!d || d->quota.memory == VGPU_UNLIMITED) return d ? r : err;
     uint64_t used = vgpu_region_used(d->rdev);
     uint64_t left = used < d->quota.memory ? d->quota.memory - used : 0;

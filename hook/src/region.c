@@ -20,6 +20,7 @@ static int region_fd = -1;
 static int my_slot = -1;
 static int region_private;
 static pid_t attached_pid; /* the process that attached: a forked child attaches anew */
+static int attached;        /* attached_pid is this process: cleared in a fork child */
 static pthread_mutex_t attach_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int vgpu_slot_alive(int fd, int slot) {
@@ -159,10 +160,11 @@ static int claim_slot(struct vgpu_region *r) {
 }
 
 struct vgpu_region *vgpu_region_attach(void) {
+    /* Double-checked: attached is stored (release) under attach_lock after region is set, and
+     * cleared in a fork child (vgpu_region_after_fork_child), which therefore attaches anew; no
+     * getpid() (a system call) on every allocation and launch. */
+    if (__atomic_load_n(&attached, __ATOMIC_ACQUIRE)) return region;
     pid_t pid = getpid();
-    /* Double-checked: attached_pid is stored (release) under attach_lock after region is set, and
-     * differs from getpid() in a fork child, which therefore attaches anew. */
-    if (__atomic_load_n(&attached_pid, __ATOMIC_ACQUIRE) == pid) return region;
     pthread_mutex_lock(&attach_lock);
     if (attached_pid != pid) {
         const char *path = vgpu_limits()->region;
@@ -181,7 +183,8 @@ struct vgpu_region *vgpu_region_attach(void) {
                 region = NULL;
             }
         }
-        __atomic_store_n(&attached_pid, pid, __ATOMIC_RELEASE);
+        attached_pid = pid;
+        __atomic_store_n(&attached, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&attach_lock);
     return region;
@@ -256,5 +259,6 @@ void vgpu_region_after_fork_child(void) {
     region_fd = -1;
     my_slot = -1;
     attached_pid = 0;
+    attached = 0;
     pthread_mutex_init(&attach_lock, NULL);
 }

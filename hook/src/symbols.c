@@ -34,7 +34,7 @@ static const struct vgpu_symbol symbols[VGPU_SYM_COUNT] = {
 };
 
 static const char *const library_names[] = {[VGPU_LIB_CUDA] = "libcuda.so.1", [VGPU_LIB_NVML] = "libnvidia-ml.so.1"};
-static void *real[VGPU_SYM_COUNT];
+void *vgpu_real_fns[VGPU_SYM_COUNT]; /* symbols.h says how it is read */
 static pthread_once_t resolved[3] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
 
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
@@ -100,7 +100,7 @@ static void resolve(enum vgpu_library lib) {
     if (!handle) handle = dlopen(library_names[lib], RTLD_NOW);
     if (!handle) return;
     for (int i = 0; i < VGPU_SYM_COUNT; i++)
-        if (symbols[i].lib == lib) real[i] = REAL(dlsym)(handle, symbols[i].abi);
+        if (symbols[i].lib == lib) __atomic_store_n(&vgpu_real_fns[i], REAL(dlsym)(handle, symbols[i].abi), __ATOMIC_RELEASE);
 }
 static void resolve_cuda(void) { resolve(VGPU_LIB_CUDA); }
 static void resolve_nvml(void) { resolve(VGPU_LIB_NVML); }
@@ -112,10 +112,11 @@ static void resolve_dl(void) {
     dlvsym_fn glibc = (dlvsym_fn)elf_lookup("libc.so.6", "dlvsym");
     if (!glibc) glibc = (dlvsym_fn)elf_lookup("libdl.so.2", "dlvsym");
     if (!glibc) return;
-    real[VGPU_SYM_dlvsym] = (void *)glibc;
+    __atomic_store_n(&vgpu_real_fns[VGPU_SYM_dlvsym], (void *)glibc, __ATOMIC_RELEASE);
     static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
-    for (size_t i = 0; !real[VGPU_SYM_dlsym] && i < sizeof versions / sizeof *versions; i++)
-        real[VGPU_SYM_dlsym] = glibc(RTLD_NEXT, "dlsym", versions[i]);
+    void *next = NULL;
+    for (size_t i = 0; !next && i < sizeof versions / sizeof *versions; i++) next = glibc(RTLD_NEXT, "dlsym", versions[i]);
+    __atomic_store_n(&vgpu_real_fns[VGPU_SYM_dlsym], next, __ATOMIC_RELEASE);
 }
 
 static void (*const resolvers[])(void) = {
@@ -124,7 +125,7 @@ static void (*const resolvers[])(void) = {
 void *vgpu_real(int id) {
     enum vgpu_library lib = symbols[id].lib;
     pthread_once(&resolved[lib], resolvers[lib]);
-    return real[id];
+    return __atomic_load_n(&vgpu_real_fns[id], __ATOMIC_ACQUIRE);
 }
 
 static const struct vgpu_symbol *intercepted_by_abi(const char *name) {

@@ -85,7 +85,22 @@ enum vgpu_symbol_id {
 #undef VGPU_ID_Y
 };
 
+/* The real entry points, by symbol id: NULL until resolved (or when the library lacks one). */
+void *vgpu_real(int symbol); /* also in vgpu.h: resolves the symbol's library once */
+extern void *vgpu_real_fns[VGPU_SYM_COUNT];
+
+/* Every wrapper asks for its real function on every call, so the answer is one load once the
+ * library is resolved: resolve() stores each pointer (release) once the library is open, and a
+ * thread that loads a non-NULL pointer (acquire) may call it. Only a NULL takes vgpu_real's
+ * once-only resolution (symbols.c), which answers NULL again for a symbol the library lacks. */
+static inline void *vgpu_real_fast(int id) {
+    void *fn = __atomic_load_n(&vgpu_real_fns[id], __ATOMIC_ACQUIRE);
+    return fn ? fn : vgpu_real(id);
+}
+
 /* The real driver's function behind `name`, typed like the hook's declaration of `name`. */
-#define REAL(name) ((__typeof__(&name))vgpu_real(VGPU_SYM_##name))
+#define REAL(name) ((__typeof__(&name))vgpu_real_fast(VGPU_SYM_##name))
+/* The same, NULL while not resolved yet (no call: for wrappers whose fast path must make none). */
+#define REAL_IF_RESOLVED(name) ((__typeof__(&name))__atomic_load_n(&vgpu_real_fns[VGPU_SYM_##name], __ATOMIC_ACQUIRE))
 
 #endif

@@ -1,9 +1,9 @@
 /* This process's live allocations: what each free, release or destroy gives back, and to which
- * GPU. An open-addressing hash table (linear probing, backward-shift deletion) under one mutex. */
-#include <pthread.h>
+ * GPU. An open-addressing hash table (linear probing, backward-shift deletion) under one lock. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "spinlock.h"
 #include "vgpu.h"
 
 struct entry {
@@ -17,7 +17,7 @@ struct entry {
 static struct entry *table;
 static size_t capacity; /* a power of two */
 static size_t count;
-static pthread_mutex_t tracking_lock = PTHREAD_MUTEX_INITIALIZER;
+static vgpu_spinlock tracking_lock; /* spinlock.h: taken on every allocation and free */
 
 static size_t slot_of(uint64_t key, int kind) {
     uint64_t h = (key ^ ((uint64_t)kind << 61)) * 0x9e3779b97f4a7c15ull;
@@ -47,11 +47,11 @@ static int grow(void) {
 
 int vgpu_track_add(enum vgpu_kind kind, uint64_t key, int rdev, uint64_t bytes, CUcontext ctx) {
     if (!key) return -1;
-    pthread_mutex_lock(&tracking_lock);
+    vgpu_spin_take(&tracking_lock);
     int rc = 0;
     if ((count + 1) * 2 > capacity) rc = grow();
     if (rc == 0) insert((struct entry){.key = key, .bytes = bytes, .ctx = ctx, .rdev = rdev, .kind = (int32_t)kind});
-    pthread_mutex_unlock(&tracking_lock);
+    vgpu_spin_give(&tracking_lock);
     return rc;
 }
 
@@ -78,7 +78,7 @@ static void remove_at(size_t i) {
 
 int vgpu_track_take(enum vgpu_kind kind, uint64_t key, int *rdev, uint64_t *bytes) {
     int found = 0;
-    pthread_mutex_lock(&tracking_lock);
+    vgpu_spin_take(&tracking_lock);
     if (capacity && key) {
         for (size_t i = slot_of(key, (int)kind); table[i].key; i = (i + 1) & (capacity - 1)) {
             if (table[i].key == key && table[i].kind == (int32_t)kind) {
@@ -90,13 +90,13 @@ int vgpu_track_take(enum vgpu_kind kind, uint64_t key, int *rdev, uint64_t *byte
             }
         }
     }
-    pthread_mutex_unlock(&tracking_lock);
+    vgpu_spin_give(&tracking_lock);
     return found;
 }
 
 void vgpu_track_drop_context(CUcontext ctx) {
     uint64_t freed[VGPU_MAX_DEVICES] = {0};
-    pthread_mutex_lock(&tracking_lock);
+    vgpu_spin_take(&tracking_lock);
     for (size_t i = 0; i < capacity;) {
         if (table[i].key && table[i].ctx == ctx) {
             if (table[i].rdev >= 0 && table[i].rdev < VGPU_MAX_DEVICES) freed[table[i].rdev] += table[i].bytes;
@@ -105,7 +105,7 @@ void vgpu_track_drop_context(CUcontext ctx) {
             i++;
         }
     }
-    pthread_mutex_unlock(&tracking_lock);
+    vgpu_spin_give(&tracking_lock);
     for (int d = 0; d < VGPU_MAX_DEVICES; d++)
         if (freed[d]) vgpu_region_release(d, freed[d]);
 }
@@ -115,5 +115,5 @@ void vgpu_track_after_fork_child(void) {
     free(table);
     table = NULL;
     capacity = count = 0;
-    pthread_mutex_init(&tracking_lock, NULL);
+    vgpu_spin_init(&tracking_lock);
 }

@@ -76,8 +76,11 @@ struct vgpu_device {
     char uuid[VGPU_UUID_LEN];
     struct vgpu_quota quota;
 };
-/* The device of the current context; NULL with *err set when there is none. */
-const struct vgpu_device *vgpu_device_current(CUresult *err);
+/* The device of the current context (and, if current is not NULL, that context); NULL with *err set
+ * when there is none. */
+const struct vgpu_device *vgpu_device_current(CUcontext *current, CUresult *err);
+/* A context ended (destroyed, or a primary context released or reset): forget what was remembered. */
+void vgpu_device_contexts_ended(void);
 const struct vgpu_device *vgpu_device_of(CUdevice cu, CUresult *err);
 /* Ordinal in this process of the GPU with this UUID, enumerating CUDA if needed; -1 if none. */
 int vgpu_ordinal_of_uuid(const char *uuid);
