@@ -91,11 +91,12 @@ const struct vgpu_device *vgpu_device_current(CUcontext *current, CUresult *err)
     unsigned epoch = __atomic_load_n(&contexts_epoch, __ATOMIC_ACQUIRE);
     CUcontext ctx = NULL;
     CUdevice cu;
-    if (!REAL(cuCtxGetCurrent) || !REAL(cuCtxGetDevice)) {
+    __typeof__(&cuCtxGetCurrent) get_current = REAL(cuCtxGetCurrent);
+    if (!get_current || !REAL(cuCtxGetDevice)) {
         *err = CUDA_ERROR_NOT_FOUND;
         return NULL;
     }
-    if ((*err = REAL(cuCtxGetCurrent)(&ctx)) != CUDA_SUCCESS) return NULL;
+    if ((*err = get_current(&ctx)) != CUDA_SUCCESS) return NULL;
     if (current) *current = ctx;
     if (ctx && ctx == last_context.ctx && epoch == last_context.epoch) return last_context.device;
     if ((*err = REAL(cuCtxGetDevice)(&cu)) != CUDA_SUCCESS) return NULL;

@@ -39,8 +39,9 @@ static CUresult record(CUresult r, CUcontext ctx, enum vgpu_kind kind, uint64_t 
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* Forgets key and frees it; restores the record if the driver refused to free. */
-static CUresult forget(enum vgpu_kind kind, uint64_t key, CUresult (*free_fn)(uint64_t)) {
+/* Forgets key and frees it; restores the record if the driver refused to free. Inlined into each
+ * free wrapper, so that free_fn is a direct call (cuMemFree_v2 runs on every free). */
+__attribute__((always_inline)) static inline CUresult forget(enum vgpu_kind kind, uint64_t key, CUresult (*free_fn)(uint64_t)) {
     int rdev;
     uint64_t bytes;
     if (!vgpu_track_take(kind, key, &rdev, &bytes)) return free_fn(key); /* not ours to count */
@@ -63,12 +64,13 @@ static CUresult destroy_mipmap(uint64_t m) {
     } while (0)
 
 VGPU_API CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
-    REQUIRE(cuMemAlloc_v2);
+    __typeof__(&cuMemAlloc_v2) fn = REAL(cuMemAlloc_v2);
+    if (!fn) return CUDA_ERROR_NOT_FOUND;
     const struct vgpu_device *d = NULL;
     CUcontext ctx = NULL;
     CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
-    r = REAL(cuMemAlloc_v2)(dptr, bytes);
+    r = fn(dptr, bytes);
     return record(r, ctx, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
 }
 

@@ -11,13 +11,19 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "spinlock.h"
 #include "vgpu.h"
 
 static struct vgpu_region *region;
 static int region_fd = -1;
 static int my_slot = -1;
+/* Set with my_slot (under attach_lock, before `attached`): this process's lock word and its slot's
+ * usage, so that an allocation or a free computes neither. */
+static uint64_t my_owner;
+static uint64_t *my_used;
 static int region_private;
 static pid_t attached_pid; /* the process that attached: a forked child attaches anew */
 static int attached;        /* attached_pid is this process: cleared in a fork child */
@@ -50,26 +56,66 @@ static void recompute_totals(struct vgpu_region *r) {
     }
 }
 
-void vgpu_region_lock(struct vgpu_region *r) {
-    int rc = pthread_mutex_lock(&r->lock);
-    if (rc == EOWNERDEAD) {
-        /* A process died holding the lock, possibly between its two stores: the slots are the truth. */
-        recompute_totals(r);
-        pthread_mutex_consistent(&r->lock);
+static uint64_t owner_word(pid_t pid, int slot) { return (uint64_t)(uint32_t)pid << 32 | (uint32_t)(slot + 1); }
+
+/* Whether the holder named by `owner` is gone, seen by a process holding `slot`. A live process
+ * keeps its slot's byte lock (region.h) until it dies; a slot is claimed (its byte locked) before
+ * its claimer takes the region lock, so while a holder lives no one else can hold its slot. */
+static int holder_dead(uint64_t owner, int slot) {
+    pid_t pid = (pid_t)(owner >> 32);
+    int64_t held = (int64_t)(owner & 0xffffffffu) - 1;
+    if (pid == attached_pid) return 0;                 /* another thread of this process */
+    if (held < 0 || held >= VGPU_MAX_PROCS) return 1; /* not a holder's word: scribbled */
+    if (held == slot) return 1; /* this process holds that slot's byte: its previous owner died */
+    return !vgpu_slot_alive(region_fd, (int)held);
+}
+
+__attribute__((noinline)) static void lock_contended(struct vgpu_region *r, int slot, uint64_t me) {
+    for (unsigned spins = 1;; spins++) {
+        uint64_t owner = __atomic_load_n(&r->lock, __ATOMIC_RELAXED);
+        if (owner == 0) {
+            if (__atomic_compare_exchange_n(&r->lock, &owner, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+            continue;
+        }
+        if (spins < 64) {
+            vgpu_cpu_relax();
+            continue;
+        }
+        /* Held for long: its holder may have died holding it (its stores left half done). */
+        if (holder_dead(owner, slot) &&
+            __atomic_compare_exchange_n(&r->lock, &owner, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+            recompute_totals(r);
+            return;
+        }
+        if (spins < 1024) {
+            sched_yield();
+        } else {
+            struct timespec nap = {0, 50000}; /* a holder stopped (SIGSTOP, a debugger): don't burn a CPU */
+            nanosleep(&nap, NULL);
+        }
     }
 }
 
-void vgpu_region_unlock(struct vgpu_region *r) { pthread_mutex_unlock(&r->lock); }
+static inline void lock_as(struct vgpu_region *r, int slot) {
+    uint64_t me = owner_word(attached_pid, slot), free_word = 0;
+    if (!__atomic_compare_exchange_n(&r->lock, &free_word, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        lock_contended(r, slot, me);
+}
+
+/* Inline, as this process's slot: a free lock is taken by one compare-and-swap, on every
+ * allocation and free. */
+static inline void lock_mine(struct vgpu_region *r) {
+    uint64_t free_word = 0;
+    if (!__atomic_compare_exchange_n(&r->lock, &free_word, my_owner, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        lock_contended(r, my_slot, my_owner);
+}
+
+void vgpu_region_lock(struct vgpu_region *r) { lock_mine(r); }
+
+void vgpu_region_unlock(struct vgpu_region *r) { __atomic_store_n(&r->lock, 0, __ATOMIC_RELEASE); }
 
 static int init_region(struct vgpu_region *r) {
-    memset(r, 0, sizeof *r);
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-    int rc = pthread_mutex_init(&r->lock, &attr);
-    pthread_mutexattr_destroy(&attr);
-    if (rc) return -1;
+    memset(r, 0, sizeof *r); /* the lock is free */
     r->version = VGPU_REGION_VERSION;
     __atomic_store_n(&r->magic, VGPU_REGION_MAGIC, __ATOMIC_RELEASE);
     return 0;
@@ -141,22 +187,24 @@ int vgpu_region_reclaim_dead(void) {
     return n;
 }
 
+/* A slot is this process's once it holds the slot's byte lock (region.h); only then does it take
+ * the region lock, as that slot's holder, to register (returning a dead former owner's memory
+ * first). Free slots are tried first, then those of processes that may have died. */
 static int claim_slot(struct vgpu_region *r) {
-    vgpu_region_lock(r);
-    int slot = -1;
-    for (int pass = 0; pass < 2 && slot < 0; pass++) {
-        if (pass == 1 && !reclaim_dead_locked(r)) break;
-        for (uint32_t i = 0; i < VGPU_MAX_PROCS && slot < 0; i++) {
-            if (i < r->procs_hw && r->proc[i].pid) continue;
-            if (take_slot_lock((int)i) != 0) continue;
-            slot = (int)i;
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = 0; i < VGPU_MAX_PROCS; i++) {
+            int taken = i < procs_hw(r) && __atomic_load_n(&r->proc[i].pid, __ATOMIC_ACQUIRE);
+            if (taken != pass || take_slot_lock((int)i) != 0) continue;
+            lock_as(r, (int)i);
+            if (r->proc[i].pid) reclaim_slot(r, i); /* its owner died: give its memory back */
             memset(r->proc[i].used, 0, sizeof r->proc[i].used);
-            __atomic_store_n(&r->proc[i].pid, (int32_t)getpid(), __ATOMIC_RELEASE);
+            __atomic_store_n(&r->proc[i].pid, (int32_t)attached_pid, __ATOMIC_RELEASE);
             if (i >= r->procs_hw) __atomic_store_n(&r->procs_hw, i + 1, __ATOMIC_RELEASE);
+            vgpu_region_unlock(r);
+            return (int)i;
         }
     }
-    vgpu_region_unlock(r);
-    return slot;
+    return -1;
 }
 
 struct vgpu_region *vgpu_region_attach(void) {
@@ -167,6 +215,7 @@ struct vgpu_region *vgpu_region_attach(void) {
     pid_t pid = getpid();
     pthread_mutex_lock(&attach_lock);
     if (attached_pid != pid) {
+        attached_pid = pid; /* the region lock's holders are named by it */
         const char *path = vgpu_limits()->region;
         region_private = !*path;
         region_fd = region_private ? memfd_create("tessera-region", MFD_CLOEXEC)
@@ -177,17 +226,24 @@ struct vgpu_region *vgpu_region_attach(void) {
         } else {
             if (!region_private) fchmod(region_fd, 0666); /* every user of the container shares it */
             region = map_region(region_fd, region_private ? "(private)" : path);
-            if (region && (my_slot = claim_slot(region)) < 0) {
+            if (region && (my_slot = claim_slot(region)) >= 0) {
+                my_owner = owner_word(pid, my_slot);
+                my_used = region->proc[my_slot].used;
+            } else if (region) {
                 vgpu_log("region %s: all %d process slots are in use; refusing device memory", path,
                          VGPU_MAX_PROCS);
                 region = NULL;
             }
         }
-        attached_pid = pid;
         __atomic_store_n(&attached, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&attach_lock);
     return region;
+}
+
+/* The attached region without a call once attached (allocations and frees ask on every call). */
+static inline struct vgpu_region *attached_region(void) {
+    return __atomic_load_n(&attached, __ATOMIC_ACQUIRE) ? region : vgpu_region_attach();
 }
 
 int vgpu_region_device(const char *uuid, uint64_t memory_quota, int cores, int elastic) {
@@ -214,20 +270,20 @@ int vgpu_region_device(const char *uuid, uint64_t memory_quota, int cores, int e
     return d;
 }
 
-static int reserve_once(struct vgpu_region *r, int d, uint64_t bytes, uint64_t quota) {
-    vgpu_region_lock(r);
+static inline int reserve_once(struct vgpu_region *r, int d, uint64_t bytes, uint64_t quota) {
+    lock_mine(r);
     uint64_t used = r->dev[d].used;
     int ok = quota == VGPU_UNLIMITED || (bytes <= quota && used <= quota - bytes);
     if (ok) {
         __atomic_store_n(&r->dev[d].used, used + bytes, __ATOMIC_RELAXED);
-        __atomic_store_n(&r->proc[my_slot].used[d], r->proc[my_slot].used[d] + bytes, __ATOMIC_RELAXED);
+        __atomic_store_n(&my_used[d], my_used[d] + bytes, __ATOMIC_RELAXED);
     }
     vgpu_region_unlock(r);
     return ok ? 0 : -1;
 }
 
 int vgpu_region_reserve(int d, uint64_t bytes, uint64_t quota) {
-    struct vgpu_region *r = vgpu_region_attach();
+    struct vgpu_region *r = attached_region();
     if (!r || d < 0) return -1;
     if (reserve_once(r, d, bytes, quota) == 0) return 0;
     /* Memory of a process that died moments ago may not be reclaimed yet. */
@@ -235,13 +291,13 @@ int vgpu_region_reserve(int d, uint64_t bytes, uint64_t quota) {
 }
 
 void vgpu_region_release(int d, uint64_t bytes) {
-    struct vgpu_region *r = vgpu_region_attach();
+    struct vgpu_region *r = attached_region();
     if (!r || d < 0) return;
-    vgpu_region_lock(r);
-    uint64_t mine = r->proc[my_slot].used[d];
+    lock_mine(r);
+    uint64_t mine = my_used[d];
     if (bytes > mine) bytes = mine; /* never give back more than this process holds */
     __atomic_store_n(&r->dev[d].used, r->dev[d].used - bytes, __ATOMIC_RELAXED);
-    __atomic_store_n(&r->proc[my_slot].used[d], mine - bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&my_used[d], mine - bytes, __ATOMIC_RELAXED);
     vgpu_region_unlock(r);
 }
 
@@ -258,6 +314,8 @@ void vgpu_region_after_fork_child(void) {
     region = NULL;
     region_fd = -1;
     my_slot = -1;
+    my_owner = 0;
+    my_used = NULL;
     attached_pid = 0;
     attached = 0;
     pthread_mutex_init(&attach_lock, NULL);

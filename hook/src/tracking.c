@@ -19,12 +19,12 @@ static size_t capacity; /* a power of two */
 static size_t count;
 static vgpu_spinlock tracking_lock; /* spinlock.h: taken on every allocation and free */
 
-static size_t slot_of(uint64_t key, int kind) {
+static inline size_t slot_of(uint64_t key, int kind) {
     uint64_t h = (key ^ ((uint64_t)kind << 61)) * 0x9e3779b97f4a7c15ull;
     return (size_t)(h >> 32) & (capacity - 1);
 }
 
-static void insert(struct entry e) {
+static inline void insert(struct entry e) {
     size_t i = slot_of(e.key, e.kind);
     while (table[i].key) i = (i + 1) & (capacity - 1);
     table[i] = e;
@@ -56,7 +56,7 @@ int vgpu_track_add(enum vgpu_kind kind, uint64_t key, int rdev, uint64_t bytes, 
 }
 
 /* Removes table[i], shifting back the entries of its probe chain. Lock held. */
-static void remove_at(size_t i) {
+static inline void remove_at(size_t i) {
     size_t j = i;
     for (;;) {
         table[i].key = 0;
