@@ -51,11 +51,24 @@ struct signature {
 
 struct sample {
     CUevent start, end;
+    CUcontext ctx; /* the events' context */
     struct signature *sig;
     int rdev;
     int charge; /* launched before its signature had an estimate: charge the measurement */
     uint64_t work_mark; /* launched_work once this launch was queued */
 };
+
+/* Event pairs of settled measurements, kept for the next ones in the same context instead of being
+ * destroyed and created again (four driver calls per measurement). An ended context's pairs are
+ * forgotten (vgpu_compute_context_ended: the driver freed them); a pair that fails to record anyway
+ * is destroyed and a new one created. Under compute_lock. */
+#define SPARE_PAIRS MAX_PENDING
+struct spare {
+    CUcontext ctx;
+    CUevent start, end;
+};
+static struct spare spares[SPARE_PAIRS];
+static int nspares;
 
 static struct signature signatures[MAX_SIGNATURES];
 static struct signature overflow_signature; /* shared by launches once the table is full */
@@ -86,7 +99,37 @@ static inline int throttling_configured(void) {
     return t ? t == 2 : throttling_first();
 }
 
-static struct signature *signature_of(const struct launch_key *key) {
+/* The signature this thread launched last, to skip the hash and the probe when it launches the
+ * same again (the common case: a loop). A table entry keeps its key until a fork clears the table,
+ * which moves signatures_epoch on. Read and used under compute_lock, like the table. initial-exec:
+ * one load from the thread pointer (devices.c says why that is safe here). */
+static unsigned signatures_epoch;
+static __thread __attribute__((tls_model("initial-exec"))) struct {
+    struct signature *sig;
+    unsigned epoch;
+} last_signature;
+
+static inline int same_key(const struct launch_key *a, const struct launch_key *b) {
+    return a->fn == b->fn && a->grid[0] == b->grid[0] && a->grid[1] == b->grid[1] && a->grid[2] == b->grid[2] &&
+           a->block[0] == b->block[0] && a->block[1] == b->block[1] && a->block[2] == b->block[2] &&
+           a->shmem == b->shmem;
+}
+
+static struct signature *signature_lookup(const struct launch_key *key);
+
+/* Lock held. */
+static inline struct signature *signature_of(const struct launch_key *key) {
+    struct signature *s = last_signature.sig;
+    if (s && last_signature.epoch == signatures_epoch && same_key(&s->key, key)) return s;
+    s = signature_lookup(key);
+    if (s != &overflow_signature) {
+        last_signature.sig = s;
+        last_signature.epoch = signatures_epoch;
+    }
+    return s;
+}
+
+static struct signature *signature_lookup(const struct launch_key *key) {
     uint64_t h = key->fn * 0x9e3779b97f4a7c15ull;
     for (int i = 0; i < 3; i++) h = (h ^ key->grid[i] ^ ((uint64_t)key->block[i] << 32)) * 0x100000001b3ull;
     h ^= key->shmem;
@@ -186,10 +229,54 @@ static void settle(struct vgpu_region *r, struct sample *s, int complete) {
             if (sig->samples[i] < least) least = sig->samples[i];
         sig->estimate_ns = least;
     }
+    int kept = ok && s->ctx && nspares < SPARE_PAIRS;
+    if (kept) spares[nspares++] = (struct spare){s->ctx, s->start, s->end};
     vgpu_spin_give(&compute_lock);
     if (ok && s->charge) charge(r, s->rdev, ns);
-    REAL(cuEventDestroy_v2)(s->start);
-    REAL(cuEventDestroy_v2)(s->end);
+    if (!kept) {
+        REAL(cuEventDestroy_v2)(s->start);
+        REAL(cuEventDestroy_v2)(s->end);
+    }
+}
+
+/* A spare pair of this context's events, or 0. */
+static int take_spare(CUcontext ctx, CUevent *start, CUevent *end) {
+    int found = 0;
+    vgpu_spin_take(&compute_lock);
+    for (int i = 0; i < nspares && !found; i++) {
+        if (spares[i].ctx != ctx) continue;
+        *start = spares[i].start;
+        *end = spares[i].end;
+        spares[i] = spares[--nspares];
+        found = 1;
+    }
+    vgpu_spin_give(&compute_lock);
+    return found;
+}
+
+/* Records the start event of a measured launch, in a spare pair of ctx or a new one; 0 or -1. */
+static int start_measurement(CUcontext ctx, CUstream stream, CUevent *start, CUevent *end) {
+    if (ctx && take_spare(ctx, start, end)) {
+        if (REAL(cuEventRecord)(*start, stream) == CUDA_SUCCESS) return 0;
+        REAL(cuEventDestroy_v2)(*start); /* its context ended unseen: a new pair below */
+        REAL(cuEventDestroy_v2)(*end);
+    }
+    *start = *end = NULL;
+    if (REAL(cuEventCreate)(start, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
+        REAL(cuEventCreate)(end, CU_EVENT_DEFAULT) == CUDA_SUCCESS && REAL(cuEventRecord)(*start, stream) == CUDA_SUCCESS)
+        return 0;
+    if (*start) REAL(cuEventDestroy_v2)(*start);
+    if (*end) REAL(cuEventDestroy_v2)(*end);
+    *start = *end = NULL;
+    return -1;
+}
+
+void vgpu_compute_context_ended(CUcontext ctx) {
+    vgpu_spin_take(&compute_lock);
+    for (int i = 0; i < nspares;)
+        if (spares[i].ctx == ctx || !ctx) spares[i] = spares[--nspares];
+        else i++;
+    vgpu_spin_give(&compute_lock);
 }
 
 /* Settles the finished measurements; with `oldest` or `of`, first waits for that one. */
@@ -222,7 +309,8 @@ typedef CUresult (*launch_fn)(const void *args);
 
 static CUresult throttled_launch(const struct launch_key *key, CUstream stream, launch_fn go, const void *args) {
     CUresult err;
-    const struct vgpu_device *d = vgpu_device_current(NULL, &err);
+    CUcontext ctx = NULL;
+    const struct vgpu_device *d = vgpu_device_current(&ctx, &err);
     struct vgpu_region *r = d && d->rdev >= 0 ? vgpu_region_attach() : NULL;
     if (!r || d->quota.cores <= 0 || d->quota.cores >= VGPU_MAX_CORES) return go(args);
     /* A relaxed read: a measurement queued meanwhile by another thread is collected next time. */
@@ -252,12 +340,7 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
     wait_for_tokens(r, d, estimate);
     if (!must_measure) return go(args);
     CUevent start = NULL, end = NULL;
-    if ((REAL(cuEventCreate)(&start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-         REAL(cuEventCreate)(&end, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-         REAL(cuEventRecord)(start, stream) != CUDA_SUCCESS)) {
-        if (start) REAL(cuEventDestroy_v2)(start);
-        if (end) REAL(cuEventDestroy_v2)(end);
-        start = end = NULL;
+    if (start_measurement(ctx, stream, &start, &end) != 0) {
         static int told;
         if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
             vgpu_log("cannot record CUDA events on a stream; its launches are not charged to the compute quota");
@@ -267,7 +350,7 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
     vgpu_spin_take(&compute_lock);
     if (measured && npending < MAX_PENDING) {
         launched_work += estimate;
-        pending[npending] = (struct sample){start, end, sig, d->rdev, unknown, launched_work};
+        pending[npending] = (struct sample){start, end, ctx, sig, d->rdev, unknown, launched_work};
         __atomic_store_n(&npending, npending + 1, __ATOMIC_RELAXED);
         sig->pending++;
         sig->launches_since_sample = 0;
@@ -418,8 +501,10 @@ VGPU_API CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) 
 void vgpu_compute_after_fork_child(void) {
     /* The parent's events and estimates are not the child's. */
     memset(signatures, 0, sizeof signatures);
+    signatures_epoch++; /* the forking thread's last signature was cleared */
     memset(&overflow_signature, 0, sizeof overflow_signature);
     npending = 0;
+    nspares = 0; /* the parent's events */
     launched_work = completed_work = 0;
     vgpu_spin_init(&compute_lock);
 }

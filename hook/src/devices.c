@@ -92,13 +92,17 @@ const struct vgpu_device *vgpu_device_current(CUcontext *current, CUresult *err)
     CUcontext ctx = NULL;
     CUdevice cu;
     __typeof__(&cuCtxGetCurrent) get_current = REAL(cuCtxGetCurrent);
-    if (!get_current || !REAL(cuCtxGetDevice)) {
+    if (!get_current) {
         *err = CUDA_ERROR_NOT_FOUND;
         return NULL;
     }
     if ((*err = get_current(&ctx)) != CUDA_SUCCESS) return NULL;
     if (current) *current = ctx;
     if (ctx && ctx == last_context.ctx && epoch == last_context.epoch) return last_context.device;
+    if (!REAL(cuCtxGetDevice)) {
+        *err = CUDA_ERROR_NOT_FOUND;
+        return NULL;
+    }
     if ((*err = REAL(cuCtxGetDevice)(&cu)) != CUDA_SUCCESS) return NULL;
     const struct vgpu_device *d = vgpu_device_of(cu, err);
     if (d && ctx) {

@@ -271,6 +271,7 @@ VGPU_API CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
     CUresult r = REAL(cuCtxDestroy_v2)(ctx);
     if (r == CUDA_SUCCESS) {
         vgpu_device_contexts_ended();
+        vgpu_compute_context_ended(ctx);
         vgpu_track_drop_context(ctx); /* the driver freed its allocations */
     }
     return r;
@@ -289,8 +290,10 @@ static CUresult primary_context_ends(CUresult (*fn)(CUdevice), CUdevice dev, int
     CUresult r = fn(dev);
     if (r == CUDA_SUCCESS) vgpu_device_contexts_ended();
     if (r == CUDA_SUCCESS && primary &&
-        (reset || REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) != CUDA_SUCCESS || !active))
+        (reset || REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) != CUDA_SUCCESS || !active)) {
+        vgpu_compute_context_ended(primary);
         vgpu_track_drop_context(primary);
+    }
     return r;
 }
 

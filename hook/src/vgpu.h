@@ -100,6 +100,8 @@ void vgpu_track_after_fork_child(void);
 
 /* compute.c */
 void vgpu_compute_after_fork_child(void);
+/* ctx ended (NULL: some context, not known which): forget the events kept in it. */
+void vgpu_compute_context_ended(CUcontext ctx);
 
 /* monitor.c: started once per process (by vgpu_device_join) once the region is joined. */
 void vgpu_monitor_ensure(void);
