@@ -121,6 +121,17 @@ static int init_region(struct vgpu_region *r) {
     return 0;
 }
 
+/* A region an older hook wrote (a container restarted onto a newer hook) starts afresh when no
+ * process holds a slot any more: its processes are all dead, so none of its counts still holds.
+ * While one lives, the region stays as it is and is refused (its lock is not this version's).
+ * Under flock, so that processes starting together upgrade it once. */
+static void upgrade_region(int fd, struct vgpu_region *r) {
+    if (flock(fd, LOCK_EX) != 0) return;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCK_BASE, .l_len = VGPU_MAX_PROCS};
+    if (r->version < VGPU_REGION_VERSION && fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK) init_region(r);
+    flock(fd, LOCK_UN);
+}
+
 /* Maps the file, initialising it under flock when it is new; NULL after a message. */
 static struct vgpu_region *map_region(int fd, const char *name) {
     struct stat st;
@@ -140,6 +151,7 @@ static struct vgpu_region *map_region(int fd, const char *name) {
     flock(fd, LOCK_UN);
     if (!ok) goto fail;
 check:
+    if (r->magic == VGPU_REGION_MAGIC && r->version < VGPU_REGION_VERSION) upgrade_region(fd, r);
     if (r->magic != VGPU_REGION_MAGIC || r->version != VGPU_REGION_VERSION) {
         vgpu_log("region %s: not a Tessera region of version %d; refusing device memory", name,
                  VGPU_REGION_VERSION);
