@@ -8,7 +8,8 @@ import fcntl
 import os
 import struct
 
-from tests.hook.conftest import MIB, Clients, FakeGpus, Processes
+from tests.hook.conftest import MIB, Clients, FakeGpus
+from tests.processes import Processes
 
 REGION_MAGIC = 0x3147455253534554  # "TESSREG1", hook/src/region.h
 SLOT_LOCK_BASE = 1 << 30  # hook/src/region.h: a live process holds byte SLOT_LOCK_BASE + its slot
