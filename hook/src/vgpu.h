@@ -12,6 +12,7 @@
  *   snapshot.c  the read-only region reader exported to Python
  *   clock.c     the monotonic clock
  *   log.c       messages on stderr
+ *   spinlock.h  the lock of the process-local tables (tracking, compute)
  *
  * Calls go one way: the wrappers (memory, nvml, compute) use devices, tracking, the region and
  * limits (compute also the monitor's elastic verdict); devices joins the region and starts the
