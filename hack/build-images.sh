@@ -53,11 +53,12 @@ out="$(cd "$out" && pwd)"
 version="$(sed -nE 's/^version = "([^"]+)"/\1/p' pyproject.toml | head -n1)"
 [ -n "$version" ] || die "no version in pyproject.toml"
 # The names the cluster asks for: the chart's image.repository:tag ("tessera:0.1.0") normalizes to
-# docker.io/library/tessera:0.1.0, and scheduler.image is used as written.
+# docker.io/library/tessera:0.1.0; the chart's kube-scheduler tag follows the cluster's version
+# (scheduler.image.tag empty), so the image is built for the Kubernetes that hack/k8s-binaries.sh pins.
 product_image="docker.io/library/tessera:$version"
-scheduler_image="$(sed -nE 's/^  image: *([^ ]+kube-scheduler:[^ ]+)$/\1/p' charts/tessera/values.yaml)"
-[ -n "$scheduler_image" ] || die "no scheduler.image in charts/tessera/values.yaml"
-k8s_version="${scheduler_image##*:}"
+k8s_version="${K8S_VERSION:-$(sed -nE 's/^K8S_VERSION="\$\{K8S_VERSION:-(v[^}]+)\}"$/\1/p' hack/k8s-binaries.sh)}"
+[ -n "$k8s_version" ] || die "no K8S_VERSION in hack/k8s-binaries.sh"
+scheduler_image="registry.k8s.io/kube-scheduler:$k8s_version"
 base_image="localhost/tessera-base:bookworm"
 
 bh=(buildah --storage-driver overlay)

@@ -15,6 +15,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.extender.conftest import REPO, ExtenderServer
 from tests.extender.helpers import gpu_pod
@@ -29,10 +30,10 @@ UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
 
 
 def chart_memory_limit() -> int:
-    """The extender container's memory limit in bytes, read from the chart's template."""
-    text = (REPO / "charts" / "tessera" / "templates" / "extender.yaml").read_text()
-    match = re.search(r"limits:\s*\{memory:\s*(\d+)(Ki|Mi|Gi)\}", text)
-    assert match, "no memory limit in charts/tessera/templates/extender.yaml"
+    """The extender container's memory limit in bytes, the chart's default (values.yaml)."""
+    values = yaml.safe_load((REPO / "charts" / "tessera" / "values.yaml").read_text())
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi)", str(values["extender"]["resources"]["limits"]["memory"]))
+    assert match, "no memory limit in charts/tessera/values.yaml extender.resources.limits"
     return int(match.group(1)) * UNITS[match.group(2)]
 
 

@@ -13,7 +13,7 @@ import yaml
 from kubernetes import client
 
 from sandbox.controlplane import ControlPlane, find_binaries
-from tessera.contract import KEYS
+from tessera.contract import KEYS, ContractError, Policy, keys_for
 
 pytestmark = pytest.mark.k8s
 
@@ -84,42 +84,222 @@ def test_one_chart_value_sets_the_in_flight_timeout_of_both_sides(repo_root: Pat
         assert [a for a in given if a.startswith("--inflight-timeout")] == ["--inflight-timeout=42"], kind
 
 
+CLUSTER_SCOPED = (
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)
+
+
 def test_chart_output_is_accepted_by_the_api_server(
     repo_root: Path, control_plane: ControlPlane, kube: client.ApiClient
 ) -> None:
-    namespace = "tessera-system"
-    client.CoreV1Api(kube).create_namespace({"metadata": {"name": namespace}})
-    rendered = helm("template", "tessera", str(repo_root / "charts" / "tessera"), "--namespace", namespace)
+    """Two releases into one API server, each in its namespace: their cluster-scoped objects are
+    named after the release and both are accepted, side by side."""
+    chart = str(repo_root / "charts" / "tessera")
+    releases = {"tessera": "tessera-system", "gpu-b": "tessera-b"}
     kubectl = [str(find_binaries(names=("kubectl",)) / "kubectl"), f"--kubeconfig={control_plane.kubeconfig}"]
-    applied = subprocess.run(
-        [*kubectl, "apply", "--server-side", "-f", "-"],
-        input=rendered,
+    rendered = {}
+    for release, namespace in releases.items():
+        client.CoreV1Api(kube).create_namespace({"metadata": {"name": namespace}})
+        rendered[release] = helm("template", release, chart, "--namespace", namespace)
+    try:
+        for release in releases:
+            applied = subprocess.run(
+                [*kubectl, "apply", "--server-side", "-f", "-"],
+                input=rendered[release],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert applied.returncode == 0, applied.stderr
+        apps = client.AppsV1Api(kube)
+        core = client.CoreV1Api(kube)
+        for release, namespace in releases.items():
+            assert apps.read_namespaced_daemon_set(
+                "tessera-device-plugin", namespace
+            ).spec.template.spec.containers
+            assert apps.read_namespaced_deployment("tessera-extender", namespace).spec.replicas == 1
+            assert apps.read_namespaced_deployment("tessera-scheduler", namespace)
+            speed = core.read_namespaced_config_map("tessera-speed-profiles", namespace)
+            assert yaml.safe_load(speed.data["speed-profiles.yaml"]) == yaml.safe_load(
+                (repo_root / "deploy" / "speed-profiles.yaml").read_text()
+            )
+            dashboard = core.read_namespaced_config_map("tessera-dashboard", namespace)
+            assert dashboard.metadata.labels["grafana_dashboard"] == "1"
+            docs = [d for d in yaml.safe_load_all(rendered[release]) if d and d["kind"] in CLUSTER_SCOPED]
+            assert len(docs) == 10
+            assert all(d["metadata"]["name"].startswith(f"{release}-") for d in docs)
+            binding = client.RbacAuthorizationV1Api(kube).read_cluster_role_binding(
+                f"{release}-device-plugin"
+            )
+            assert [(s.name, s.namespace) for s in binding.subjects] == [("tessera-device-plugin", namespace)]
+            policy = client.AdmissionregistrationV1Api(kube).read_validating_admission_policy(
+                f"{release}-device-plugin-own-node"
+            )
+            assert f"system:serviceaccount:{namespace}:tessera-device-plugin" in (
+                policy.spec.match_conditions[0].expression
+            )
+    finally:
+        for release in releases:
+            subprocess.run(
+                [*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", "-"],
+                input=rendered[release],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+
+
+def _scheduler_image(*args: str) -> str:
+    chart = str(Path(__file__).resolve().parents[2] / "charts" / "tessera")
+    docs = [d for d in yaml.safe_load_all(helm("template", "t", chart, *args)) if d]
+    deployment = next(
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "tessera-scheduler"
+    )
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return str(container["image"])
+
+
+def test_scheduler_image_follows_the_cluster_version_unless_overridden() -> None:
+    assert _scheduler_image("--kube-version", "1.33.2") == "registry.k8s.io/kube-scheduler:v1.33.2"
+    # A distribution's build suffix is not part of kube-scheduler's tag.
+    assert _scheduler_image("--kube-version", "v1.31.4+k3s1") == "registry.k8s.io/kube-scheduler:v1.31.4"
+    assert (
+        _scheduler_image("--kube-version", "1.33.2", "--set", "scheduler.image.tag=v1.32.9")
+        == "registry.k8s.io/kube-scheduler:v1.32.9"
+    )
+    assert (
+        _scheduler_image(
+            "--kube-version", "1.33.2", "--set", "scheduler.image.registry=mirror.example.com/k8s"
+        )
+        == "mirror.example.com/k8s/kube-scheduler:v1.33.2"
+    )
+
+
+def test_chart_refuses_clusters_older_than_its_apis(repo_root: Path) -> None:
+    binary = find_binaries(names=("helm",)) / "helm"
+    result = subprocess.run(
+        [str(binary), "template", "t", str(repo_root / "charts" / "tessera"), "--kube-version", "1.29.9"],
         capture_output=True,
         text=True,
         check=False,
     )
-    try:
-        assert applied.returncode == 0, applied.stderr
-        apps = client.AppsV1Api(kube)
-        assert apps.read_namespaced_daemon_set(
-            "tessera-device-plugin", namespace
-        ).spec.template.spec.containers
-        assert apps.read_namespaced_deployment("tessera-extender", namespace).spec.replicas == 1
-        assert apps.read_namespaced_deployment("tessera-scheduler", namespace)
-        speed = client.CoreV1Api(kube).read_namespaced_config_map("tessera-speed-profiles", namespace)
-        assert yaml.safe_load(speed.data["speed-profiles.yaml"]) == yaml.safe_load(
-            (repo_root / "deploy" / "speed-profiles.yaml").read_text()
+    assert result.returncode != 0
+    assert "kubeVersion" in result.stderr or "incompatible" in result.stderr, result.stderr
+
+
+def test_image_values_reach_every_pod(repo_root: Path) -> None:
+    rendered = helm(
+        "template", "t", str(repo_root / "charts" / "tessera"),
+        "--set", "image.registry=registry.example.com/gpu", "--set", "image.tag=9.9.9",
+        "--set", "imagePullSecrets[0].name=pull",
+        "--set", "extender.podAnnotations.team=ml", "--set", "devicePlugin.priorityClassName=",
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"] for d in docs if d["kind"] in ("DaemonSet", "Deployment")
+    }
+    assert set(pods) == {"tessera-device-plugin", "tessera-extender", "tessera-scheduler"}
+    for name, pod in pods.items():
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "pull"}], name
+    agent = pods["tessera-device-plugin"]["spec"]
+    assert {c["image"] for c in agent["containers"] + agent["initContainers"]} == {
+        "registry.example.com/gpu/tessera:9.9.9"
+    }
+    assert "priorityClassName" not in agent
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in agent["tolerations"]
+    assert pods["tessera-extender"]["metadata"]["annotations"]["team"] == "ml"
+    default = [
+        d for d in yaml.safe_load_all(helm("template", "t", str(repo_root / "charts" / "tessera"))) if d
+    ]
+    images = {
+        c["image"]
+        for d in default
+        if d["kind"] == "DaemonSet"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    chart = yaml.safe_load((repo_root / "charts" / "tessera" / "Chart.yaml").read_text())
+    assert images == {f"tessera:{chart['appVersion']}"}
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("devicePlugin.split=0", "/devicePlugin/split"),
+        ("extender.policy=fgd-paper", "/extender/policy"),
+        ("domain=Bad_Domain", "/domain"),
+        ("extender.polcy=spread", "polcy"),
+        ("inflightTimeout=0", "/inflightTimeout"),
+        ("extender.port=70000", "/extender/port"),
+    ],
+)
+def test_bad_values_fail_at_install_naming_the_value(
+    repo_root: Path, control_plane: ControlPlane, value: str, named: str
+) -> None:
+    binary = find_binaries(names=("helm",)) / "helm"
+    chart = str(repo_root / "charts" / "tessera")
+    install = ["install", "t", chart, "--dry-run=client", f"--kubeconfig={control_plane.kubeconfig}"]
+    for command in (["template", "t", chart], install):
+        result = subprocess.run(
+            [str(binary), *command, "--set", value], capture_output=True, text=True, check=False
         )
-        dashboard = client.CoreV1Api(kube).read_namespaced_config_map("tessera-dashboard", namespace)
-        assert dashboard.metadata.labels["grafana_dashboard"] == "1"
-    finally:
-        subprocess.run(
-            [*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", "-"],
-            input=rendered,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        assert result.returncode != 0, (command, value)
+        assert named in result.stderr, result.stderr
+
+
+def test_schema_policy_enum_is_the_contracts() -> None:
+    schema = json.loads(
+        (Path(__file__).resolve().parents[2] / "charts" / "tessera" / "values.schema.json").read_text()
+    )
+    assert schema["properties"]["extender"]["properties"]["policy"]["enum"] == [p.value for p in Policy]
+    pattern = schema["properties"]["domain"]["pattern"]
+    for domain in ("tessera.io", "gpu.example.com", "Bad_Domain", "-x.io", "a..b"):
+        try:
+            keys_for(domain)
+            valid = True
+        except ContractError:
+            valid = False
+        assert bool(re.match(pattern, domain)) == valid, domain
+
+
+def _value_keys(values: dict[str, object], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in values.items():
+        keys.append(prefix + key)
+        if isinstance(value, dict) and value and key != "resources":
+            keys += _value_keys(value, prefix + key + ".")
+    return keys
+
+
+def test_readme_and_schema_list_every_value(repo_root: Path) -> None:
+    chart = repo_root / "charts" / "tessera"
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    readme = (chart / "README.md").read_text()
+    missing = [k for k in _value_keys(values) if f"`{k}`" not in readme]
+    assert not missing, f"charts/tessera/README.md does not list: {missing}"
+    schema = json.loads((chart / "values.schema.json").read_text())
+
+    def in_schema(key: str) -> bool:
+        node = schema
+        for part in key.split("."):
+            node = node.get("properties", {}).get(part)
+            if node is None:
+                return False
+        return True
+
+    assert [k for k in _value_keys(values) if not in_schema(k)] == []
+
+
+def test_notes_say_how_to_check_the_install(repo_root: Path, control_plane: ControlPlane) -> None:
+    chart = str(repo_root / "charts" / "tessera")
+    kubeconfig = f"--kubeconfig={control_plane.kubeconfig}"
+    out = helm("install", "gpu", chart, "--dry-run=client", "--namespace", "ts", kubeconfig)
+    notes = out[out.index("NOTES:") :]
+    assert "kubectl get pods -n ts" in notes
+    assert "tessera status" in notes
+    assert "deploy/examples/" in notes
 
 
 def test_dashboard_queries_only_metrics_the_components_export(repo_root: Path) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sandbox.containerd import images
 from sandbox.controlplane import ADMIN_TOKEN, LOOPBACK, ControlPlane, ManagedProcess, free_port, wait_http_ok
@@ -43,10 +44,17 @@ def _version(repo_root: Path) -> str:
 
 
 def _scheduler_image(repo_root: Path) -> str:
-    values = (repo_root / "charts" / "tessera" / "values.yaml").read_text()
-    match = re.search(r"^  image: *(\S+kube-scheduler:\S+)$", values, re.M)
-    assert match, "no scheduler.image in the chart's values.yaml"
-    return match.group(1)
+    """The chart's kube-scheduler image on the pinned cluster version (its tag follows the cluster's)."""
+    image = yaml.safe_load((repo_root / "charts" / "tessera" / "values.yaml").read_text())["scheduler"][
+        "image"
+    ]
+    match = re.search(
+        r'^K8S_VERSION="\$\{K8S_VERSION:-(v[^}]+)\}"$',
+        (repo_root / "hack" / "k8s-binaries.sh").read_text(),
+        re.M,
+    )
+    assert match, "no K8S_VERSION in hack/k8s-binaries.sh"
+    return f"{image['registry']}/{image['repository']}:{image['tag'] or match.group(1)}"
 
 
 def _buildah(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
