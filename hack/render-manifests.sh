@@ -2,6 +2,11 @@
 # Render the plain manifests under deploy/ from the Helm chart, the one source of both.
 #   hack/render-manifests.sh          write deploy/device-plugin.yaml and deploy/extender.yaml
 #   hack/render-manifests.sh --check  exit 1 if they differ from what the chart renders
+# The extender's Service gets the fixed ClusterIP that deploy/scheduler-config.yaml calls: a
+# kube-scheduler on the host network cannot resolve cluster DNS names, but kube-proxy makes
+# ClusterIPs reachable from the host. 10.96.0.88 is in the static band (the first 256 addresses) of
+# kubeadm's default Service CIDR 10.96.0.0/12, which dynamic allocation avoids (docs/install.md).
+EXTENDER_CLUSTER_IP=10.96.0.88
 set -euo pipefail
 cd "$(dirname "$0")/.."
 helm="${HELM:-$(hack/k8s-binaries.sh 2>/dev/null)/helm}"
@@ -12,6 +17,7 @@ for part in device-plugin extender; do
     echo "# Rendered from charts/tessera (templates/$part.yaml) by hack/render-manifests.sh: edit the chart."
     echo "# Apply: kubectl apply -f deploy/$part.yaml"
     "$helm" template tessera charts/tessera --namespace kube-system \
+      --set "extender.service.clusterIP=$EXTENDER_CLUSTER_IP" \
       --show-only "templates/$part.yaml" 2>/dev/null
   } >"$rendered"
   if [ "${1:-}" = "--check" ]; then

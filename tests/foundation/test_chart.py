@@ -302,6 +302,17 @@ def test_notes_say_how_to_check_the_install(repo_root: Path, control_plane: Cont
     assert "deploy/examples/" in notes
 
 
+def test_scheduler_config_calls_the_extender_service_by_its_cluster_ip(repo_root: Path) -> None:
+    """A host-network kube-scheduler cannot resolve cluster DNS names: deploy/scheduler-config.yaml
+    calls the extender's Service of deploy/extender.yaml by its fixed ClusterIP and port."""
+    config = yaml.safe_load((repo_root / "deploy" / "scheduler-config.yaml").read_text())
+    [extender] = config["extenders"]
+    docs = [d for d in yaml.safe_load_all((repo_root / "deploy" / "extender.yaml").read_text()) if d]
+    [service] = [d for d in docs if d["kind"] == "Service"]
+    [port] = service["spec"]["ports"]
+    assert extender["urlPrefix"] == f"http://{service['spec']['clusterIP']}:{port['port']}"
+
+
 def test_dashboard_queries_only_metrics_the_components_export(repo_root: Path) -> None:
     dashboard = json.loads((repo_root / "deploy" / "grafana" / "tessera-dashboard.json").read_text())
     queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
