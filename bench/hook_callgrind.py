@@ -26,9 +26,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hook_bench import build  # the same client, built the same way
+
 import fakegpu
 
-ROOT = Path(__file__).resolve().parents[1]
 VALGRIND = "valgrind"
 
 
@@ -50,30 +51,6 @@ CASES = (
     ),
     Case("alloc_free", "cuMemAlloc_v2 + cuMemFree_v2, 1 MiB (memory quota)", "count-alloc", {}),
 )
-
-
-def build(work: Path) -> Path:
-    fakegpu.build_hook()
-    fake = fakegpu.build()
-    binary = work / "hook_calls"
-    subprocess.run(
-        [
-            "cc",
-            "-O2",
-            "-std=gnu11",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            f"-I{fakegpu.find_headers_dir('cuda.h')}",
-            "-o",
-            str(binary),
-            str(ROOT / "bench" / "hook_calls.c"),
-            f"-L{fake}",
-            "-lcuda",
-        ],
-        check=True,
-    )
-    return binary
 
 
 def environment(work: Path, name: str, *, hooked: bool, variables: dict[str, str]) -> dict[str, str]:

@@ -15,27 +15,20 @@ next list the same way. The contents stay readable (and marked synced) while it 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
-from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential, wait_random
+from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from deviceplugin.kube import Kube, KubeUnavailableError, NodePod, node_pod, watch_events
 from deviceplugin.matching import PodView
+from tessera.watching import HTTP_GONE, WATCH_SECONDS, relist_pause, relist_wait
 
 log = logging.getLogger(__name__)
 
-# How long one watch request lasts before it is renewed from the last version seen (seconds).
-WATCH_SECONDS = 240
-# The pause before listing again after a failure: 0.5, 1, 2, then 4 s at most, each plus 0-1 s.
-RETRY_FIRST = 0.5
-RETRY_MAX = 4.0
-RETRY_JITTER = 1.0
-HTTP_GONE = 410
 # A watch that ends sooner than this without an event is counted as failed.
 QUICK_END_SECONDS = 1.0
 
@@ -187,7 +180,7 @@ class PodCache:
                 if stop.is_set():
                     return
                 failures = 1 if self.events != events else failures + 1
-                pause = min(RETRY_MAX, RETRY_FIRST * 2.0 ** (failures - 1)) + random.uniform(0, RETRY_JITTER)
+                pause = relist_pause(failures)
                 if str(e) != last_error:
                     log.warning(
                         "pods on node %s: watch failed: %s; listing again in %.1f s",
@@ -202,7 +195,7 @@ class PodCache:
     def _list_until_it_works(self, stop: threading.Event) -> str | None:
         for attempt in Retrying(
             sleep=self._sleep,
-            wait=wait_exponential(multiplier=RETRY_FIRST, max=RETRY_MAX) + wait_random(0, RETRY_JITTER),
+            wait=relist_wait,
             retry=retry_if_exception(lambda e: not stop.is_set()),
             before_sleep=self._log_retry,
             reraise=True,

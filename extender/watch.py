@@ -14,23 +14,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from tenacity import AsyncRetrying, RetryCallState, wait_exponential, wait_random
+from tenacity import AsyncRetrying, RetryCallState
 
 from extender.kube import ApiError, KubeApi
 from extender.state import ClusterState
 from tessera.contract import JsonObject
+from tessera.watching import HTTP_GONE, WATCH_SECONDS, relist_wait
 
 log = logging.getLogger(__name__)
 
-# How long one watch request lasts before it is renewed (seconds).
-WATCH_SECONDS = 240
-# The pause before listing again after a failure, in seconds: 0.5, 1, 2, then 4 at most after
-# consecutive failures, each plus a random 0-1 (so the pause is at most 5 s, and the nodes' and
-# pods' watches, and several extenders, do not retry in step).
-RETRY_FIRST = 0.5
-RETRY_MAX = 4.0
-RETRY_JITTER = 1.0
-HTTP_GONE = 410
 # Only bound pods hold GPUs (an allocation on an unbound pod holds nothing), so pods waiting to be
 # scheduled are not watched: their creation and kube-scheduler's status updates are half the pod
 # events of a busy cluster. A pod comes into the watch when it is bound. (The reservation of a
@@ -116,7 +108,7 @@ class Watcher:
             # exception is retried: a bad object must not end the watch for good.
             async for attempt in AsyncRetrying(
                 sleep=self.sleep,
-                wait=wait_exponential(multiplier=RETRY_FIRST, max=RETRY_MAX) + wait_random(0, RETRY_JITTER),
+                wait=relist_wait,
                 before_sleep=lambda retry: _log_retry(path, retry),
             ):
                 with attempt:

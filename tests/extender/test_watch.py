@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from extender import watch
 from extender.kube import ApiError
 from extender.state import ClusterState
 from extender.watch import Watcher
+from tessera import watching
 from tessera.contract import KEYS, JsonObject
 from tessera.placement import PlacementEngine, SpeedProfiles
 from tests.extender.helpers import inventory, node_object
@@ -154,7 +154,7 @@ def test_failures_back_off_exponentially_with_jitter_and_410_relists_at_once(
 
     asyncio.run(run())
     assert kube.node_lists == 11  # 8 failed, then one per watch: failed, 410 Gone, open
-    first, jitter, cap = watch.RETRY_FIRST, watch.RETRY_JITTER, watch.RETRY_MAX
+    first, jitter, cap = watching.RETRY_FIRST, watching.RETRY_JITTER, watching.RETRY_MAX
     # One pause after each failed list, doubling from the first step up to the cap, each with up
     # to RETRY_JITTER added: 0.5, 1, 2, 4, 4, ... (+ 0-1) seconds.
     assert [made for _, made in pauses[:8]] == list(range(1, 9))
