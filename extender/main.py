@@ -24,7 +24,7 @@ from extender.server import Limits, uvicorn_options
 from extender.service import DEFAULT_SCHEDULER_NAME, Extender
 from extender.state import ClusterState
 from extender.watch import Watcher
-from tessera.cliargs import seconds
+from tessera.cliargs import positive_int, seconds
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, Policy, keys_for, now
 from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
 from tessera.placement import PlacementEngine, SpeedProfiles
@@ -125,14 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = Limits()
     parser.add_argument(
         "--max-body-bytes",
-        type=int,
+        type=positive_int,
         default=defaults.max_body_bytes,
         metavar="BYTES",
         help="largest request body taken; a larger one gets 413 (default %(default)d)",
     )
     parser.add_argument(
         "--max-buffered-bytes",
-        type=int,
+        type=positive_int,
         default=defaults.max_buffered_bytes,
         metavar="BYTES",
         help="request bodies held at once, all connections together; past it a request gets 503 "
@@ -140,14 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-header-bytes",
-        type=int,
+        type=positive_int,
         default=defaults.max_header_bytes,
         metavar="BYTES",
         help="largest request head (request line and headers) taken (default %(default)d)",
     )
     parser.add_argument(
         "--max-connections",
-        type=int,
+        type=positive_int,
         default=defaults.max_connections,
         metavar="N",
         help="open connections; past it the oldest not yet answered (else idle) is closed "

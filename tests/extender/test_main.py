@@ -35,6 +35,9 @@ def test_unreadable_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str
         (["--listen", "8888"], "argument --listen: '8888' is not HOST:PORT"),
         (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: '0' must be more than 0 seconds"),
         (["--policy", "random"], "argument --policy: invalid choice: 'random'"),
+        (["--max-body-bytes", "0"], "argument --max-body-bytes: '0' must be at least 1"),
+        (["--max-connections", "-1"], "argument --max-connections: '-1' must be at least 1"),
+        (["--max-header-bytes", "lots"], "argument --max-header-bytes: 'lots' is not an integer"),
     ],
 )
 def test_bad_flags(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
