@@ -36,6 +36,7 @@ from tessera.contract import (
     parse_allocation,
     parse_inventory,
     parse_time,
+    pod_ref,
 )
 
 # The node agents' pods, as the chart labels them, and the port their metrics are served on.
@@ -186,6 +187,7 @@ def build_status(
     for pod in sorted(pods, key=lambda p: (p["metadata"].get("namespace", ""), p["metadata"]["name"])):
         metadata = pod["metadata"]
         namespace, name = str(metadata.get("namespace", "")), str(metadata["name"])
+        ref = pod_ref(namespace, name)
         pod_status = pod.get("status") or {}
         if pod_status.get("phase") in TERMINAL_PHASES:
             continue
@@ -194,7 +196,7 @@ def build_status(
         node_name = (pod.get("spec") or {}).get("nodeName")
         if text is not None and node_name:
             try:
-                allocation = parse_allocation(text, pod=f"{namespace}/{name}")
+                allocation = parse_allocation(text, pod=ref)
             except ContractError as e:
                 report.problems.append(str(e))
                 continue
@@ -204,7 +206,7 @@ def build_status(
                     gpu = gpus.get(grant.uuid)
                     if gpu is None:
                         report.problems.append(
-                            f"pod {namespace}/{name}: container {container.name} holds GPU {grant.uuid}, "
+                            f"pod {ref}: container {container.name} holds GPU {grant.uuid}, "
                             f"which no node's inventory lists"
                         )
                         continue
@@ -434,7 +436,7 @@ def render_table(report: Status, out: TextIO, colour: bool) -> None:
                 used = "" if pod.memory_used_bytes is None else f"{_gib(pod.memory_used_bytes)} GiB used"
                 row(
                     (
-                        f"    {pod.namespace}/{pod.pod} ({pod.container})",
+                        f"    {pod_ref(pod.namespace, pod.pod)} ({pod.container})",
                         "",
                         _gib(pod.memory_bytes),
                         str(pod.cores_percent),
@@ -454,9 +456,9 @@ def render_table(report: Status, out: TextIO, colour: bool) -> None:
         out.write("no node has a Tessera GPU inventory (is the device plugin running?)\n")
     if report.pending:
         out.write("\n" + paint("PENDING", "bold") + "\n")
-        width = max(len(f"{p.namespace}/{p.pod}") for p in report.pending)
+        width = max(len(pod_ref(p.namespace, p.pod)) for p in report.pending)
         for p in report.pending:
-            out.write(f"  {f'{p.namespace}/{p.pod}'.ljust(width)}  {paint(p.reason, 'yellow')}\n")
+            out.write(f"  {pod_ref(p.namespace, p.pod).ljust(width)}  {paint(p.reason, 'yellow')}\n")
     for problem in report.problems:
         out.write(paint(f"problem: {problem}", "red") + "\n")
 
