@@ -24,6 +24,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from tessera.contract import MIB
+
 log = logging.getLogger(__name__)
 
 
@@ -31,8 +33,8 @@ log = logging.getLogger(__name__)
 class Limits:
     """The HTTP server's limits (``tessera-extender --help``; docs/placement.md, Limits)."""
 
-    max_body_bytes: int = 4 * 2**20
-    max_buffered_bytes: int = 64 * 2**20
+    max_body_bytes: int = 4 * MIB
+    max_buffered_bytes: int = 64 * MIB
     max_header_bytes: int = 64 * 2**10
     max_connections: int = 1000
     header_timeout: float = 10.0
