@@ -113,6 +113,18 @@ class Policy(StrEnum):
     FRAGMENTATION = "fragmentation"
 
 
+class QosClass(StrEnum):
+    """A pod's class on a shared GPU (docs/placement.md, "QoS classes").
+
+    ``standard``: a hard share. ``latency-critical``: a guaranteed share that goes first.
+    ``best-effort``: only the time and memory the others leave.
+    """
+
+    LATENCY_CRITICAL = "latency-critical"
+    STANDARD = "standard"
+    BEST_EFFORT = "best-effort"
+
+
 @dataclass(frozen=True, slots=True)
 class ContractKeys:
     """Every resource name and annotation key, under one domain."""
@@ -172,13 +184,34 @@ class ContractKeys:
         return f"{self.domain}/bind-time"
 
     @property
+    def qos(self) -> str:
+        return f"{self.domain}/qos"
+
+    @property
+    def resize(self) -> str:
+        """A user's request for new quotas on a running pod (live resize)."""
+        return f"{self.domain}/resize"
+
+    @property
+    def resize_status(self) -> str:
+        """The outcome of the last resize request, written by Tessera."""
+        return f"{self.domain}/resize-status"
+
+    @property
     def resources(self) -> tuple[str, str, str]:
         return (self.vgpu, self.vgpu_memory, self.vgpu_cores)
 
     @property
     def preferences(self) -> tuple[str, ...]:
         """The annotations a user writes to steer placement (:func:`parse_preferences`)."""
-        return (self.gpu_models, self.gpu_models_exclude, self.workload, self.min_speed, self.policy)
+        return (
+            self.gpu_models,
+            self.gpu_models_exclude,
+            self.workload,
+            self.min_speed,
+            self.policy,
+            self.qos,
+        )
 
     @property
     def placement_annotations(self) -> tuple[str, str, str]:
@@ -280,10 +313,13 @@ class ContainerAllocation(_Strict):
 
 
 class Allocation(_Strict):
-    """The pod annotation ``<domain>/allocation``: which GPUs each container gets, on which node."""
+    """The pod annotation ``<domain>/allocation``: which GPUs each container gets, on which node, and
+    the pod's QoS class as the extender decided it (a container cannot raise its own: only Tessera
+    writes this annotation)."""
 
     node: str = Field(min_length=1)
     containers: tuple[ContainerAllocation, ...] = Field(min_length=1)
+    qos: QosClass = QosClass.STANDARD
 
     def for_container(self, name: str) -> ContainerAllocation | None:
         return next((c for c in self.containers if c.name == name), None)
@@ -351,6 +387,8 @@ class PodPreferences:
     workload: str | None = None
     min_speed: float | None = None
     policy: Policy | None = None
+    # None: not written on the pod (the class then follows the pod's priority, docs/placement.md).
+    qos: QosClass | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,6 +531,14 @@ def parse_preferences(annotations: Mapping[str, str] | None, keys: ContractKeys 
             raise ContractError(
                 f"annotation {keys.policy}: {_shown(raw_policy)} is not one of {allowed}"
             ) from None
+    qos: QosClass | None = None
+    raw_qos = annotations.get(keys.qos)
+    if raw_qos is not None:
+        try:
+            qos = QosClass(raw_qos.strip().lower())
+        except ValueError:
+            allowed = ", ".join(q.value for q in QosClass)
+            raise ContractError(f"annotation {keys.qos}: {_shown(raw_qos)} is not one of {allowed}") from None
     workload = annotations.get(keys.workload)
     if workload is not None and not workload.strip():
         raise ContractError(f"annotation {keys.workload}: {_shown(workload)} is empty")
@@ -502,6 +548,7 @@ def parse_preferences(annotations: Mapping[str, str] | None, keys: ContractKeys 
         workload=workload.strip() if workload else None,
         min_speed=min_speed,
         policy=policy,
+        qos=qos,
     )
 
 

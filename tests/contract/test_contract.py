@@ -16,6 +16,7 @@ from tessera.contract import (
     GpuInfo,
     PodShapeError,
     Policy,
+    QosClass,
     dump_allocation,
     dump_inventory,
     format_time,
@@ -60,6 +61,9 @@ def test_keys_use_the_default_domain() -> None:
     assert KEYS.node_gpus == "tessera.io/gpus"
     assert KEYS.allocation == "tessera.io/allocation"
     assert KEYS.allocation_phase == "tessera.io/allocation-phase"
+    assert KEYS.qos == "tessera.io/qos"
+    assert KEYS.resize == "tessera.io/resize"
+    assert KEYS.resize_status == "tessera.io/resize-status"
 
 
 def test_domain_is_configurable_in_one_place() -> None:
@@ -197,6 +201,7 @@ def test_preferences_parse() -> None:
             KEYS.workload: "resnet50",
             KEYS.min_speed: "1.5",
             KEYS.policy: "Spread",
+            KEYS.qos: "Best-Effort",
         }
     )
     assert prefs.models == ("A100", "V100")
@@ -204,6 +209,8 @@ def test_preferences_parse() -> None:
     assert prefs.workload == "resnet50"
     assert prefs.min_speed == 1.5
     assert prefs.policy is Policy.SPREAD
+    assert prefs.qos is QosClass.BEST_EFFORT
+    assert parse_preferences({}).qos is None
 
 
 @pytest.mark.parametrize(
@@ -218,6 +225,10 @@ def test_preferences_parse() -> None:
             "annotation tessera.io/policy: 'random' is not one of binpack, spread, fragmentation",
         ),
         ({KEYS.workload: "  "}, "annotation tessera.io/workload: '  ' is empty"),
+        (
+            {KEYS.qos: "gold"},
+            "annotation tessera.io/qos: 'gold' is not one of latency-critical, standard, best-effort",
+        ),
     ],
 )
 def test_malformed_annotations(annotations: dict[str, str], message: str) -> None:
@@ -298,6 +309,9 @@ def test_allocation_round_trip() -> None:
     assert parse_allocation(dump_allocation(original)) == original
     assert original.for_container("two") is not None
     assert original.for_container("nope") is None
+    assert original.qos is QosClass.STANDARD
+    best_effort = original.model_copy(update={"qos": QosClass.BEST_EFFORT})
+    assert parse_allocation(dump_allocation(best_effort)).qos is QosClass.BEST_EFFORT
 
 
 @pytest.mark.parametrize(
@@ -314,6 +328,10 @@ def test_allocation_round_trip() -> None:
         (lambda s: s.replace('"GPU-b"', '"GPU-a"'), "a container's GPUs must be distinct"),
         (lambda s: s.replace('"node":"n1",', ""), "node: Field required"),
         (lambda s: s[:-3], "Invalid JSON"),
+        (
+            lambda s: s[:-1] + ',"qos":"gold"}',
+            "qos: Input should be 'latency-critical', 'standard' or 'best-effort'",
+        ),
     ],
 )
 def test_malformed_allocation(mutate: Any, fragment: str) -> None:
