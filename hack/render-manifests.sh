@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Render the plain manifests under deploy/ from the Helm chart, the one source of both.
+# Render the plain manifests under deploy/ from the Helm chart, the one source of both: the node agent
+# and the standalone extender (scheduler.enabled=false) that deploy/scheduler-config.yaml calls.
 #   hack/render-manifests.sh          write deploy/device-plugin.yaml and deploy/extender.yaml
 #   hack/render-manifests.sh --check  exit 1 if they differ from what the chart renders
 # The extender's Service gets the fixed ClusterIP that deploy/scheduler-config.yaml calls: a
@@ -17,6 +18,7 @@ for part in device-plugin extender; do
     echo "# Rendered from charts/tessera (templates/$part.yaml) by hack/render-manifests.sh: edit the chart."
     echo "# Apply: kubectl apply -f deploy/$part.yaml"
     "$helm" template tessera charts/tessera --namespace kube-system \
+      --set scheduler.enabled=false \
       --set "extender.service.clusterIP=$EXTENDER_CLUSTER_IP" \
       --show-only "templates/$part.yaml" 2>/dev/null
   } >"$rendered"

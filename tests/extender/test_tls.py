@@ -162,12 +162,14 @@ def helm(*args: str) -> str:
 
 
 def test_the_charts_certificates_secure_the_extender(control_plane: ControlPlane, tmp_path: Path) -> None:
-    """The chart's generated CA, server and client certificates (Helm genCA/genSignedCert), used as
-    the chart mounts them: the scheduler's certificate gets a filter answered under the Service's
-    name; no certificate, none at all."""
+    """The standalone extender's (for the cluster's own scheduler) generated CA, server and client
+    certificates (Helm genCA/genSignedCert), used as the chart mounts them: the scheduler's
+    certificate gets a filter answered under the Service's name; no certificate, none at all."""
     rendered = helm(
         "template", "t", str(REPO / "charts" / "tessera"), "--namespace", "kube-system",
-        "--set", "extender.tls.enabled=true", "--set", "extender.networkPolicy.enabled=true",
+        "--set", "scheduler.enabled=false", "--set", "extender.tls.enabled=true",
+        "--set", "extender.networkPolicy.enabled=true",
+        "--set", "extender.networkPolicy.schedulerCIDRs={10.0.0.10/32}",
     )  # fmt: skip
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     secrets = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "Secret"}
@@ -187,9 +189,10 @@ def test_the_charts_certificates_secure_the_extender(control_plane: ControlPlane
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--client-ca-file=/etc/tessera-tls/ca.crt" in args
     [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
-    assert policy["spec"]["ingress"][0]["from"] == [
-        {"podSelector": {"matchLabels": {"app": "tessera-scheduler"}}}
-    ]
+    assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}]
+    # Beside the chart's own scheduler the verbs are on the pod's loopback: no certificates to make.
+    combined = helm("template", "t", str(REPO / "charts" / "tessera"), "--set", "extender.tls.enabled=true")
+    assert not [d for d in yaml.safe_load_all(combined) if d and d["kind"] == "Secret"]
 
     server = ExtenderServer(
         control_plane,

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -50,13 +51,56 @@ def test_chart_uses_the_configured_domain(repo_root: Path) -> None:
     assert all(name in default for name in KEYS.resources)
 
 
+def _container(docs: list[dict[str, Any]], workload: str, container: str) -> dict[str, Any]:
+    [found] = [
+        c
+        for d in docs
+        if d["kind"] in ("DaemonSet", "Deployment") and d["metadata"]["name"] == workload
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c["name"] == container
+    ]
+    return dict(found)
+
+
 def _scheduler_and_extender(rendered: str) -> tuple[dict[str, object], list[str]]:
     """The chart's scheduler extender configuration and the extender container's arguments."""
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config"))
-    deployment = next(d for d in docs if d["kind"] == "Deployment" and "extender" in d["metadata"]["name"])
-    [container] = deployment["spec"]["template"]["spec"]["containers"]
-    return yaml.safe_load(config["data"]["config.yaml"])["extenders"][0], container["args"]
+    args = _container(docs, "tessera-scheduler", "extender")["args"]
+    return yaml.safe_load(config["data"]["config.yaml"])["extenders"][0], args
+
+
+def test_the_extender_runs_beside_its_scheduler_reached_on_the_pods_loopback_only(repo_root: Path) -> None:
+    """Two replicas, one Lease; each kube-scheduler calls the extender in its own pod, whose verbs
+    listen on the pod's loopback: no other pod can reach them. Standalone (for the cluster's own
+    scheduler) the extender has its own Deployment and Service instead."""
+    chart = str(repo_root / "charts" / "tessera")
+    docs = [d for d in yaml.safe_load_all(helm("template", "t", chart)) if d]
+    workloads = {d["metadata"]["name"]: d for d in docs if d["kind"] in ("DaemonSet", "Deployment")}
+    assert set(workloads) == {"tessera-device-plugin", "tessera-scheduler"}
+    scheduler = workloads["tessera-scheduler"]
+    assert scheduler["spec"]["replicas"] == 2
+    pod = scheduler["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["kube-scheduler", "extender"]
+    extender, args = _scheduler_and_extender(helm("template", "t", chart))
+    assert extender["urlPrefix"] == "http://127.0.0.1:8888"
+    assert "--listen=127.0.0.1:8888" in args and "--health-listen=0.0.0.0:8889" in args
+    assert [p["containerPort"] for p in _container(docs, "tessera-scheduler", "extender")["ports"]] == [8889]
+    config = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "tessera-scheduler-config"
+    )
+    assert yaml.safe_load(config["data"]["config.yaml"])["leaderElection"]["leaderElect"] is True
+    assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "tessera-extender"]
+
+    alone = [
+        d for d in yaml.safe_load_all(helm("template", "t", chart, "--set", "scheduler.enabled=false")) if d
+    ]
+    assert {d["metadata"]["name"] for d in alone if d["kind"] in ("DaemonSet", "Deployment")} == {
+        "tessera-device-plugin",
+        "tessera-extender",
+    }
+    assert "--listen=0.0.0.0:8888" in _container(alone, "tessera-extender", "extender")["args"]
+    assert [d for d in alone if d["kind"] == "Service" and d["metadata"]["name"] == "tessera-extender"]
 
 
 def test_chart_pairs_the_filter_mode_with_the_scheduler_verbs(repo_root: Path) -> None:
@@ -75,11 +119,9 @@ def test_one_chart_value_sets_the_in_flight_timeout_of_both_sides(repo_root: Pat
     rendered = helm("template", "t", str(repo_root / "charts" / "tessera"), "--set", "inflightTimeout=42")
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     args = {
-        d["kind"]: d["spec"]["template"]["spec"]["containers"][0]["args"]
-        for d in docs
-        if d["kind"] in ("DaemonSet", "Deployment") and "scheduler" not in d["metadata"]["name"]
+        "agent": _container(docs, "tessera-device-plugin", "agent")["args"],
+        "extender": _container(docs, "tessera-scheduler", "extender")["args"],
     }
-    assert set(args) == {"DaemonSet", "Deployment"}
     for kind, given in args.items():
         assert [a for a in given if a.startswith("--inflight-timeout")] == ["--inflight-timeout=42"], kind
 
@@ -120,8 +162,7 @@ def test_chart_output_is_accepted_by_the_api_server(
             assert apps.read_namespaced_daemon_set(
                 "tessera-device-plugin", namespace
             ).spec.template.spec.containers
-            assert apps.read_namespaced_deployment("tessera-extender", namespace).spec.replicas == 1
-            assert apps.read_namespaced_deployment("tessera-scheduler", namespace)
+            assert apps.read_namespaced_deployment("tessera-scheduler", namespace).spec.replicas == 2
             speed = core.read_namespaced_config_map("tessera-speed-profiles", namespace)
             assert yaml.safe_load(speed.data["speed-profiles.yaml"]) == yaml.safe_load(
                 (repo_root / "deploy" / "speed-profiles.yaml").read_text()
@@ -155,11 +196,7 @@ def test_chart_output_is_accepted_by_the_api_server(
 def _scheduler_image(*args: str) -> str:
     chart = str(Path(__file__).resolve().parents[2] / "charts" / "tessera")
     docs = [d for d in yaml.safe_load_all(helm("template", "t", chart, *args)) if d]
-    deployment = next(
-        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "tessera-scheduler"
-    )
-    [container] = deployment["spec"]["template"]["spec"]["containers"]
-    return str(container["image"])
+    return str(_container(docs, "tessera-scheduler", "kube-scheduler")["image"])
 
 
 def test_scheduler_image_follows_the_cluster_version_unless_overridden() -> None:
@@ -201,7 +238,7 @@ def test_image_values_reach_every_pod(repo_root: Path) -> None:
     pods = {
         d["metadata"]["name"]: d["spec"]["template"] for d in docs if d["kind"] in ("DaemonSet", "Deployment")
     }
-    assert set(pods) == {"tessera-device-plugin", "tessera-extender", "tessera-scheduler"}
+    assert set(pods) == {"tessera-device-plugin", "tessera-scheduler"}
     for name, pod in pods.items():
         assert pod["spec"]["imagePullSecrets"] == [{"name": "pull"}], name
     agent = pods["tessera-device-plugin"]["spec"]
@@ -210,7 +247,10 @@ def test_image_values_reach_every_pod(repo_root: Path) -> None:
     }
     assert "priorityClassName" not in agent
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in agent["tolerations"]
-    assert pods["tessera-extender"]["metadata"]["annotations"]["team"] == "ml"
+    assert pods["tessera-scheduler"]["metadata"]["annotations"]["team"] == "ml"
+    assert (
+        _container(docs, "tessera-scheduler", "extender")["image"] == "registry.example.com/gpu/tessera:9.9.9"
+    )
     default = [
         d for d in yaml.safe_load_all(helm("template", "t", str(repo_root / "charts" / "tessera"))) if d
     ]

@@ -50,3 +50,67 @@ tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* The service account the extender runs as: beside the chart's scheduler it shares that pod's
+     account; standalone, its own. The placement-annotations policy trusts this name. */}}
+{{- define "tessera.extenderServiceAccount" -}}
+{{- if .Values.scheduler.enabled -}}{{ .Values.scheduler.name }}{{- else -}}tessera-extender{{- end -}}
+{{- end -}}
+
+{{/* The extender's container, the same in both of its homes: beside the chart's kube-scheduler in
+     one pod (verbs on the pod's loopback only, where no other pod can reach them) or standalone
+     behind its Service for the cluster's own scheduler (verbs on every address; TLS as configured).
+     include "tessera.extenderContainer" (dict "root" . "standalone" true) */}}
+{{- define "tessera.extenderContainer" -}}
+{{- $root := .root -}}
+{{- $ext := $root.Values.extender -}}
+{{- $tls := and .standalone $ext.tls.enabled -}}
+- name: extender
+  image: {{ include "tessera.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command: ["tessera-extender"]
+  args:
+    - --listen={{ if .standalone }}0.0.0.0{{ else }}127.0.0.1{{ end }}:{{ $ext.port }}
+    - --policy={{ $ext.policy }}
+    - --speed-profiles=/etc/tessera/speed-profiles.yaml
+    - --heartbeat-timeout={{ $ext.heartbeatTimeoutSeconds }}
+    - --inflight-timeout={{ $root.Values.inflightTimeout }}
+    - --filter-keeps={{ $ext.filterKeeps }}
+    - --domain={{ $root.Values.domain }}
+    - --scheduler-name={{ $root.Values.scheduler.name }}
+    - --health-listen=0.0.0.0:{{ $ext.healthPort }}
+    {{- if $tls }}
+    - --tls-cert-file=/etc/tessera-tls/tls.crt
+    - --tls-key-file=/etc/tessera-tls/tls.key
+    - --client-ca-file=/etc/tessera-tls/ca.crt
+    {{- end }}
+  # The image's own non-root user; the extender needs no privilege (docs/install.md).
+  securityContext:
+    runAsNonRoot: true
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities: {drop: ["ALL"]}
+  ports:
+    {{- if .standalone }}
+    # kube-scheduler's verbs ({{ if $tls }}HTTPS, client certificate required{{ else }}plain HTTP{{ end }}).
+    - {name: verbs, containerPort: {{ $ext.port }}}
+    {{- end }}
+    # Probes and metrics only: this port serves no verb.
+    - {name: http, containerPort: {{ $ext.healthPort }}}
+  # Ready once its node and pod caches are synced: before that it would place pods blind.
+  readinessProbe:
+    httpGet: {path: /readyz, port: http}
+    periodSeconds: 2
+  livenessProbe:
+    httpGet: {path: /healthz, port: http}
+    periodSeconds: 10
+  {{- with $ext.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - {name: speed-profiles, mountPath: /etc/tessera, readOnly: true}
+    {{- if $tls }}
+    - {name: tls, mountPath: /etc/tessera-tls, readOnly: true}
+    {{- end }}
+{{- end -}}
