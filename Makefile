@@ -30,9 +30,10 @@ k8s-binaries:
 sandbox-deps:
 	hack/install-sandbox-deps.sh
 
-# The product image (Dockerfile) and the chart's kube-scheduler image, built with buildah, no Docker
-# daemon (root); OCI archives under build/images/ for `skopeo copy` (docs/install.md). Incremental.
-images: sandbox-deps k8s-binaries
+# The product image (Dockerfile), the chart's kube-scheduler image and the example workload image,
+# built with buildah, no Docker daemon (root); OCI archives under build/images/ for `skopeo copy`
+# (docs/install.md), which the sandbox imports and installs with the chart. Incremental.
+images: $(STAMP) sandbox-deps k8s-binaries
 	hack/build-images.sh
 
 lint: $(STAMP)
@@ -40,11 +41,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) native k8s-binaries sandbox-deps lint
+test: $(STAMP) native k8s-binaries sandbox-deps images lint
 	$(BIN)/pytest
 
-# The main job: the whole path on a local sandbox cluster (root): pods share a fake GPU, quotas hold.
-demo: $(STAMP) native k8s-binaries sandbox-deps
+# The main job: the whole path on a local sandbox cluster (root) with Tessera installed by its Helm
+# chart from the images built here: pods share a fake GPU, quotas hold.
+demo: $(STAMP) native k8s-binaries sandbox-deps images
 	$(BIN)/tessera sandbox demo
 
 # The quick look that needs no root and no cluster: placement policies compared on a replayed fleet.

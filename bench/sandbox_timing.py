@@ -1,4 +1,5 @@
-"""Sandbox timings: `tessera sandbox up` until ready, then pod create until its container runs.
+"""Sandbox timings: `tessera sandbox up` (Tessera installed by its chart) until ready, then pod
+create until its container runs, through the chart-installed scheduler, extender and node agent.
 
     sudo .venv/bin/python bench/sandbox_timing.py [--ups 3] [--pods 5] [--dir /tmp/tessera-bench]
 
@@ -107,7 +108,7 @@ def main() -> int:
     print()
     print("| step | median s | min s | max s | n |")
     print("|---|---|---|---|---|")
-    print(_row("`sandbox up` until ready (node with GPU slices, kube-proxy, CoreDNS, tokens)", up_seconds))
+    print(_row("`sandbox up` until ready (helm install, GPU slices, both extenders synced)", up_seconds))
     print(_row("pod create -> bound by the extender", [t[0] for t in timings]))
     print(_row("pod create -> Running (after Allocate, container started)", [t[1] for t in timings]))
     print(_row("pod create -> probe report in the log", [t[2] for t in timings]))

@@ -8,7 +8,8 @@
 #      --build-arg BASE_IMAGE points at the local base instead of the public python:3.11-slim;
 #   3. the chart's scheduler image (registry.k8s.io/kube-scheduler:<pinned>) from the kube-scheduler
 #      that hack/k8s-binaries.sh builds (static: CGO_ENABLED=0), FROM scratch
-#      (deploy/images/scheduler.Dockerfile);
+#      (deploy/images/scheduler.Dockerfile), and the example of a user's workload image
+#      (deploy/examples/python-workload/Dockerfile: NVIDIA's Python clients from PyPI, no Tessera code);
 #   4. each image saved as an OCI archive under build/images/ (push it with `skopeo copy`, see
 #      docs/install.md) and, when a sandbox's containerd answers, imported into it.
 #
@@ -59,6 +60,7 @@ product_image="docker.io/library/tessera:$version"
 k8s_version="${K8S_VERSION:-$(sed -nE 's/^K8S_VERSION="\$\{K8S_VERSION:-(v[^}]+)\}"$/\1/p' hack/k8s-binaries.sh)}"
 [ -n "$k8s_version" ] || die "no K8S_VERSION in hack/k8s-binaries.sh"
 scheduler_image="registry.k8s.io/kube-scheduler:$k8s_version"
+workload_image="docker.io/library/tessera-example-python:$version"
 base_image="localhost/tessera-base:bookworm"
 
 bh=(buildah --storage-driver overlay)
@@ -161,6 +163,11 @@ build_scheduler() {
   bud --build-arg "K8S_VERSION=$k8s_version" -f deploy/images/scheduler.Dockerfile -t "$scheduler_image" "$ctx"
 }
 
+build_workload() {
+  log "workload example $workload_image (BASE_IMAGE=$base_image)"
+  bud --build-arg "BASE_IMAGE=$base_image" -t "$workload_image" deploy/examples/python-workload
+}
+
 # --------------------------------------------------------------------------------------------------
 # 4. OCI archives (rewritten only when the image changed) and the sandbox's containerd.
 
@@ -207,7 +214,9 @@ EOF
 build_base
 build_product
 build_scheduler
+build_workload
 save "$product_image" tessera.tar
 save "$scheduler_image" kube-scheduler.tar
-import_into_sandbox "$out/tessera.tar" "$out/kube-scheduler.tar"
-log "done: $product_image, $scheduler_image (OCI archives in $out)"
+save "$workload_image" tessera-example-python.tar
+import_into_sandbox "$out/tessera.tar" "$out/kube-scheduler.tar" "$out/tessera-example-python.tar"
+log "done: $product_image, $scheduler_image, $workload_image (OCI archives in $out)"

@@ -97,6 +97,7 @@ def built(repo_root: Path) -> dict[str, Path]:
     return {
         f"docker.io/library/tessera:{_version(repo_root)}": out / "tessera.tar",
         _scheduler_image(repo_root): out / "kube-scheduler.tar",
+        f"docker.io/library/tessera-example-python:{_version(repo_root)}": out / "tessera-example-python.tar",
     }
 
 
@@ -166,6 +167,22 @@ def test_the_components_run_in_the_image_as_a_non_root_user(
         assert "usage:" in result.stdout.lower(), result.stdout
 
 
+def test_the_example_workload_image_is_a_users_image_with_nvidias_clients_only(
+    built: dict[str, Path], container: Callable[[str], str]
+) -> None:
+    """deploy/examples/python-workload: NVIDIA's Python clients from PyPI, nothing of Tessera (the
+    hook reaches it through the node agent's Allocate, not through the image), a non-root user."""
+    image = next(name for name in built if "tessera-example-python" in name)
+    root = Path(_buildah("mount", container(image)).stdout.strip())
+    installed = {p.name for d in _site_packages(root) for p in d.iterdir()}
+    assert {"pynvml.py", "cuda"} <= installed, sorted(installed)
+    assert not set(PRODUCT_PACKAGES) & installed
+    assert not (root / HOOK_LIBRARY).exists()
+    config = json.loads(_buildah("inspect", "--type", "image", image).stdout)["OCIv1"]["config"]
+    assert config["User"] == "10001:10001"
+    assert config["Entrypoint"] == ["python3", "/usr/local/bin/quota_probe.py"]
+
+
 def test_the_scheduler_image_runs_the_pinned_kube_scheduler(
     built: dict[str, Path], container: Callable[[str], str]
 ) -> None:
@@ -225,7 +242,7 @@ def test_the_images_are_imported_into_a_running_sandbox_containerd(
     built: dict[str, Path], repo_root: Path, tmp_path: Path
 ) -> None:
     """With a sandbox's containerd answering (here a private one laid out as the sandbox lays it out),
-    the script imports both archives through the sandbox's own importer, under the names the kubelet
+    the script imports the archives through the sandbox's own importer, under the names the kubelet
     asks for."""
     layout = Layout(tmp_path / "sandbox")
     layout.containerd_socket.parent.mkdir(parents=True)

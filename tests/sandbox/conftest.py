@@ -3,6 +3,7 @@ down again, and a snapshot of the host to compare with afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -137,3 +138,21 @@ def sandbox(sandbox_root: Path, host_before: HostView) -> Iterator[Sandbox]:
         yield Sandbox(sandbox_root, state, api)
     finally:
         api.close()
+
+
+@contextlib.contextmanager
+def running_sandbox(name: str, values: tuple[str, ...] = ()) -> Iterator[tuple[Sandbox, HostView]]:
+    """A sandbox for a whole test module (Tessera installed with these extra chart ``values``),
+    always brought down, with the host as it was before."""
+    before = HostView.now()
+    root = Path(f"/tmp/tessera-{name}-{os.getpid()}")
+    try:
+        state = cluster.up(cluster.Options(root=root, values=values), report=lambda _: None)
+        api = config.new_client_from_config(config_file=state.kubeconfig)
+        try:
+            yield Sandbox(root, state, api), before
+        finally:
+            api.close()
+    finally:
+        cluster.down(root, report=lambda _: None)
+        shutil.rmtree(root, ignore_errors=True)

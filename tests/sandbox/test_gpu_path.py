@@ -1,13 +1,11 @@
 """The whole path on a real node, the issue's checks in order: pods from deploy/examples/ are placed
 by kube-scheduler through the extender, admitted by the real kubelet after the device plugin's
-Allocate, and the hook holds their quotas over the fake driver inside the containers. Then the
-kubelet and the device plugin are restarted under running pods, and `down` leaves nothing."""
+Allocate, and the hook holds their quotas over the fake driver inside the containers; every Tessera
+component is a pod installed by the chart. Then the kubelet is restarted and the node agent's pod
+replaced under running pods, and `down` leaves nothing."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,14 +16,13 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from kubernetes import config
 from kubernetes.stream import stream
 
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
-from sandbox import cluster, gpu
+from sandbox import cluster, gpu, install
 from sandbox.layout import HOST_KUBELET_DIR, Layout
 from tessera.contract import KEYS, Phase, parse_allocation, parse_inventory, slice_gpu
-from tests.sandbox.conftest import HostView, Sandbox, differences
+from tests.sandbox.conftest import HostView, Sandbox, differences, running_sandbox
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -56,18 +53,8 @@ def _probe_output(text: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def gpu_sandbox() -> Iterator[tuple[Sandbox, HostView]]:
-    before = HostView.now()
-    root = Path(f"/tmp/tessera-gpu-{os.getpid()}")
-    try:
-        state = cluster.up(cluster.Options(root=root), report=lambda _: None)
-        api = config.new_client_from_config(config_file=state.kubeconfig)
-        try:
-            yield Sandbox(root, state, api), before
-        finally:
-            api.close()
-    finally:
-        cluster.down(root, report=lambda _: None)
-        shutil.rmtree(root, ignore_errors=True)
+    with running_sandbox("gpu") as running:
+        yield running
 
 
 @pytest.fixture
@@ -193,10 +180,15 @@ def _annotated_allocations(sbx: Sandbox) -> dict[tuple[str, str], set[str]]:
     return found
 
 
-def test_device_plugin_restart_reregisters_and_allocations_still_agree(sbx: Sandbox) -> None:
-    plugin = sbx.state.process("tessera-device-plugin")
-    os.killpg(plugin.pid, signal.SIGKILL)
-    cluster.restart(sbx.root, "tessera-device-plugin")
+def test_deleted_agent_pod_is_recreated_reregisters_and_quotas_and_allocations_hold(sbx: Sandbox) -> None:
+    """The node agent's pod deleted: the DaemonSet makes a new one, which registers with the kubelet
+    again; running containers keep their quotas (their limits files are on the host) and new pods
+    are admitted."""
+    old = {p.metadata.name for p in install.agent_pods(sbx.api, sbx.state.node)}
+    new = cluster.replace_agent(sbx.root)
+    assert new not in old
+    again = _probe_output(_exec_probe(sbx, "quota-1g"))
+    assert (again["total_mib"], again["allocations_ok"]) == ("1024", "4")
     kubelet_view = _kubelet_allocations(sbx.root)
     assert kubelet_view == _annotated_allocations(sbx)
     assert set(kubelet_view) >= {

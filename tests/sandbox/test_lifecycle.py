@@ -122,6 +122,17 @@ def test_demo_shows_placements_quota_refusals_and_the_pending_reason_then_cleans
     out = result.stdout
     assert "quota-1g   Running  node" in out and "NVIDIA A100-SXM4-40GB 1024 MiB 30%" in out
     assert "total_mib=1024" in out and "allocations_ok=4" in out and "refused_with=2" in out
+    # Tessera's own pods, installed by the chart: the node agent and both scheduler replicas, ready.
+    pods = [line.split() for line in out.splitlines() if line.startswith("tessera-")]
+    assert sorted((p[0].rsplit("-", 2)[0] if "scheduler" in p[0] else p[0].rsplit("-", 1)[0], p[1], p[2])
+                  for p in pods) == [
+        ("tessera-device-plugin", "1/1", "Running"),
+        ("tessera-scheduler", "2/2", "Running"),
+        ("tessera-scheduler", "2/2", "Running"),
+    ]  # fmt: skip
+    # A user's own Python image, NVIDIA's clients inside: NVML and the driver see the quota.
+    assert "nvml_total_mib=2048" in out and "driver_total_mib=2048" in out
+    assert "allocations_ok=8" in out and "refused_with=CUDA_ERROR_OUT_OF_MEMORY" in out
     assert "no GPU with 81920 MiB of memory; largest has 40960 MiB" in out
     assert out.rstrip().endswith("sandbox down: nothing left on the host")
     assert differences(host_before, sandbox_root) == []

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import fakegpu
-from sandbox import addons, containerd, controlplane, fakenode, gpu, host, images, kubelet
+from sandbox import addons, cluster, containerd, controlplane, fakenode, gpu, host, images, install, kubelet
 from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, POD_SUBNET, SERVICE_CIDR, Layout
 from tessera.contract import KEYS
 
@@ -217,23 +217,35 @@ def test_fake_gpu_description_lists_both_gpus() -> None:
     ]
 
 
-def test_scheduler_config_points_every_extender_at_the_sandbox() -> None:
-    template = {
-        "clientConnection": {"kubeconfig": "/etc/k"},
-        "leaderElection": {"leaderElect": True},
-        "profiles": [{"schedulerName": "tessera-scheduler"}],
-        "extenders": [{"urlPrefix": "http://svc:8888", "bindVerb": "bind"}],
-    }
-    config = yaml.safe_load(gpu.scheduler_config(template, "http://127.0.0.1:4242"))
-    assert config["extenders"] == [{"urlPrefix": "http://127.0.0.1:4242", "bindVerb": "bind"}]
-    assert config["clientConnection"]["kubeconfig"] == "{kubeconfig}"
-    assert config["leaderElection"] == {"leaderElect": False}
-    assert template["extenders"][0]["urlPrefix"] == "http://svc:8888"
+def test_tessera_is_installed_by_helm_with_the_sandbox_values_and_its_host_dirs() -> None:
+    args = install.install_args(LAYOUT)
+    assert args[:6] == [
+        "install",
+        "tessera",
+        str(install.CHART),
+        "--namespace",
+        "tessera-system",
+        "--create-namespace",
+    ]
+    assert args[6:8] == ["--values", str(install.SANDBOX_VALUES)]
+    assert [a for a in args[8:] if a != "--set-string"] == [
+        "devicePlugin.stateDir=/srv/sbx/tessera/state",
+        "devicePlugin.hookDir=/srv/sbx/tessera/hook",
+        "devicePlugin.podResourcesDir=/srv/sbx/kubelet/pod-resources",
+    ]
 
 
-def test_scheduler_config_without_extenders_is_refused() -> None:
-    with pytest.raises(ValueError, match="no extenders configured"):
-        gpu.scheduler_config({"profiles": []}, "http://127.0.0.1:1")
+def test_sandbox_values_hold_only_what_differs_from_a_gpu_cluster() -> None:
+    """No registry here: images are imported and never pulled. Everything else is the chart's."""
+    values = yaml.safe_load(install.SANDBOX_VALUES.read_text())
+    assert values == {"image": {"pullPolicy": "Never"}, "scheduler": {"image": {"pullPolicy": "Never"}}}
+
+
+def test_the_cluster_scheduler_serves_the_default_profile_only() -> None:
+    """Tessera's profile is served by the chart's tessera-scheduler pods, as on a real cluster."""
+    config = yaml.safe_load(cluster.DEFAULT_SCHEDULER_CONFIG)
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert "profiles" not in config and "extenders" not in config
 
 
 def test_fake_node_inventory_is_stable_and_refuses_unknown_models() -> None:

@@ -1,9 +1,10 @@
-"""`tessera sandbox up/down/status`: the whole path on one machine, every part a real process.
+"""`tessera sandbox up/down/status`: the whole path on one machine, every part real but the GPUs.
 
 ``up`` starts, with all state under one directory: containerd (with the project's images imported),
-etcd + kube-apiserver + kube-controller-manager + kube-scheduler (:mod:`sandbox.controlplane`), the
-extender, a kubelet registered as a real node, kube-proxy and CoreDNS (:mod:`sandbox.addons`), and
-the device plugin on that node over the fake GPU driver. It records
+etcd + kube-apiserver + kube-controller-manager + kube-scheduler (:mod:`sandbox.controlplane`), a
+kubelet registered as a real node, kube-proxy and CoreDNS (:mod:`sandbox.addons`), then installs
+Tessera with its Helm chart (:mod:`sandbox.install`): the node agent as a DaemonSet pod over the fake
+GPU driver, kube-scheduler (profile tessera-scheduler) with the extender as a Deployment. It records
 what it started in ``sandbox.json`` and returns; the processes run on. ``down`` stops them newest
 first and removes what they left on the host (:mod:`sandbox.host`).
 """
@@ -24,9 +25,9 @@ import yaml
 from kubernetes import client, config
 from pydantic import BaseModel, ConfigDict
 
-from sandbox import addons, containerd, fakenode, gpu, host, images, kubelet
+from sandbox import addons, containerd, fakenode, gpu, host, images, install, kubelet
 from sandbox.controlplane import LOOPBACK, ControlPlane, ManagedProcess, default_bin_dir, free_port
-from sandbox.layout import BRIDGE_ADDRESS, HOST_DEVICE_PLUGIN_DIR, Layout
+from sandbox.layout import BRIDGE_ADDRESS, Layout
 from sandbox.processes import Started, StartError, adopt, alive, start, stop, wait_for
 from tessera.contract import KEYS, ContractError, parse_allocation, parse_inventory
 
@@ -38,6 +39,17 @@ KUBERNETES_BINARIES = (
     "kubelet",
     "kube-proxy",
     "coredns",
+    "helm",
+)
+# The cluster's own scheduler: the default profile only. Tessera's profile is served by the chart's
+# tessera-scheduler pods, as on a real cluster.
+DEFAULT_SCHEDULER_CONFIG = yaml.safe_dump(
+    {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": "{kubeconfig}"},
+        "leaderElection": {"leaderElect": False},
+    }
 )
 
 
@@ -54,7 +66,8 @@ class SandboxState(BaseModel):
     node: str
     kubeconfig: str
     api_url: str
-    extender_url: str
+    kubernetes_bin: str
+    """The Kubernetes binaries, helm and kubectl included, the sandbox runs."""
     kubelet_port: int
     kubelet_healthz_port: int
     processes: list[Started]
@@ -80,6 +93,8 @@ class Options:
     kubelet_healthz_port: int = 10248
     kubernetes_bin: Path = field(default_factory=default_bin_dir)
     timeout: float = 180.0
+    # Chart values on top of deploy/sandbox-values.yaml (`helm --set KEY=VALUE`), to try a setting.
+    values: tuple[str, ...] = ()
 
 
 def load_state(layout: Layout) -> SandboxState | None:
@@ -130,8 +145,7 @@ def preflight(options: Options, layout: Layout) -> list[str]:
     )
     found = host.problems(facts)
     found += [f"not built: {m}" for m in gpu.missing_builds()]
-    if not gpu.SCHEDULER_CONFIG.exists():
-        found.append(f"{gpu.SCHEDULER_CONFIG} is missing (the tessera-scheduler profile)")
+    found += [f"no image: {m}" for m in install.missing_images()]
     return found
 
 
@@ -174,16 +188,16 @@ def _start_kubelet(options: Options, layout: Layout, kubeconfig: Path) -> Starte
 
 def _start_all(
     options: Options, layout: Layout, starting: _Starting, report: Callable[[str], None]
-) -> tuple[ControlPlane, str]:
-    """Every component in order, each waited for; returns the control plane and the extender URL."""
+) -> ControlPlane:
+    """Every component in order, each waited for, then Tessera installed by its chart."""
     report("images, fake GPUs and containerd")
-    tarballs = images.write_images(layout.images)
+    tarballs = {**images.write_images(layout.images), **install.image_archives()}
     files = gpu.prepare(layout)
     containerd.write_files(layout, files.container_mounts(), files.container_env())
     starting.add(containerd.start_containerd(layout))
     containerd.import_images(layout, tarballs)
 
-    report("control plane (etcd, kube-apiserver, kube-controller-manager)")
+    report("control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)")
     # The pod bridge first: kube-apiserver listens on its address, so pods reach it through the
     # `kubernetes` Service with their service account's token (in-cluster config).
     addons.create_bridge()
@@ -196,14 +210,7 @@ def _start_all(
     manager = plane.start_controller_manager(timeout=options.timeout)
     starting.add(_recorded(manager))
     starting.health["kube-controller-manager"] = _controller_manager_health(manager.args)
-
-    report("extender and kube-scheduler (tessera-scheduler profile)")
-    extender_port = free_port()
-    extender_url = f"http://{LOOPBACK}:{extender_port}"
-    extender = starting.add(gpu.start_extender(layout, plane.kubeconfig, extender_port))
-    wait_for("the extender", lambda: gpu.extender_ready(extender_port), extender, options.timeout)
-    template = yaml.safe_load(gpu.SCHEDULER_CONFIG.read_text())
-    scheduler = plane.start_scheduler(gpu.scheduler_config(template, extender_url), timeout=options.timeout)
+    scheduler = plane.start_scheduler(DEFAULT_SCHEDULER_CONFIG, timeout=options.timeout)
     starting.add(_recorded(scheduler))
 
     with contextlib.closing(config.new_client_from_config(config_file=str(plane.kubeconfig))) as api:
@@ -235,17 +242,33 @@ def _start_all(
             options.timeout,
         )
 
-        report("device plugin")
-        plugin = starting.add(gpu.start_device_plugin(layout, files, plane.kubeconfig, options.node))
-        _wait_node(
-            api,
-            "GPU slices and inventory",
-            node_has_gpus,
-            node=options.node,
-            process=plugin,
-            timeout=options.timeout,
-        )
-    return plane, extender_url
+        report(f"Tessera: helm install {install.RELEASE} charts/tessera -n {install.NAMESPACE}")
+        install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, options.values)
+        _wait_installed(api, options.node, options.timeout)
+    return plane
+
+
+def _wait_installed(api: client.ApiClient, node: str, timeout: float) -> None:
+    """The chart's pods are up: the node agent registered the GPU slices and published the
+    inventory, and every tessera-scheduler replica's extender has synced its caches."""
+    install.wait(
+        f"node {node}: the node agent's pod ready",
+        lambda: install.agent_ready(api, node),
+        timeout,
+        lambda: install.describe_pods(api),
+    )
+    install.wait(
+        f"node {node}: GPU slices and inventory",
+        lambda: node_has_gpus(api, node),
+        timeout,
+        lambda: install.describe_pods(api),
+    )
+    install.wait(
+        "the tessera-scheduler replicas ready (extender caches synced)",
+        lambda: install.extenders_ready(api),
+        timeout,
+        lambda: install.describe_pods(api),
+    )
 
 
 def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
@@ -260,7 +283,7 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
     host.take_snapshot(layout)
     starting = _Starting()
     try:
-        plane, extender_url = _start_all(options, layout, starting, report)
+        plane = _start_all(options, layout, starting, report)
     except BaseException:
         starting.undo()
         host.restore_host(layout)
@@ -269,7 +292,7 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
         node=options.node,
         kubeconfig=str(plane.kubeconfig),
         api_url=plane.api_url,
-        extender_url=extender_url,
+        kubernetes_bin=str(options.kubernetes_bin),
         kubelet_port=options.kubelet_port,
         kubelet_healthz_port=options.kubelet_healthz_port,
         processes=starting.started,
@@ -282,19 +305,27 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
 
 # Started again from the command line `up` recorded, ready when their health URL answers.
 RESTARTABLE_AS_RECORDED = ("kube-controller-manager", "kube-proxy", "coredns")
-RESTARTABLE = ("kubelet", "tessera-device-plugin", *RESTARTABLE_AS_RECORDED)
+RESTARTABLE = ("kubelet", *RESTARTABLE_AS_RECORDED)
+# Tessera's node agent is a pod of the chart's DaemonSet: `restart` deletes it and the DaemonSet
+# makes a new one, as an operator would.
+AGENT = "tessera-device-plugin"
 
 
-def restart(root: Path, name: str, timeout: float = 120.0) -> Started:
-    """Stop one component and start it again as `up` did. For the kubelet and the device plugin,
-    returns once the kubelet itself (its pod-resources API) offers the GPU slices from the device
-    plugin again; for the others, once their health endpoint answers."""
-    if name not in RESTARTABLE:
-        raise ValueError(f"component: {name!r} is not one of {', '.join(RESTARTABLE)}")
+def _running_state(root: Path) -> tuple[Layout, SandboxState]:
     layout = Layout(root)
     state = load_state(layout)
     if state is None:
         raise StartError(f"no sandbox is up in {root}")
+    return layout, state
+
+
+def restart(root: Path, name: str, timeout: float = 120.0) -> Started:
+    """Stop one component and start it again as `up` did. For the kubelet, returns once the
+    kubelet itself (its pod-resources API) offers the GPU slices from the device plugin again; for
+    the others, once their health endpoint answers."""
+    if name not in RESTARTABLE:
+        raise ValueError(f"component: {name!r} is not one of {', '.join(RESTARTABLE)}")
+    layout, state = _running_state(root)
     old = state.process(name)
     stop(old)
     if name in RESTARTABLE_AS_RECORDED:
@@ -304,51 +335,50 @@ def restart(root: Path, name: str, timeout: float = 120.0) -> Started:
         state.replace(process)
         save_state(layout, state)
         return process
-    kubeconfig = Path(state.kubeconfig)
-    if name == "kubelet":
-        bin_dir = Path(state.process("kubelet").argv[0]).parent
-        options = Options(root=root, node=state.node, kubernetes_bin=bin_dir)
-        process = _start_kubelet(options, layout, kubeconfig)
-        wait_for(
-            "the kubelet's health", lambda: kubelet.healthy(state.kubelet_healthz_port), process, timeout
-        )
-        # A restarted kubelet offers no slices until the plugin has noticed the new kubelet socket
-        # and registered again (its checkpoint keeps only what running pods were given).
-        what = "the device plugin registered with the new kubelet"
-    else:
-        # The kubelet keeps a dead plugin's devices for a grace period, so first wait for the new
-        # plugin's own socket, then for the kubelet to offer the slices.
-        began = time.time()
-        process = gpu.start_device_plugin(layout, gpu.files_for(layout), kubeconfig, state.node)
-        wait_for("the device plugin's socket", lambda: _new_plugin_socket(began), process, timeout)
-        what = "the restarted device plugin registered with the kubelet"
-    wait_for(what, lambda: bool(kubelet.allocatable_devices(layout, KEYS.vgpu)), process, timeout)
-    api = api_client(state)
-    try:
-        _wait_node(api, "GPU slices", node_has_gpus, node=state.node, process=process, timeout=timeout)
-    finally:
-        api.close()
+    options = Options(root=root, node=state.node, kubernetes_bin=Path(state.kubernetes_bin))
+    process = _start_kubelet(options, layout, Path(state.kubeconfig))
+    wait_for("the kubelet's health", lambda: kubelet.healthy(state.kubelet_healthz_port), process, timeout)
+    # A restarted kubelet offers no slices until the agent has noticed the new kubelet socket and
+    # registered again (its checkpoint keeps only what running pods were given).
+    _wait_slices(layout, state, "the node agent registered with the new kubelet", process, timeout)
     state.replace(process)
     save_state(layout, state)
     return process
 
 
-def _new_plugin_socket(since: float) -> bool:
-    """A plugin socket (any but the kubelet's own) created in the device plugin directory since."""
-    for path in HOST_DEVICE_PLUGIN_DIR.glob("*.sock"):
-        with contextlib.suppress(OSError):
-            if path.name != "kubelet.sock" and path.stat().st_mtime >= since - 1:
-                return True
-    return False
+def replace_agent(root: Path, timeout: float = 120.0) -> str:
+    """Delete the node agent's pod; returns the name of the pod the DaemonSet made instead, once it
+    has registered with the kubelet again and the node offers its GPU slices."""
+    layout, state = _running_state(root)
+    with contextlib.closing(api_client(state)) as api:
+        began = time.time()
+        new = install.restart_agent(api, state.node, timeout)
+        # The kubelet keeps a dead plugin's devices for a grace period: first the new agent's own
+        # socket, then the slices it offers.
+        install.wait(
+            "the new node agent's device plugin socket",
+            lambda: kubelet.plugin_socket_since(began),
+            timeout,
+            lambda: install.describe_pods(api),
+        )
+        _wait_slices(layout, state, "the new node agent registered with the kubelet", None, timeout)
+    return new
+
+
+def _wait_slices(
+    layout: Layout, state: SandboxState, what: str, process: Started | None, timeout: float
+) -> None:
+    wait_for(what, lambda: bool(kubelet.allocatable_devices(layout, KEYS.vgpu)), process, timeout)
+    with contextlib.closing(api_client(state)) as api:
+        install.wait(
+            f"node {state.node}: GPU slices", lambda: node_has_gpus(api, state.node), timeout, lambda: ""
+        )
 
 
 def add_node(root: Path, name: str, models: Sequence[str], timeout: float = 60.0) -> Started:
     """A node with these GPU models (fakenode.PRESETS) and no kubelet, kept alive by its own process."""
     fakenode.inventory(name, models)  # refuses unknown models before anything starts
-    layout = Layout(root)
-    state = load_state(layout)
-    if state is None:
-        raise StartError(f"no sandbox is up in {root}")
+    layout, state = _running_state(root)
     process_name = f"fake-node-{name}"
     if name == state.node or any(p.name == process_name for p in state.processes):
         raise StartError(f"node {name!r} already exists in the sandbox")
@@ -364,14 +394,12 @@ def add_node(root: Path, name: str, models: Sequence[str], timeout: float = 60.0
     api = api_client(state)
     try:
         _wait_node(api, "GPU inventory", node_has_gpus, node=name, process=process, timeout=timeout)
-        # Until the extender's watch has the node, kube-scheduler may try a new pod there, be told
-        # "unknown node" and park the pod for minutes: return only once the extender knows it.
-        with_inventory = sum(
-            KEYS.node_gpus in (n.metadata.annotations or {}) for n in client.CoreV1Api(api).list_node().items
-        )
+        # Until the extenders' watches have the node, kube-scheduler may try a new pod there, be
+        # told "unknown node" and park the pod for minutes: return only once every extender knows it.
+        with_inventory = install.nodes_with_inventory(api)
         wait_for(
-            f"the extender to know node {name}",
-            lambda: gpu.extender_node_count(state.extender_url) >= with_inventory,
+            f"the extenders to know node {name}",
+            lambda: install.extenders_know(api, with_inventory),
             process,
             timeout,
         )

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sandbox import cluster, demo, fakenode
+from sandbox import cluster, demo, fakenode, install
 from sandbox.controlplane import ControlPlaneError
 from sandbox.layout import DEFAULT_ROOT
 from sandbox.processes import StartError
@@ -26,6 +26,7 @@ def _options(args: argparse.Namespace) -> cluster.Options:
         kubelet_port=args.kubelet_port,
         kubelet_healthz_port=args.kubelet_healthz_port,
         timeout=args.timeout,
+        values=tuple(args.set),
     )
 
 
@@ -46,7 +47,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"tessera sandbox up: {e}", file=sys.stderr)
         return 1
     print(f"sandbox ready in {state.ready_seconds:.1f}s: node {state.node}, apiserver {state.api_url}")
-    print(f"extender {state.extender_url}, logs in {args.dir / 'logs'}")
+    print(f"Tessera installed by helm in namespace {install.NAMESPACE}; logs in {args.dir / 'logs'}")
     print(f"export KUBECONFIG={state.kubeconfig}")
     print(f"export PATH={options.kubernetes_bin}:$PATH   # kubectl")
     return 0
@@ -65,6 +66,12 @@ def _down(args: argparse.Namespace) -> int:
 
 def _restart(args: argparse.Namespace) -> int:
     try:
+        if args.component == cluster.AGENT:
+            pod = cluster.replace_agent(args.dir)
+            print(
+                f"{cluster.AGENT}: the DaemonSet's new pod {pod} registered; the node's GPU slices are back"
+            )
+            return 0
         process = cluster.restart(args.dir, args.component)
     except (StartError, KeyError) as e:
         print(f"tessera sandbox restart: {e}", file=sys.stderr)
@@ -140,6 +147,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         sub.add_argument("--kubelet-port", type=port, default=10250)
         sub.add_argument("--kubelet-healthz-port", type=port, default=10248)
         sub.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each component")
+        sub.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a chart value for Tessera's install, as helm --set (repeatable), "
+            "on top of deploy/sandbox-values.yaml",
+        )
 
     up = commands.add_parser("up", help="start the sandbox and wait until the node is ready")
     starting(up)
@@ -158,11 +173,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     restart = commands.add_parser(
         "restart",
-        help="restart a component under running pods: the kubelet, the device plugin, "
-        "kube-controller-manager, kube-proxy or CoreDNS",
+        help="restart a component under running pods: the kubelet, the node agent (its pod is "
+        "replaced by the DaemonSet), kube-controller-manager, kube-proxy or CoreDNS",
     )
     common(restart)
-    restart.add_argument("component", choices=cluster.RESTARTABLE)
+    restart.add_argument("component", choices=(*cluster.RESTARTABLE, cluster.AGENT))
     restart.set_defaults(func=_restart)
 
     add_node = commands.add_parser(

@@ -5,6 +5,7 @@ without CAP_SYS_RESOURCE, containerd 1.6); docs/sandbox.md explains each setting
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import urllib.error
 import urllib.request
@@ -15,7 +16,7 @@ import grpc
 import yaml
 
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
-from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, CLUSTER_DOMAIN, Layout
+from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, CLUSTER_DOMAIN, HOST_DEVICE_PLUGIN_DIR, Layout
 from sandbox.processes import Started, start
 
 LOOPBACK = "127.0.0.1"
@@ -105,6 +106,15 @@ def allocatable_devices(layout: Layout, resource: str) -> list[str]:
     except grpc.RpcError:
         return []
     return [i for d in response.devices if d.resource_name == resource for i in d.device_ids]
+
+
+def plugin_socket_since(since: float) -> bool:
+    """A plugin socket (any but the kubelet's own) created in the device plugin directory since."""
+    for path in HOST_DEVICE_PLUGIN_DIR.glob("*.sock"):
+        with contextlib.suppress(OSError):
+            if path.name != "kubelet.sock" and path.stat().st_mtime >= since - 1:
+                return True
+    return False
 
 
 def healthy(healthz_port: int) -> bool:
