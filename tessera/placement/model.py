@@ -27,6 +27,7 @@ from tessera.contract import (
     GpuInfo,
     PodPreferences,
     PodRequest,
+    QosClass,
 )
 
 # kube-scheduler's extender scores run 0..MAX_SCORE.
@@ -342,8 +343,14 @@ def release(node: NodeState, placement: Placement, shape: PodShape | None = None
     )
 
 
-def to_allocation(node: NodeState, placement: Placement, container_names: Iterable[str]) -> Allocation:
-    """The contract's allocation annotation for a placement (container names in shape order)."""
+def to_allocation(
+    node: NodeState,
+    placement: Placement,
+    container_names: Iterable[str],
+    qos: QosClass = QosClass.STANDARD,
+) -> Allocation:
+    """The contract's allocation annotation for a placement (container names in shape order), with
+    the pod's QoS class."""
     names = tuple(container_names)
     if len(names) != len(placement.containers):
         raise ValueError(f"{len(names)} container names for {len(placement.containers)} placed containers")
@@ -359,6 +366,7 @@ def to_allocation(node: NodeState, placement: Placement, container_names: Iterab
             )
             for name, grants in zip(names, placement.containers, strict=True)
         ),
+        qos=qos,
     )
 
 
