@@ -75,9 +75,10 @@ class Preemption:
     fit: NodeFit
 
 
-def importance(victim: Victim) -> tuple[int, float]:
-    """kube-scheduler's order of importance: higher priority first, then the longer bound."""
-    return (-victim.priority, victim.age_key)
+def importance(victim: Victim) -> tuple[int, float, str]:
+    """kube-scheduler's order of importance: higher priority first, then the longer bound (then the
+    UID, so that equals are always taken in one order)."""
+    return (-victim.priority, victim.age_key, victim.uid)
 
 
 def budget_violations(victims: Iterable[Victim], disruptions_allowed: Sequence[int]) -> int:
