@@ -16,9 +16,9 @@ from extender.app import create_app
 from extender.metrics import Metrics
 from extender.service import DISRUPTION_BUDGETS, Extender
 from extender.state import ClusterState
-from tessera.contract import KEYS, Allocation, ContainerAllocation, GpuGrant, JsonObject, Phase
+from tessera.contract import KEYS, JsonObject
 from tessera.placement import PlacementEngine, SpeedProfiles
-from tests.extender.helpers import gpu_pod, inventory, node_object
+from tests.extender.helpers import bound_to, gpu_pod, inventory, node_object
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -38,26 +38,10 @@ class FakeKube:
         pass
 
 
-def bound_pod(
-    name: str, gpu: int, memory: int, *, priority: int = 0, node: str = "n", **extra: Any
-) -> JsonObject:
+def bound_pod(name: str, gpu: int, memory: int, *, priority: int = 0, node: str = "n") -> JsonObject:
     """A pod bound on ``node`` with its allocation on GPU ``gpu`` (phase allocated)."""
-    pod = gpu_pod(name, memory=memory, cores=None, uid=f"uid-{name}")
-    allocation = Allocation(
-        node=node,
-        containers=(
-            ContainerAllocation(
-                name="main", gpus=(GpuGrant(uuid=f"GPU-{node}-{gpu}", memory_mib=memory, cores=0),)
-            ),
-        ),
-    )
-    pod["metadata"]["annotations"] = {
-        KEYS.allocation: allocation.model_dump_json(),
-        KEYS.allocation_phase: Phase.ALLOCATED.value,
-        KEYS.bind_time: "2026-01-01T11:00:00Z",
-    }
-    pod["metadata"].update(extra.pop("metadata", {}))
-    pod["spec"].update(nodeName=node, priority=priority, **extra)
+    pod = bound_to(gpu_pod(name, memory=memory, cores=None, uid=f"uid-{name}"), node, gpu)
+    pod["spec"]["priority"] = priority
     return pod
 
 
