@@ -67,6 +67,10 @@ UNKNOWN_NAMES_ANSWERED = 100
 MAX_UNCHECKED_RESERVATIONS = 64
 # Filter results kept for the prioritize call that follows (by pod UID).
 REMEMBERED_FILTERS = 256
+# Sets of victims a preempt call weighs, all its candidate nodes together, and at least per node:
+# well within kube-scheduler's httpTimeout (docs/benchmarks.md, "Preemption: one call").
+PREEMPT_SETS = 20_000
+MIN_PREEMPT_SETS = 100
 # Where preempt reads the PodDisruptionBudgets of every namespace.
 DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 # Attempts at writing the allocation when the pod changes under the bind (HTTP 409).
@@ -362,8 +366,10 @@ class Extender:
         shape = shape_of(request)
         budgets = await self._disruption_budgets()
         answer: dict[str, Victims] = {}
+        # The call's sets shared among its nodes: kube-scheduler waits for the answer (httpTimeout).
+        sets = max(MIN_PREEMPT_SETS, PREEMPT_SETS // max(1, len(proposed)))
         for name, theirs in proposed.items():
-            decided = self.state.choose_victims(name, shape, priority, budgets)
+            decided = self.state.choose_victims(name, shape, priority, budgets, sets)
             if isinstance(decided, str):
                 log.info("preempt: pod %s: node %s left out: %s", ref_of(pod), name, decided)
                 self.metrics.preemption_nodes.labels("removed").inc()

@@ -273,11 +273,12 @@ class ClusterState:
         return answer
 
     def choose_victims(
-        self, name: str, shape: PodShape, priority: int, budgets: Sequence[Budget]
+        self, name: str, shape: PodShape, priority: int, budgets: Sequence[Budget], max_sets: int
     ) -> Preemption | str:
         """The pods on node ``name`` whose eviction makes a pod of ``shape`` and ``priority`` fit there
         (:func:`tessera.placement.choose_victims`), among its bound pods not being deleted already
-        (reservations are no pods kube-scheduler could evict); or why no eviction can."""
+        (reservations are no pods kube-scheduler could evict), weighing at most ``max_sets`` sets;
+        or why no eviction can."""
         node = self.engine.nodes.get(name)
         if node is None:
             return UNKNOWN_NODE
@@ -300,6 +301,7 @@ class ClusterState:
             profiles=self.engine.profiles,
             policy=self.engine.policy_for(shape),
             context=self.engine.context,
+            max_sets=max_sets,
         )
 
     def placed(self, shape: PodShape) -> None:

@@ -177,6 +177,20 @@ def test_a_budget_is_kept_when_a_larger_set_keeps_it() -> None:
     assert isinstance(answer, Preemption) and answer.budget_violations == 0
 
 
+def test_when_every_set_breaks_a_budget_the_fewest_breaks_win() -> None:
+    """kube-scheduler's greedy way (put back the most important first) would keep "big" and evict
+    both small pods, two violations; evicting "big" alone breaks the budget once."""
+    n = node("n", count=1, memory_mib=16384)
+    pods = [
+        place(n, "big", 5, [(0, 8192, 0)], budgets=(0,)),
+        place(n, "small-1", 0, [(0, 4096, 0)], budgets=(0,)),
+        place(n, "small-2", 0, [(0, 4096, 0)], budgets=(0,)),
+    ]
+    answer = choose(n, shape((1, 8192, None)), 100, pods, allowed=[0])
+    assert uids(answer) == ["big"]
+    assert isinstance(answer, Preemption) and answer.budget_violations == 1
+
+
 def test_budget_violations_are_counted_as_kube_scheduler_counts_them() -> None:
     n = node("n", count=1)
     a = place(n, "a", 10, [(0, 1024, 0)], budgets=(0,))
@@ -218,11 +232,28 @@ def test_the_search_stays_within_its_budget_and_still_answers() -> None:
         profiles=PROFILES,
         policy=BINPACK,
         context=ClusterContext(),
-        max_checks=50,
+        max_sets=50,
     )
     assert isinstance(answer, Preemption)
     assert len(answer.victims) == 8  # 8 x 2 GiB: every set of 8 is as good as any by budgets and count
     assert all(v.priority == 0 for v in answer.victims)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_out_of_sets_the_answer_is_kube_schedulers_greedy_one(seed: int) -> None:
+    """With no set to weigh, the answer is still feasible, of lower priority, and none of its victims
+    can be spared."""
+    n, victims, wanted, priority, allowed = _random_case(random.Random(seed))
+    answer = choose_victims(
+        n, wanted, priority, victims, allowed, profiles=PROFILES, policy=BINPACK, context=ClusterContext(),
+        max_sets=0,
+    )  # fmt: skip
+    if not isinstance(answer, Preemption) or not answer.victims:
+        return
+    assert all(v.priority < priority for v in answer.victims)
+    assert _fits(n, wanted, answer.victims)
+    for spared in answer.victims:
+        assert not _fits(n, wanted, [v for v in answer.victims if v is not spared])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -245,7 +276,7 @@ def _random_case(rng: random.Random) -> tuple[NodeState, list[Victim], PodShape,
             for g in gpus
         ):
             continue
-        budgets = tuple(b for b in (0, 1) if rng.random() < 0.3)
+        budgets = tuple(b for b in (0, 1) if rng.random() < 0.4)
         victim = Victim(
             f"p{i}",
             rng.choice([0, 10, 100, 1000]),
@@ -262,7 +293,7 @@ def _random_case(rng: random.Random) -> tuple[NodeState, list[Victim], PodShape,
             rng.choice([None, 20, 60]),
         )
     )
-    return current, victims, wanted, rng.choice([10, 100, 500]), [rng.randint(0, 2), rng.randint(0, 2)]
+    return current, victims, wanted, rng.choice([10, 100, 500]), [rng.randint(0, 1), rng.randint(0, 2)]
 
 
 def _fits(n: NodeState, s: PodShape, evicted: Sequence[Victim]) -> bool:
@@ -281,7 +312,7 @@ def _preference(victims: Sequence[Victim], allowed: Sequence[int]) -> tuple[int,
     )
 
 
-@pytest.mark.parametrize("seed", range(400))
+@pytest.mark.parametrize("seed", range(600))
 def test_randomized_answers_are_feasible_lower_priority_and_best(seed: int) -> None:
     rng = random.Random(seed)
     n, victims, wanted, priority, allowed = _random_case(rng)
