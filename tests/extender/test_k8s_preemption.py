@@ -187,6 +187,7 @@ def test_a_pod_no_preemption_helps_stays_pending_with_the_reason(
             what="urgent's FailedScheduling after preemption",
         )
         assert "no GPU with 12288 MiB free; largest free 2048 MiB" in events[0]  # gpu-c, the extender's
+        assert "preemption: no candidate node for preemption" in events[0]  # gpu-b, left out
         bad = wait_for(lambda: failed_scheduling(core, namespace, "bad-class"), what="bad-class refused")
         assert (
             "annotation tessera.io/qos: 'urgent' is not one of latency-critical, standard, best-effort"
