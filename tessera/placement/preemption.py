@@ -98,11 +98,12 @@ def budget_violations(victims: Iterable[Victim], disruptions_allowed: Sequence[i
     return broken
 
 
-_Cost = tuple[int, int, int, int, float]
+Preference = tuple[int, int, int, int, float]
 
 
-def _cost(victims: Sequence[Victim], disruptions_allowed: Sequence[int]) -> _Cost:
-    """The preference between feasible sets, smaller is better (see the module's docstring)."""
+def preference(victims: Sequence[Victim], disruptions_allowed: Sequence[int]) -> Preference:
+    """How much evicting ``victims`` costs, to compare feasible sets (smaller is better): budget
+    violations, count, highest priority, sum of priorities, then the most recently bound oldest."""
     return (
         budget_violations(victims, disruptions_allowed),
         len(victims),
@@ -179,7 +180,7 @@ def choose_victims(
     if not isinstance(everyone, NodeFit):
         return f"not even with all {len(lower)} lower-priority pods evicted: {everyone.reason}"
     best: tuple[Victim, ...] | None = None
-    best_cost: _Cost = (len(lower) + 1, 0, 0, 0, 0.0)  # worse than any set's: more violations than pods
+    best_cost: Preference = (len(lower) + 1, 0, 0, 0, 0.0)  # worse than any set's: more violations than pods
     feasible: list[frozenset[str]] = []
     # Cheapest candidates first: the first feasible set of a size is then usually the best of it.
     for gpu, smallest, group in _groups(node, shape, usable, lower[::-1]):
@@ -190,7 +191,7 @@ def choose_victims(
                 search.sets_left -= 1
                 if search.sets_left < 0:
                     break
-                cost = _cost(chosen, disruptions_allowed)
+                cost = preference(chosen, disruptions_allowed)
                 if cost >= best_cost:
                     continue
                 uids = frozenset(v.uid for v in chosen)
@@ -225,7 +226,7 @@ def _greedy(
                 evicted = trial
         answers.append(tuple(evicted))
     # The node-wide group of a pod of several GPUs always fits: all of ``lower`` made room.
-    return min(answers, key=lambda answer: _cost(answer, disruptions_allowed))
+    return min(answers, key=lambda answer: preference(answer, disruptions_allowed))
 
 
 def _fewest_on_gpu(node: NodeState, shape: PodShape, gpu: int, group: Sequence[Victim]) -> int:

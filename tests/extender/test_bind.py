@@ -82,7 +82,7 @@ def state() -> ClusterState:
     return s
 
 
-def extender(state: ClusterState, api: FakeApi) -> Extender:
+def extender(state: ClusterState, api: FakeApi, qos_thresholds: QosThresholds | None = None) -> Extender:
     return Extender(
         state,
         api,  # type: ignore[arg-type]
@@ -91,6 +91,7 @@ def extender(state: ClusterState, api: FakeApi) -> Extender:
         inflight_timeout=timedelta(minutes=5),
         clock=lambda: NOW,
         inflight_wait=timedelta(milliseconds=50),
+        qos_thresholds=qos_thresholds,
     )
 
 
@@ -303,15 +304,7 @@ def test_thresholds_of_ones_own_decide_the_class(state: ClusterState) -> None:
     pod = api_pod("p")
     pod["spec"]["priority"] = 100
     api = FakeApi([pod])
-    ext = Extender(
-        state,
-        api,  # type: ignore[arg-type]
-        KEYS,
-        Metrics(),
-        inflight_timeout=timedelta(minutes=5),
-        clock=lambda: NOW,
-        qos_thresholds=QosThresholds(latency_critical_priority=100),
-    )
+    ext = extender(state, api, QosThresholds(latency_critical_priority=100))
     assert bind(ext, "default", "p", "uid-p", "n") == ""
     assert (
         parse_allocation(api.pods["p"]["metadata"]["annotations"][KEYS.allocation]).qos

@@ -14,7 +14,6 @@ gone, and records which pods it finished: exactly the pods kube-scheduler evicte
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 from kubernetes import client
 
 from tessera.contract import KEYS, QosClass, dump_inventory, format_time, now, parse_allocation
-from tests.extender.conftest import ExtenderServer
+from tests.extender.conftest import ExtenderServer, PodPoller
 from tests.extender.helpers import bound_to, gpu_pod, inventory
 from tests.extender.test_k8s import create, failed_scheduling, node_of
 from tests.waiting import wait_for
@@ -51,35 +50,23 @@ def priority_classes(kube: client.ApiClient) -> Iterator[None]:
             scheduling.delete_priority_class(name)
 
 
-class FinishDeletions:
-    """Stands in for the kubelet on the fake nodes: finishes the deletion of pods being deleted."""
+class FinishDeletions(PodPoller):
+    """Stands in for the kubelet on the fake nodes: finishes the deletion of pods being deleted, and
+    records their names."""
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        self.core = client.CoreV1Api(api)
-        self.namespace = namespace
+        super().__init__(api, namespace, delay=0.3)
         self.finished: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> FinishDeletions:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.3):
-            for pod in self.core.list_namespaced_pod(self.namespace).items:
-                if pod.metadata.deletion_timestamp is None:
-                    continue
-                try:
-                    self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=0)
-                except client.ApiException as e:
-                    if e.status != 404:
-                        continue
-                self.finished.add(pod.metadata.name)
+    def visit(self, pod: client.V1Pod) -> None:
+        if pod.metadata.deletion_timestamp is None:
+            return
+        try:
+            self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=0)
+        except client.ApiException as e:
+            if e.status != 404:
+                return
+        self.finished.add(pod.metadata.name)
 
 
 def gpu_node(create_fake_node: Callable[..., str], name: str, gpus: int, split: int = 4) -> None:
@@ -92,11 +79,15 @@ def gpu_node(create_fake_node: Callable[..., str], name: str, gpus: int, split: 
     create_fake_node(name, capacity, annotations)
 
 
-def running(name: str, memory: int, priority_class: str, node: str, gpu: int) -> dict[str, Any]:
-    """A pod already placed on ``node``'s GPU ``gpu`` (as the extender binds; served)."""
-    pod = bound_to(gpu_pod(name, memory=memory, cores=None), node, gpu)
-    pod["spec"]["priorityClassName"] = priority_class
-    return pod
+def place_running(
+    core: client.CoreV1Api, namespace: str, placed: dict[str, tuple[int, str, str, int]]
+) -> None:
+    """Pods already running: name -> (MiB, PriorityClass, node, GPU position), bound as the extender
+    binds them, served."""
+    for name, (memory, priority_class, node, gpu) in placed.items():
+        pod = bound_to(gpu_pod(name, memory=memory, cores=None), node, gpu)
+        pod["spec"]["priorityClassName"] = priority_class
+        create(core, namespace, pod)
 
 
 def pending(name: str, memory: int, priority_class: str, **annotations: str) -> dict[str, Any]:
@@ -136,8 +127,7 @@ def test_the_two_pods_on_the_gpu_that_frees_enough_make_room(
         **{f"keep{i}": (4096, HIGH, "gpu-b", 0) for i in range(3)},
         "low-b": (4096, LOW, "gpu-b", 0),
     }
-    for name, (memory, priority_class, node, gpu) in placed.items():
-        create(core, namespace, running(name, memory, priority_class, node, gpu))
+    place_running(core, namespace, placed)
     with FinishDeletions(kube, namespace) as kubelet:
         create(core, namespace, pending("urgent", 12288, HIGH))
         node = wait_for(lambda: node_of(core, namespace, "urgent"), timeout=120, what="urgent bound")
@@ -176,8 +166,7 @@ def test_a_pod_no_preemption_helps_stays_pending_with_the_reason(
         "keep-c": (12288, HIGH, "gpu-c", 0),
         "low-c": (2048, LOW, "gpu-c", 0),
     }
-    for name, (memory, priority_class, node, gpu) in placed.items():
-        create(core, namespace, running(name, memory, priority_class, node, gpu))
+    place_running(core, namespace, placed)
     with FinishDeletions(kube, namespace) as kubelet:
         create(core, namespace, pending("urgent", 12288, HIGH))
         create(core, namespace, pending("bad-class", 1024, HIGH, **{KEYS.qos: "urgent"}))

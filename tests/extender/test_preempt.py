@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from extender.app import create_app
+from extender.kube import ApiError
 from extender.metrics import Metrics
 from extender.service import DISRUPTION_BUDGETS, Extender
 from extender.state import ClusterState
@@ -79,19 +80,22 @@ def state() -> ClusterState:
     return s
 
 
-def serve(
-    state: ClusterState, pods: list[JsonObject], budgets: list[JsonObject] | None = None
-) -> Iterator[TestClient]:
-    state.replace_pods(pods)
-    extender = Extender(
+def extender_of(state: ClusterState, kube: FakeKube | None) -> Extender:
+    return Extender(
         state,
-        FakeKube(budgets or []),  # type: ignore[arg-type]
+        kube,  # type: ignore[arg-type]
         KEYS,
         Metrics(),
         inflight_timeout=timedelta(minutes=5),
         clock=lambda: NOW,
     )
-    with TestClient(create_app(extender)) as c:
+
+
+def serve(
+    state: ClusterState, pods: list[JsonObject], budgets: list[JsonObject] | None = None
+) -> Iterator[TestClient]:
+    state.replace_pods(pods)
+    with TestClient(create_app(extender_of(state, FakeKube(budgets or [])))) as c:
         yield c
 
 
@@ -237,13 +241,8 @@ def test_malformed_requests_get_400_naming_the_field(
 
 def test_not_synced_is_an_http_error(state: ClusterState) -> None:
     """ExtenderPreemptionResult has no error field: kube-scheduler sees a failed call and retries."""
-    extender = Extender(
-        ClusterState(PlacementEngine(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(minutes=5)),
-        None,
-        KEYS,
-        Metrics(),
-        inflight_timeout=timedelta(minutes=5),
-        clock=lambda: NOW,
+    extender = extender_of(
+        ClusterState(PlacementEngine(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(minutes=5)), None
     )
     with TestClient(create_app(extender)) as c:
         response = c.post(
@@ -256,14 +255,44 @@ def test_not_synced_is_an_http_error(state: ClusterState) -> None:
 def test_budgets_are_read_once_per_call(state: ClusterState) -> None:
     state.replace_pods(full_node_pods())
     kube = FakeKube([])
-    extender = Extender(
-        state,
-        kube,
-        KEYS,
-        Metrics(),
-        inflight_timeout=timedelta(minutes=5),
-        clock=lambda: NOW,  # type: ignore[arg-type]
-    )
+    extender = extender_of(state, kube)
     with TestClient(create_app(extender)) as c:
         preempt(c, preemptor(), {"n": meta("uid-e3"), "m": meta("uid-x")})
     assert kube.lists == [DISRUPTION_BUDGETS]
+
+
+class FailingKube(FakeKube):
+    async def list(self, path: str, field_selector: str = "") -> tuple[list[JsonObject], str]:
+        raise ApiError(403, 'poddisruptionbudgets.policy is forbidden: User "x" cannot list')
+
+
+def test_budgets_that_cannot_be_read_fail_the_call(state: ClusterState) -> None:
+    """Without them victims could break budgets kube-scheduler would keep: the call fails (503), and
+    kube-scheduler tries the pod's preemption again on its next attempt."""
+    state.replace_pods(full_node_pods())
+    extender = extender_of(state, FailingKube([]))
+    with TestClient(create_app(extender)) as c:
+        response = c.post(
+            "/preempt", json={"Pod": preemptor(), "NodeNameToMetaVictims": {"n": meta("uid-e3")}}
+        )
+        assert response.status_code == 503
+        assert (
+            "tessera extender: preempt failed: ApiError: HTTP 403: poddisruptionbudgets.policy is forbidden"
+            in response.text
+        )
+
+
+def test_a_reservation_is_no_victim(state: ClusterState) -> None:
+    """A pod reserved at filter is no pod kube-scheduler could evict: its share counts, it is never named."""
+    state.replace_pods([bound_pod("low", 0, 4096, node="m")])
+    extender = extender_of(state, FakeKube([]))
+    reserved = gpu_pod("reserved", memory=8192, cores=None, uid="uid-reserved")
+    assert extender.filter(reserved, ["m"]).passed == ["m"]  # reserved on m, 8 GiB
+    assert state.reservation("uid-reserved") is not None
+    with TestClient(create_app(extender)) as c:
+        # 8 GiB asked: low's 4 GiB and the 4 GiB free are enough; the reservation stays untouched.
+        assert preempt(c, preemptor(memory=8192), {"m": meta("uid-low")}) == {
+            "NodeNameToMetaVictims": {"m": meta("uid-low")}
+        }
+        # 12 GiB: only evicting the reservation too would do: m is left out.
+        assert preempt(c, preemptor(), {"m": meta("uid-low")}) == {"NodeNameToMetaVictims": {}}

@@ -27,6 +27,7 @@ from tessera.placement import (
     filter_node,
     release,
 )
+from tessera.placement.preemption import preference
 from tests.placement.helpers import node, shape
 
 PROFILES = SpeedProfiles()
@@ -302,16 +303,6 @@ def _fits(n: NodeState, s: PodShape, evicted: Sequence[Victim]) -> bool:
     return isinstance(filter_node(n, s, PROFILES, BINPACK, ClusterContext()), NodeFit)
 
 
-def _preference(victims: Sequence[Victim], allowed: Sequence[int]) -> tuple[int, int, int, int, float]:
-    return (
-        budget_violations(victims, allowed),
-        len(victims),
-        max(v.priority for v in victims),
-        sum(v.priority for v in victims),
-        -min(v.age_key for v in victims),
-    )
-
-
 @pytest.mark.parametrize("seed", range(600))
 def test_randomized_answers_are_feasible_lower_priority_and_best(seed: int) -> None:
     rng = random.Random(seed)
@@ -333,8 +324,8 @@ def test_randomized_answers_are_feasible_lower_priority_and_best(seed: int) -> N
     assert all(v.priority < priority for v in answer.victims), "a victim of equal or higher priority"
     assert _fits(n, wanted, answer.victims), "the pod does not fit once the victims are gone"
     assert answer.budget_violations == budget_violations(answer.victims, allowed)
-    best = min(_preference(s, allowed) for s in feasible)
-    assert _preference(answer.victims, allowed) == best
+    best = min(preference(s, allowed) for s in feasible)
+    assert preference(answer.victims, allowed) == best
     fewest = min(len(s) for s in feasible if budget_violations(s, allowed) == best[0])
     assert len(answer.victims) == fewest, "not minimal in count among the sets breaking fewest budgets"
     assert [v.priority for v in answer.victims] == sorted((v.priority for v in answer.victims), reverse=True)
