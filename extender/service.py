@@ -360,9 +360,9 @@ class Extender:
             log.info("preempt: pod %s: %s", ref_of(pod), e)
             self.metrics.preemption_nodes.labels("removed").inc(len(proposed))
             return {}
-        priority = pod_priority(pod)
         if not request.wants_gpu:
             return proposed
+        priority = pod_priority(pod)
         shape = shape_of(request)
         budgets = await self._disruption_budgets()
         answer: dict[str, Victims] = {}
@@ -371,7 +371,7 @@ class Extender:
         for name, theirs in proposed.items():
             decided = self.state.choose_victims(name, shape, priority, budgets, sets)
             if isinstance(decided, str):
-                log.info("preempt: pod %s: node %s left out: %s", ref_of(pod), name, decided)
+                log.debug("preempt: pod %s: node %s left out: %s", ref_of(pod), name, decided)
                 self.metrics.preemption_nodes.labels("removed").inc()
                 continue
             if not decided.victims:
@@ -390,6 +390,12 @@ class Extender:
             )
             self.metrics.preemption_nodes.labels("victims").inc()
             self.metrics.preemption_victims.inc(len(decided.victims))
+        log.info(
+            "preempt: pod %s: %d of %d candidate nodes answered (the others: no eviction makes room)",
+            ref_of(pod),
+            len(answer),
+            len(proposed),
+        )
         return answer
 
     async def _disruption_budgets(self) -> list[Budget]:
