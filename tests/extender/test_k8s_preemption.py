@@ -80,14 +80,27 @@ def gpu_node(create_fake_node: Callable[..., str], name: str, gpus: int, split: 
 
 
 def place_running(
-    core: client.CoreV1Api, namespace: str, placed: dict[str, tuple[int, str, str, int]]
+    core: client.CoreV1Api,
+    namespace: str,
+    placed: dict[str, tuple[int, str, str, int]],
+    labels: dict[str, dict[str, str]] | None = None,
 ) -> None:
     """Pods already running: name -> (MiB, PriorityClass, node, GPU position), bound as the extender
-    binds them, served."""
+    binds them, served; with their ``labels`` by name."""
     for name, (memory, priority_class, node, gpu) in placed.items():
         pod = bound_to(gpu_pod(name, memory=memory, cores=None), node, gpu)
         pod["spec"]["priorityClassName"] = priority_class
+        pod["metadata"]["labels"] = (labels or {}).get(name, {})
         create(core, namespace, pod)
+
+
+GPU_A = {
+    "a": (6144, LOW, "gpu-a", 0),
+    "b": (6144, LOW, "gpu-a", 0),
+    "c": (2048, LOW, "gpu-a", 0),
+    "d": (1024, LOW, "gpu-a", 0),
+    **{f"e{i}": (4096, LOW, "gpu-a", 1) for i in range(4)},
+}
 
 
 def pending(name: str, memory: int, priority_class: str, **annotations: str) -> dict[str, Any]:
@@ -119,11 +132,7 @@ def test_the_two_pods_on_the_gpu_that_frees_enough_make_room(
     gpu_node(create_fake_node, "gpu-b", gpus=1)
     extender = extender_with_scheduler(600)
     placed = {
-        "a": (6144, LOW, "gpu-a", 0),
-        "b": (6144, LOW, "gpu-a", 0),
-        "c": (2048, LOW, "gpu-a", 0),
-        "d": (1024, LOW, "gpu-a", 0),
-        **{f"e{i}": (4096, LOW, "gpu-a", 1) for i in range(4)},
+        **GPU_A,
         **{f"keep{i}": (4096, HIGH, "gpu-b", 0) for i in range(3)},
         "low-b": (4096, LOW, "gpu-b", 0),
     }
@@ -190,3 +199,36 @@ def test_a_pod_no_preemption_helps_stays_pending_with_the_reason(
     assert node_of(core, namespace, "urgent") is None
     assert not core.read_namespaced_pod("urgent", namespace).status.nominated_node_name
     untouched(core, namespace, sorted(placed))
+
+
+def test_a_disruption_budget_moves_the_eviction_to_the_other_gpu(
+    kube: client.ApiClient,
+    namespace: str,
+    priority_classes: None,
+    create_fake_node: Callable[..., str],
+    extender_with_scheduler: Callable[[int], ExtenderServer],
+) -> None:
+    """gpu-a as above, with a and b in a PodDisruptionBudget that allows no disruption (no disruption
+    controller runs here: its status says 0): the extender, reading the budget from the API server,
+    answers three of GPU 1's pods, which break none, rather than a and b; the pod binds to GPU 1."""
+    core = client.CoreV1Api(kube)
+    gpu_node(create_fake_node, "gpu-a", gpus=2)
+    extender_with_scheduler(600)
+    place_running(core, namespace, GPU_A, labels={"a": {"app": "cache"}, "b": {"app": "cache"}})
+    budget = {
+        "metadata": {"name": "cache"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "cache"}}},
+    }
+    client.PolicyV1Api(kube).create_namespaced_pod_disruption_budget(namespace, budget)
+    with FinishDeletions(kube, namespace) as kubelet:
+        create(core, namespace, pending("urgent", 12288, HIGH))
+        assert (
+            wait_for(lambda: node_of(core, namespace, "urgent"), timeout=120, what="urgent bound") == "gpu-a"
+        )
+        evicted = set(kubelet.finished)
+    assert len(evicted) == 3 and evicted <= {"e0", "e1", "e2", "e3"}, evicted
+    allocation = parse_allocation(
+        core.read_namespaced_pod("urgent", namespace).metadata.annotations[KEYS.allocation]
+    )
+    assert allocation.containers[0].gpus[0].uuid == "GPU-gpu-a-1"
+    untouched(core, namespace, sorted(set(GPU_A) - evicted))
