@@ -1,6 +1,6 @@
 """The HTTP face of the extender: kube-scheduler's verbs, health, readiness and metrics.
 
-POST /filter, /prioritize, /bind take and answer the extender v1 JSON (:mod:`extender.wire`).
+POST /filter, /prioritize, /preempt, /bind take and answer the extender v1 JSON (:mod:`extender.wire`).
 A malformed request gets HTTP 400 with a message naming the field and the value; an unexpected
 failure inside gets the error in the result's ``Error`` field (kube-scheduler reports it) and a
 logged traceback, never a traceback in the answer.
@@ -54,7 +54,10 @@ def create_app(
     app = FastAPI(title="Tessera scheduler extender", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     async def guarded(
-        verb: str, work: Callable[[], Awaitable[bytes]], on_error: Callable[[str], bytes]
+        verb: str,
+        work: Callable[[], Awaitable[bytes]],
+        on_error: Callable[[str], bytes],
+        error_status: int = 200,
     ) -> tuple[bytes, int]:
         started = time.perf_counter()
         try:
@@ -66,11 +69,11 @@ def create_app(
             content, status = f"bad {verb} request: {message}\n".encode(), 400
         except NotSyncedError as e:
             log.info("%s refused: %s", verb, e)
-            content, status = on_error(str(e)), 200
+            content, status = on_error(str(e)), error_status
         except Exception as e:
             log.exception("%s failed", verb)
             failure = wire.cut(f"tessera extender: {verb} failed: {type(e).__name__}: {e}", MESSAGE_LIMIT)
-            content, status = on_error(failure), 200
+            content, status = on_error(failure), error_status
         metrics.latency.labels(verb).observe(time.perf_counter() - started)
         metrics.requests.labels(verb, str(status)).inc()
         return content, status
@@ -92,6 +95,15 @@ def create_app(
 
         # A failed prioritize is ignored by kube-scheduler; an empty list says "no opinion".
         return await guarded("prioritize", work, lambda e: b"[]")
+
+    async def preempt(body: bytes) -> tuple[bytes, int]:
+        async def work() -> bytes:
+            pod, proposed = wire.parse_preemption_args(body)
+            return wire.preemption_result(await extender.preempt(pod, proposed))
+
+        # ExtenderPreemptionResult has no error field: a failure is an HTTP error, which fails this
+        # preemption attempt (kube-scheduler tries again with the pod's next attempt).
+        return await guarded("preempt", work, lambda e: f"{e}\n".encode(), error_status=503)
 
     async def bind(body: bytes) -> tuple[bytes, int]:
         async def work() -> bytes:
@@ -117,7 +129,10 @@ def create_app(
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return ExtenderApp(
-        app, {"/filter": filter_, "/prioritize": prioritize, "/bind": bind}, limits or Limits(), metrics
+        app,
+        {"/filter": filter_, "/prioritize": prioritize, "/preempt": preempt, "/bind": bind},
+        limits or Limits(),
+        metrics,
     )
 
 

@@ -27,7 +27,8 @@ from extender.watch import Watcher
 from tessera.cliargs import positive_int, seconds
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, Policy, keys_for, now
 from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
-from tessera.placement import PlacementEngine, SpeedProfiles
+from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles
+from tessera.placement.qos import BEST_EFFORT_PRIORITY, LATENCY_CRITICAL_PRIORITY
 
 log = logging.getLogger("tessera.extender")
 
@@ -116,6 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="bind only pods whose spec.schedulerName is NAME, the scheduler profile that calls this "
         f"extender (repeat for several; default {DEFAULT_SCHEDULER_NAME})",
+    )
+    parser.add_argument(
+        "--qos-latency-critical-priority",
+        type=int,
+        default=LATENCY_CRITICAL_PRIORITY,
+        metavar="PRIORITY",
+        help="a pod without a tessera.io/qos annotation whose priority is at least this is "
+        "latency-critical (default %(default)d)",
+    )
+    parser.add_argument(
+        "--qos-best-effort-priority",
+        type=int,
+        default=BEST_EFFORT_PRIORITY,
+        metavar="PRIORITY",
+        help="a pod without a tessera.io/qos annotation whose priority is below this is best-effort "
+        "(default %(default)d: a negative PriorityClass)",
     )
     parser.add_argument(
         "--domain",
@@ -207,6 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--tls-cert-file and --tls-key-file go together")
     if args.client_ca_file and not args.tls_cert_file:
         parser.error("--client-ca-file needs --tls-cert-file")
+    try:
+        qos_thresholds = QosThresholds(args.qos_latency_critical_priority, args.qos_best_effort_priority)
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(level=args.log_level.upper())
     for handler in logging.getLogger().handlers:
         handler.setFormatter(CutFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -236,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inflight_wait=timedelta(seconds=args.inflight_wait),
         filter_keeps_best=args.filter_keeps == "best",
         scheduler_names=frozenset(args.scheduler_names or [DEFAULT_SCHEDULER_NAME]),
+        qos_thresholds=qos_thresholds,
     )
     limits = Limits(
         max_body_bytes=args.max_body_bytes,

@@ -48,6 +48,19 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.preemption_nodes = Counter(
+            "tessera_extender_preemption_nodes",
+            "Candidate nodes of kube-scheduler's preempt calls, by the extender's answer: victims (GPU "
+            "pods chosen), kept (the pod fits on a GPU already: kube-scheduler's victims stand), "
+            "removed (no eviction of lower-priority pods makes room)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.preemption_victims = Counter(
+            "tessera_extender_preemption_victims",
+            "GPU pods the extender answered as victims to kube-scheduler's preempt calls",
+            registry=self.registry,
+        )
         self.nodes = Gauge(
             "tessera_extender_nodes", "Nodes with a Tessera GPU inventory", registry=self.registry
         )

@@ -17,9 +17,11 @@ from datetime import datetime, timedelta
 from itertools import compress
 from operator import attrgetter, not_
 
+from extender.budgets import Budget, parse_budgets
 from extender.kube import ApiError, KubeApi
 from extender.metrics import Metrics
-from extender.state import ClusterState, PodAllocation
+from extender.state import ClusterState, PodAllocation, preemption_facts
+from extender.wire import Victims
 from tessera.contract import (
     Allocation,
     ContractError,
@@ -28,17 +30,21 @@ from tessera.contract import (
     Phase,
     PodRequest,
     PodShapeError,
+    QosClass,
     format_time,
     parse_allocation,
     parse_pod_request,
+    pod_priority,
     pod_ref,
 )
 from tessera.inflight import read_bind_time
 from tessera.placement import (
     NodeFit,
     NodeRejection,
+    QosThresholds,
     Shortfall,
     best_fits,
+    qos_class,
     score_fits,
     shape_of,
     to_allocation,
@@ -61,6 +67,12 @@ UNKNOWN_NAMES_ANSWERED = 100
 MAX_UNCHECKED_RESERVATIONS = 64
 # Filter results kept for the prioritize call that follows (by pod UID).
 REMEMBERED_FILTERS = 256
+# Sets of victims a preempt call weighs, all its candidate nodes together, and at least per node:
+# well within kube-scheduler's httpTimeout (docs/benchmarks.md, "Preemption: one call").
+PREEMPT_SETS = 20_000
+MIN_PREEMPT_SETS = 100
+# Where preempt reads the PodDisruptionBudgets of every namespace.
+DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 # Attempts at writing the allocation when the pod changes under the bind (HTTP 409).
 BIND_ATTEMPTS = 3
 _NAME = attrgetter("name")  # a C-level loop over thousands of fits
@@ -121,6 +133,7 @@ class Extender:
         inflight_wait: timedelta = timedelta(seconds=2),
         filter_keeps_best: bool = True,
         scheduler_names: AbstractSet[str] = frozenset({DEFAULT_SCHEDULER_NAME}),
+        qos_thresholds: QosThresholds | None = None,
     ) -> None:
         self.state = state
         self.kube = kube
@@ -132,6 +145,8 @@ class Extender:
         self.filter_keeps_best = filter_keeps_best
         # Bind binds only pods naming one of these in spec.schedulerName.
         self.scheduler_names = frozenset(scheduler_names)
+        # A pod's QoS class, when its annotation names none, from its priority (docs/placement.md).
+        self.qos_thresholds = qos_thresholds or QosThresholds()
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
         # Binds waiting for a change of pods in flight (see _decide_waiting).
         self._waiting_binds: set[asyncio.Event] = set()
@@ -242,7 +257,12 @@ class Extender:
             # unchecked (a flood of filters, not kube-scheduler's one at a time).
             log.debug("no reservation: %d unchecked already", len(self._checks))
             return
-        allocation = to_allocation(fit.node, fit.placement, [c.name for c in remembered.request.containers])
+        allocation = to_allocation(
+            fit.node,
+            fit.placement,
+            [c.name for c in remembered.request.containers],
+            self.qos(pod, remembered.request),
+        )
         metadata = pod.get("metadata") or {}
         now = self.clock()
         shape = shape_of(remembered.request)
@@ -318,6 +338,73 @@ class Extender:
         fits = self.state.evaluate(shape_of(request), names).fits
         by_name = dict(zip((f.name for f in fits), score_fits(fits), strict=True))
         return [by_name.get(n, 0) for n in names]
+
+    # ----------------------------------------------------------------------------------------------
+    # preempt
+
+    async def preempt(self, pod: JsonObject, proposed: dict[str, Victims]) -> dict[str, Victims]:
+        """kube-scheduler's victims per candidate node (``proposed``, chosen by its own view: CPU,
+        memory, the slice count) answered with the victims that make the pod fit on the node's GPUs
+        (docs/placement.md, "Preemption"). A node where no eviction of lower-priority pods makes
+        room is left out; one where the pod fits on a GPU already keeps kube-scheduler's victims.
+
+        The answer's victims on a node are the GPU pods :meth:`ClusterState.choose_victims` picks,
+        then kube-scheduler's victims that hold no GPU share there (it chose them for CPU, memory
+        or pod count, which only it judges)."""
+        self._require_synced()
+        try:
+            request = parse_pod_request(pod, self.keys)
+        except PodShapeError:
+            raise
+        except ContractError as e:
+            log.info("preempt: pod %s: %s", ref_of(pod), e)
+            self.metrics.preemption_nodes.labels("removed").inc(len(proposed))
+            return {}
+        if not request.wants_gpu:
+            return proposed
+        priority = pod_priority(pod)
+        shape = shape_of(request)
+        budgets = await self._disruption_budgets()
+        answer: dict[str, Victims] = {}
+        # The call's sets shared among its nodes: kube-scheduler waits for the answer (httpTimeout).
+        sets = max(MIN_PREEMPT_SETS, PREEMPT_SETS // max(1, len(proposed)))
+        for name, theirs in proposed.items():
+            decided = self.state.choose_victims(name, shape, priority, budgets, sets)
+            if isinstance(decided, str):
+                log.debug("preempt: pod %s: node %s left out: %s", ref_of(pod), name, decided)
+                self.metrics.preemption_nodes.labels("removed").inc()
+                continue
+            if not decided.victims:
+                if theirs.uids:  # the pod fits on a GPU already: kube-scheduler's victims stand
+                    answer[name] = theirs
+                    self.metrics.preemption_nodes.labels("kept").inc()
+                else:
+                    self.metrics.preemption_nodes.labels("removed").inc()
+                continue
+            on_gpus = {p.uid for p in self.state.pods_on(name)}
+            others = tuple(uid for uid in theirs.uids if uid not in on_gpus)
+            answer[name] = Victims(
+                tuple(v.uid for v in decided.victims) + others,
+                # kube-scheduler's count covers its own victims: at most all of the others break one.
+                decided.budget_violations + min(theirs.budget_violations, len(others)),
+            )
+            self.metrics.preemption_nodes.labels("victims").inc()
+            self.metrics.preemption_victims.inc(len(decided.victims))
+        log.info(
+            "preempt: pod %s: %d of %d candidate nodes answered (the others: no eviction makes room)",
+            ref_of(pod),
+            len(answer),
+            len(proposed),
+        )
+        return answer
+
+    async def _disruption_budgets(self) -> list[Budget]:
+        """The cluster's PodDisruptionBudgets, read afresh: preemption is rare, and a budget's
+        disruptions allowed change with every pod its controller sees."""
+        if self.kube is None:
+            return []
+        items, _ = await self.kube.list(DISRUPTION_BUDGETS)
+        return parse_budgets(items)
 
     # ----------------------------------------------------------------------------------------------
     # bind
@@ -517,9 +604,15 @@ class Extender:
         )
         if isinstance(fit, str):
             return Refusal("inflight", fit)
-        allocation = to_allocation(fit.node, fit.placement, [c.name for c in request.containers])
+        allocation = to_allocation(
+            fit.node, fit.placement, [c.name for c in request.containers], self.qos(pod, request)
+        )
         self.state.assume(self._record(pod, allocation, now))
         return allocation
+
+    def qos(self, pod: JsonObject, request: PodRequest) -> QosClass:
+        """The pod's QoS class, written into its allocation: its annotation, else its priority's."""
+        return qos_class(request.preferences.qos, pod_priority(pod), self.qos_thresholds)
 
     def _record(self, pod: JsonObject, allocation: Allocation, now: datetime) -> PodAllocation:
         metadata = pod.get("metadata") or {}
@@ -530,6 +623,7 @@ class Extender:
             allocation=allocation,
             phase=Phase.ALLOCATING.value,
             bind_time=now,
+            **preemption_facts(pod),
         )
 
     def _current_allocation(self, annotations: dict[str, str], ref: str) -> Allocation | None:

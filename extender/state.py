@@ -24,16 +24,20 @@ from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TypedDict
 
+from extender.budgets import Budget, covering
 from tessera.contract import (
     Allocation,
     ContractError,
     ContractKeys,
     GpuInfo,
     JsonObject,
+    PodShapeError,
     parse_allocation,
     parse_inventory,
     parse_time,
+    pod_priority,
     pod_ref,
 )
 from tessera.inflight import InflightKey, allocation_keys, is_allocating, read_bind_time, stale
@@ -43,10 +47,15 @@ from tessera.placement import (
     PlacementEngine,
     PlacementPolicy,
     PodShape,
+    Preemption,
+    Victim,
     apply,
     build_node,
+    choose_victims,
     fit_keeping_inflight_rule,
+    placement_of,
 )
+from tessera.placement.engine import UNKNOWN_NODE
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +74,11 @@ class PodAllocation:
     allocation: Allocation
     phase: str | None
     bind_time: datetime | None
+    # What preemption weighs (tessera.placement.preemption): its priority, its labels (for the
+    # disruption budgets covering it), and whether it is being deleted already.
+    priority: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+    terminating: bool = False
     # A reservation's: the shape it was made for (bind keeps it only for a pod asking the same).
     shape: PodShape | None = field(default=None, compare=False, repr=False)
     # The in-flight rule's container keys, computed once.
@@ -76,6 +90,27 @@ class PodAllocation:
     @property
     def ref(self) -> str:
         return pod_ref(self.namespace, self.name)
+
+
+class PreemptionFacts(TypedDict):
+    priority: int
+    labels: tuple[tuple[str, str], ...]
+    terminating: bool
+
+
+def preemption_facts(pod: JsonObject) -> PreemptionFacts:
+    """What preemption needs of a pod the API server stores: its priority, labels and deletion."""
+    metadata = pod.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    try:
+        priority = pod_priority(pod)
+    except PodShapeError:
+        priority = 0  # never from the API server, which admits integers only
+    return PreemptionFacts(
+        priority=priority,
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        terminating=metadata.get("deletionTimestamp") is not None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +272,38 @@ class ClusterState:
         entry.vetted[question] = answer
         return answer
 
+    def choose_victims(
+        self, name: str, shape: PodShape, priority: int, budgets: Sequence[Budget], max_sets: int
+    ) -> Preemption | str:
+        """The pods on node ``name`` whose eviction makes a pod of ``shape`` and ``priority`` fit there
+        (:func:`tessera.placement.choose_victims`), among its bound pods not being deleted already
+        (reservations are no pods kube-scheduler could evict), weighing at most ``max_sets`` sets;
+        or why no eviction can."""
+        node = self.engine.nodes.get(name)
+        if node is None:
+            return UNKNOWN_NODE
+        candidates = []
+        for pod in self.pods_on(name):
+            if pod.terminating or self._pods[pod.uid].reserved_at is not None:
+                continue
+            try:
+                placement = placement_of(node, pod.allocation)
+            except ValueError:
+                continue  # it names a GPU gone from the inventory: not one to weigh
+            budgets_covering = covering(budgets, pod.namespace, pod.name, dict(pod.labels))
+            candidates.append(Victim(pod.uid, pod.priority, placement, budgets_covering, pod.bind_time))
+        return choose_victims(
+            node,
+            shape,
+            priority,
+            candidates,
+            [budget.disruptions_allowed for budget in budgets],
+            profiles=self.engine.profiles,
+            policy=self.engine.policy_for(shape),
+            context=self.engine.context,
+            max_sets=max_sets,
+        )
+
     def placed(self, shape: PodShape) -> None:
         """A pod of ``shape`` was bound (its allocation already counts: it was assumed first)."""
         self.engine.commit(shape)
@@ -342,6 +409,7 @@ class ClusterState:
             allocation=allocation,
             phase=annotations.get(self.keys.allocation_phase),
             bind_time=bind_time,
+            **preemption_facts(pod),
         )
 
     def upsert_pod(self, pod: JsonObject) -> None:

@@ -8,7 +8,8 @@ value; the objects inside (Pod, Node) stay plain dicts in the API's camelCase sh
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import orjson
@@ -61,6 +62,35 @@ class ExtenderBindingArgs(_Wire):
     PodNamespace: str = Field(min_length=1, max_length=MAX_NAMESPACE)
     PodUID: str = Field(default="", max_length=MAX_UID)
     Node: str = Field(min_length=1, max_length=MAX_NAME)
+
+
+@dataclass(frozen=True, slots=True)
+class Victims:
+    """One node's victims in a preempt call, as kube-scheduler's MetaVictims: pod UIDs (most
+    important first) and how many of them break a PodDisruptionBudget."""
+
+    uids: tuple[str, ...]
+    budget_violations: int
+
+
+class _MetaPod(_Wire):
+    UID: str = Field(min_length=1, max_length=MAX_UID)
+
+
+class _MetaVictims(_Wire):
+    Pods: list[_MetaPod] | None = None
+    NumPDBViolations: int = Field(default=0, ge=0)
+
+
+class _Victims(_Wire):
+    Pods: list[_Object] | None = None
+    NumPDBViolations: int = Field(default=0, ge=0)
+
+
+class ExtenderPreemptionArgs(_Wire):
+    Pod: _Pod
+    NodeNameToVictims: dict[_NodeName, _Victims | None] | None = None
+    NodeNameToMetaVictims: dict[_NodeName, _MetaVictims | None] | None = None
 
 
 def _describe(error: ValidationError) -> str:
@@ -155,6 +185,49 @@ def parse_binding_args(body: bytes) -> ExtenderBindingArgs:
         return ExtenderBindingArgs.model_validate(raw)
     except ValidationError as e:
         raise BadRequestError(_describe(e)) from None
+
+
+def parse_preemption_args(body: bytes) -> tuple[dict[str, Any], dict[str, Victims]]:
+    """(pod, node name -> (victims' UIDs, their PodDisruptionBudget violations)) of a preempt call:
+    UIDs only (``NodeNameToMetaVictims``, kube-scheduler with ``nodeCacheCapable``) or whole pods
+    (``NodeNameToVictims``)."""
+    raw = _json(body)
+    if not isinstance(raw, dict):
+        raise BadRequestError(
+            f"request body must be a JSON object (ExtenderPreemptionArgs), got {type(raw).__name__}"
+        )
+    try:
+        args = ExtenderPreemptionArgs.model_validate(raw)
+    except ValidationError as e:
+        raise BadRequestError(_describe(e)) from None
+    proposed: dict[str, Victims] = {}
+    if args.NodeNameToMetaVictims is not None:
+        for node, meta in args.NodeNameToMetaVictims.items():
+            if meta is not None:
+                proposed[node] = Victims(tuple(p.UID for p in meta.Pods or []), meta.NumPDBViolations)
+    elif args.NodeNameToVictims is not None:
+        for node, victims in args.NodeNameToVictims.items():
+            if victims is not None:
+                uids = tuple(p.metadata.uid for p in victims.Pods or [])
+                proposed[node] = Victims(uids, victims.NumPDBViolations)
+    else:
+        raise BadRequestError(
+            "NodeNameToVictims and NodeNameToMetaVictims are both null; one of them must list the victims"
+        )
+    return raw["Pod"], proposed
+
+
+def preemption_result(victims: Mapping[str, Victims]) -> bytes:
+    """ExtenderPreemptionResult: per node, the victims' UIDs (kube-scheduler finds the pods by UID
+    on that node) and their PodDisruptionBudget violations."""
+    return orjson.dumps(
+        {
+            "NodeNameToMetaVictims": {
+                node: {"Pods": [{"UID": uid} for uid in v.uids], "NumPDBViolations": v.budget_violations}
+                for node, v in victims.items()
+            }
+        }
+    )
 
 
 def filter_result(

@@ -587,6 +587,18 @@ def parse_pod_request(pod: Mapping[str, Any], keys: ContractKeys = KEYS) -> PodR
     return PodRequest(containers=containers, preferences=preferences)
 
 
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """A pod's priority as kube-scheduler reads it: ``spec.priority`` (the API server sets it from the
+    pod's PriorityClass), 0 when absent. Raises :class:`PodShapeError` when it is not an integer."""
+    spec = _mapping(_mapping(pod, "pod").get("spec"), "spec")
+    priority = spec.get("priority")
+    if priority is None:
+        return 0
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise PodShapeError(f"spec.priority: must be an integer, got {_kind(priority)}")
+    return priority
+
+
 def slice_id(uuid: str, n: int) -> str:
     return f"{uuid}{SLICE_SEPARATOR}{n}"
 

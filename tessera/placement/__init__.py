@@ -13,6 +13,8 @@ No I/O here. The extender (kube-scheduler adapter) and the simulator call the sa
   policy table by the contract's ``Policy``.
 * :mod:`.inflight`: placing a pod so that it keeps the in-flight rule (the rule itself, shared with
   the device plugin, is :mod:`tessera.inflight`).
+* :mod:`.qos`: a pod's QoS class (``qos_class``: its annotation, else its priority).
+* :mod:`.preemption`: ``choose_victims``, the lower-priority pods to evict on a node so a pod fits.
 """
 
 from tessera.placement.engine import POLICIES, Evaluation, PlacementEngine
@@ -38,6 +40,8 @@ from tessera.placement.model import (
     to_allocation,
 )
 from tessera.placement.policies import ClusterContext, PlacementPolicy
+from tessera.placement.preemption import Preemption, Victim, budget_violations, choose_victims
+from tessera.placement.qos import QosThresholds, qos_class
 from tessera.placement.score import best_fits, choose, score_fits, score_nodes
 from tessera.placement.speed import SpeedProfiles
 
@@ -56,19 +60,25 @@ __all__ = [
     "PlacementEngine",
     "PlacementPolicy",
     "PodShape",
+    "Preemption",
+    "QosThresholds",
     "ShapeMix",
     "Shortfall",
     "SpeedProfiles",
+    "Victim",
     "apply",
     "best_fits",
+    "budget_violations",
     "build_node",
     "choose",
+    "choose_victims",
     "filter_node",
     "find_placement",
     "fit_keeping_inflight_rule",
     "make_fit",
     "placement_keys",
     "placement_of",
+    "qos_class",
     "release",
     "score_fits",
     "score_nodes",

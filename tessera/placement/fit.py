@@ -86,6 +86,11 @@ def _fitting(gpus: Sequence[GpuState], positions: Iterable[int], container: Cont
     ]
 
 
+def gpu_takes(gpu: GpuState, container: ContainerShape) -> bool:
+    """Whether ``gpu`` can take one GPU of ``container`` now (the rule of :func:`_fitting`)."""
+    return bool(_fitting((gpu,), (0,), container))
+
+
 def _islands(node: NodeState, positions: Sequence[int]) -> list[list[int]]:
     """Groups of ``positions`` (kept in their order) that share an NVLink island, then a NUMA node."""
     by_uuid = {node.gpus[i].uuid: i for i in positions}

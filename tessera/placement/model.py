@@ -27,6 +27,7 @@ from tessera.contract import (
     GpuInfo,
     PodPreferences,
     PodRequest,
+    QosClass,
 )
 
 # kube-scheduler's extender scores run 0..MAX_SCORE.
@@ -309,18 +310,19 @@ def build_node(
     )
 
 
-def _with_usage(node: NodeState, placement: Placement, sign: int) -> NodeState:
-    if placement.node != node.name:
-        raise ValueError(f"placement for node {placement.node!r} applied to node {node.name!r}")
+def _with_usage(node: NodeState, placements: Iterable[Placement], sign: int) -> NodeState:
     gpus = list(node.gpus)
-    for grant in placement.grants():
-        gpus[grant.gpu] = gpus[grant.gpu].with_use(sign * grant.memory_mib, sign * grant.cores, sign)
+    for placement in placements:
+        if placement.node != node.name:
+            raise ValueError(f"placement for node {placement.node!r} applied to node {node.name!r}")
+        for grant in placement.grants():
+            gpus[grant.gpu] = gpus[grant.gpu].with_use(sign * grant.memory_mib, sign * grant.cores, sign)
     return replace(node, gpus=tuple(gpus))
 
 
 def apply(node: NodeState, placement: Placement, shape: PodShape | None = None) -> NodeState:
     """The node after ``placement`` is made (and, if given, the shape's host CPU/memory taken)."""
-    placed = _with_usage(node, placement, +1)
+    placed = _with_usage(node, (placement,), +1)
     if shape is None:
         return placed
     return replace(
@@ -332,7 +334,7 @@ def apply(node: NodeState, placement: Placement, shape: PodShape | None = None) 
 
 def release(node: NodeState, placement: Placement, shape: PodShape | None = None) -> NodeState:
     """The node after ``placement`` (made earlier by :func:`apply`) is given back."""
-    released = _with_usage(node, placement, -1)
+    released = _with_usage(node, (placement,), -1)
     if shape is None:
         return released
     return replace(
@@ -342,8 +344,19 @@ def release(node: NodeState, placement: Placement, shape: PodShape | None = None
     )
 
 
-def to_allocation(node: NodeState, placement: Placement, container_names: Iterable[str]) -> Allocation:
-    """The contract's allocation annotation for a placement (container names in shape order)."""
+def release_all(node: NodeState, placements: Iterable[Placement]) -> NodeState:
+    """The node after all of ``placements`` are given back (one new state, not one per placement)."""
+    return _with_usage(node, placements, -1)
+
+
+def to_allocation(
+    node: NodeState,
+    placement: Placement,
+    container_names: Iterable[str],
+    qos: QosClass = QosClass.STANDARD,
+) -> Allocation:
+    """The contract's allocation annotation for a placement (container names in shape order), with
+    the pod's QoS class."""
     names = tuple(container_names)
     if len(names) != len(placement.containers):
         raise ValueError(f"{len(names)} container names for {len(placement.containers)} placed containers")
@@ -359,6 +372,7 @@ def to_allocation(node: NodeState, placement: Placement, container_names: Iterab
             )
             for name, grants in zip(names, placement.containers, strict=True)
         ),
+        qos=qos,
     )
 
 

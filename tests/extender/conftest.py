@@ -4,6 +4,7 @@ from ``deploy/scheduler-config.yaml``, and GPU nodes with inventory annotations.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Self
 
 import pytest
 import yaml
@@ -156,9 +158,9 @@ def gpu_cluster(create_fake_node: Callable[..., str]) -> dict[str, str]:
     return {name: model for name, model, _ in CLUSTER}
 
 
-class FakeDevicePlugin:
-    """Marks bound pods ``allocated``, as the device plugin does once the kubelet admits them, so the
-    in-flight rule sees the flow it sees in a real cluster (no kubelet runs here)."""
+class PodPoller:
+    """A thread that, every ``delay`` seconds until the ``with`` block ends, hands each pod of the
+    namespace to :meth:`visit`: the parts of a node that fake nodes lack, acting on the API."""
 
     def __init__(self, api: client.ApiClient, namespace: str, delay: float = 0.5) -> None:
         self.core = client.CoreV1Api(api)
@@ -167,7 +169,7 @@ class FakeDevicePlugin:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> FakeDevicePlugin:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -178,10 +180,19 @@ class FakeDevicePlugin:
     def _run(self) -> None:
         while not self._stop.wait(self.delay):
             for pod in self.core.list_namespaced_pod(self.namespace).items:
-                annotations = pod.metadata.annotations or {}
-                if pod.spec.node_name and annotations.get(KEYS.allocation_phase) == Phase.ALLOCATING:
-                    patch = {"metadata": {"annotations": {KEYS.allocation_phase: Phase.ALLOCATED.value}}}
-                    try:
-                        self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, patch)
-                    except client.ApiException:
-                        continue
+                self.visit(pod)
+
+    def visit(self, pod: client.V1Pod) -> None:
+        raise NotImplementedError
+
+
+class FakeDevicePlugin(PodPoller):
+    """Marks bound pods ``allocated``, as the device plugin does once the kubelet admits them, so the
+    in-flight rule sees the flow it sees in a real cluster (no kubelet runs here)."""
+
+    def visit(self, pod: client.V1Pod) -> None:
+        annotations = pod.metadata.annotations or {}
+        if pod.spec.node_name and annotations.get(KEYS.allocation_phase) == Phase.ALLOCATING:
+            patch = {"metadata": {"annotations": {KEYS.allocation_phase: Phase.ALLOCATED.value}}}
+            with contextlib.suppress(client.ApiException):
+                self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, patch)

@@ -5,7 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from tessera.contract import KEYS, GpuInfo, dump_inventory, format_time
+from tessera.contract import (
+    KEYS,
+    Allocation,
+    ContainerAllocation,
+    GpuGrant,
+    GpuInfo,
+    Phase,
+    dump_inventory,
+    format_time,
+)
 
 
 def inventory(node: str, model: str, memory_mib: int, count: int = 4, split: int = 4) -> list[GpuInfo]:
@@ -59,3 +68,35 @@ def gpu_pod(
             "containers": [{"name": "main", "image": "local/cuda:latest", "resources": {"limits": limits}}],
         },
     }
+
+
+def bound_to(
+    pod: dict[str, Any], node: str, gpu: int, bind_time: str = "2026-01-01T11:00:00Z"
+) -> dict[str, Any]:
+    """``pod`` (of one container, one GPU) bound to ``node`` as the extender would have bound it, on
+    its GPU at position ``gpu`` with the memory it asks, phase allocated (served)."""
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    allocation = Allocation(
+        node=node,
+        containers=(
+            ContainerAllocation(
+                name="main",
+                gpus=(
+                    GpuGrant(
+                        uuid=f"GPU-{node}-{gpu}",
+                        memory_mib=int(limits[KEYS.vgpu_memory]),
+                        cores=int(limits.get(KEYS.vgpu_cores, 0)),
+                    ),
+                ),
+            ),
+        ),
+    )
+    pod["metadata"]["annotations"].update(
+        {
+            KEYS.allocation: allocation.model_dump_json(),
+            KEYS.allocation_phase: Phase.ALLOCATED.value,
+            KEYS.bind_time: bind_time,
+        }
+    )
+    pod["spec"]["nodeName"] = node
+    return pod

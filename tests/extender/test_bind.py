@@ -14,8 +14,8 @@ from extender.kube import ApiError
 from extender.metrics import Metrics
 from extender.service import Extender
 from extender.state import ClusterState
-from tessera.contract import KEYS, JsonObject, Phase, parse_allocation
-from tessera.placement import PlacementEngine, SpeedProfiles
+from tessera.contract import KEYS, JsonObject, Phase, QosClass, parse_allocation
+from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles
 from tests.extender.helpers import gpu_pod, inventory, node_object
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -82,7 +82,7 @@ def state() -> ClusterState:
     return s
 
 
-def extender(state: ClusterState, api: FakeApi) -> Extender:
+def extender(state: ClusterState, api: FakeApi, qos_thresholds: QosThresholds | None = None) -> Extender:
     return Extender(
         state,
         api,  # type: ignore[arg-type]
@@ -91,6 +91,7 @@ def extender(state: ClusterState, api: FakeApi) -> Extender:
         inflight_timeout=timedelta(minutes=5),
         clock=lambda: NOW,
         inflight_wait=timedelta(milliseconds=50),
+        qos_thresholds=qos_thresholds,
     )
 
 
@@ -275,3 +276,37 @@ def test_unchecked_reservations_are_bounded(state: ClusterState) -> None:
 
     assert asyncio.run(flood()) <= 64
     assert used(state) == 0
+
+
+@pytest.mark.parametrize(
+    ("priority", "annotation", "qos"),
+    [
+        (None, None, QosClass.STANDARD),
+        (1_000_000, None, QosClass.LATENCY_CRITICAL),
+        (-10, None, QosClass.BEST_EFFORT),
+        (2_000_000_000, QosClass.BEST_EFFORT.value, QosClass.BEST_EFFORT),
+    ],
+)
+def test_bind_writes_the_pods_qos_class(
+    state: ClusterState, priority: int | None, annotation: str | None, qos: QosClass
+) -> None:
+    pod = api_pod("p", annotations={KEYS.qos: annotation} if annotation else None)
+    if priority is not None:
+        pod["spec"]["priority"] = priority
+    api = FakeApi([pod])
+    ext = extender(state, api)
+    ext.filter(api.pod("p"), ["n"])  # the reservation carries the class, and bind confirms it
+    assert bind(ext, "default", "p", "uid-p", "n") == ""
+    assert parse_allocation(api.pods["p"]["metadata"]["annotations"][KEYS.allocation]).qos == qos
+
+
+def test_thresholds_of_ones_own_decide_the_class(state: ClusterState) -> None:
+    pod = api_pod("p")
+    pod["spec"]["priority"] = 100
+    api = FakeApi([pod])
+    ext = extender(state, api, QosThresholds(latency_critical_priority=100))
+    assert bind(ext, "default", "p", "uid-p", "n") == ""
+    assert (
+        parse_allocation(api.pods["p"]["metadata"]["annotations"][KEYS.allocation]).qos
+        == QosClass.LATENCY_CRITICAL
+    )

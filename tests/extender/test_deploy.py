@@ -27,7 +27,11 @@ def test_scheduler_config_manages_the_contract_resources() -> None:
     assert extender["nodeCacheCapable"] is True
     managed = {r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]}
     assert managed == {KEYS.vgpu: False, KEYS.vgpu_memory: True, KEYS.vgpu_cores: True}
-    assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
+    assert (extender["filterVerb"], extender["preemptVerb"], extender["bindVerb"]) == (
+        "filter",
+        "preempt",
+        "bind",
+    )
     # The extender's filter answers only its best nodes (its default): a prioritize call would add a
     # round trip per pod and nothing to rank.
     assert "prioritizeVerb" not in extender
@@ -41,3 +45,5 @@ def test_deployment_runs_the_extender_with_the_profiles() -> None:
     assert "--speed-profiles=/etc/tessera/speed-profiles.yaml" in container["args"]
     rules = next(d for d in documents if d["kind"] == "ClusterRole")["rules"]
     assert {"resources": ["pods/binding"], "verbs": ["create"], "apiGroups": [""]} in rules
+    # Preempt weighs PodDisruptionBudgets as kube-scheduler does.
+    assert {"resources": ["poddisruptionbudgets"], "verbs": ["list"], "apiGroups": ["policy"]} in rules

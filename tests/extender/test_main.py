@@ -38,6 +38,15 @@ def test_unreadable_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str
         (["--max-body-bytes", "0"], "argument --max-body-bytes: '0' must be at least 1"),
         (["--max-connections", "-1"], "argument --max-connections: '-1' must be at least 1"),
         (["--max-header-bytes", "lots"], "argument --max-header-bytes: 'lots' is not an integer"),
+        (
+            ["--qos-best-effort-priority", "high"],
+            "argument --qos-best-effort-priority: invalid int value: 'high'",
+        ),
+        (
+            ["--qos-latency-critical-priority", "0"],
+            "the best-effort priority (0) must be below the latency-critical priority (0), or no priority "
+            "is standard",
+        ),
     ],
 )
 def test_bad_flags(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

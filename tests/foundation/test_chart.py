@@ -115,6 +115,21 @@ def test_chart_pairs_the_filter_mode_with_the_scheduler_verbs(repo_root: Path) -
     assert "--filter-keeps=all" in args
 
 
+def test_chart_calls_the_preempt_verb_and_sets_the_qos_priorities(repo_root: Path) -> None:
+    chart = str(repo_root / "charts" / "tessera")
+    extender, args = _scheduler_and_extender(helm("template", "t", chart))
+    assert extender["preemptVerb"] == "preempt"
+    assert {"--qos-latency-critical-priority=1000000", "--qos-best-effort-priority=0"} <= set(args)
+    _, args = _scheduler_and_extender(
+        helm(
+            "template", "t", chart,
+            "--set", "extender.qos.latencyCriticalPriority=2000000000",
+            "--set", "extender.qos.bestEffortPriority=-100",
+        )
+    )  # fmt: skip
+    assert {"--qos-latency-critical-priority=2000000000", "--qos-best-effort-priority=-100"} <= set(args)
+
+
 def test_one_chart_value_sets_the_in_flight_timeout_of_both_sides(repo_root: Path) -> None:
     rendered = helm("template", "t", str(repo_root / "charts" / "tessera"), "--set", "inflightTimeout=42")
     docs = [d for d in yaml.safe_load_all(rendered) if d]

@@ -76,6 +76,8 @@ tolerations:
     - --heartbeat-timeout={{ $ext.heartbeatTimeoutSeconds }}
     - --inflight-timeout={{ $root.Values.inflightTimeout }}
     - --filter-keeps={{ $ext.filterKeeps }}
+    - --qos-latency-critical-priority={{ int64 $ext.qos.latencyCriticalPriority }}
+    - --qos-best-effort-priority={{ int64 $ext.qos.bestEffortPriority }}
     - --domain={{ $root.Values.domain }}
     - --scheduler-name={{ $root.Values.scheduler.name }}
     - --health-listen=0.0.0.0:{{ $ext.healthPort }}
