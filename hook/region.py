@@ -45,6 +45,8 @@ class _DeviceUsageC(ctypes.Structure):
         ("busy_ns", ctypes.c_uint64),
         ("throttled_ns", ctypes.c_uint64),
         ("launches", ctypes.c_uint64),
+        ("memory_peak", ctypes.c_uint64),
+        ("refused", ctypes.c_uint64),
         ("cores", ctypes.c_uint32),
         ("elastic", ctypes.c_uint32),
         ("processes", ctypes.c_uint32),
@@ -59,6 +61,10 @@ class DeviceUsage:
     uuid: str
     memory_used_bytes: int
     memory_quota_bytes: int
+    # The most the container has held on the GPU (since its region was created), and how many of its
+    # allocations the quota refused.
+    memory_peak_bytes: int
+    allocations_refused: int
     # Percent of the GPU's time; 0 = no compute quota.
     cores: int
     elastic: bool
@@ -106,6 +112,8 @@ def read_region(path: Path) -> RegionUsage:
                 uuid=d.uuid.decode(errors="replace"),
                 memory_used_bytes=d.memory_used,
                 memory_quota_bytes=d.memory_quota,
+                memory_peak_bytes=d.memory_peak,
+                allocations_refused=d.refused,
                 cores=d.cores,
                 elastic=bool(d.elastic),
                 busy_seconds=d.busy_ns / NS_PER_SECOND,

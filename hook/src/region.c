@@ -289,6 +289,8 @@ static inline int reserve_once(struct vgpu_region *r, int d, uint64_t bytes, uin
     if (ok) {
         __atomic_store_n(&r->dev[d].used, used + bytes, __ATOMIC_RELAXED);
         __atomic_store_n(&my_used[d], my_used[d] + bytes, __ATOMIC_RELAXED);
+        /* Only here does `used` grow, so the peak is exact at the cost of one compare per allocation. */
+        if (used + bytes > r->dev[d].peak) __atomic_store_n(&r->dev[d].peak, used + bytes, __ATOMIC_RELAXED);
     }
     vgpu_region_unlock(r);
     return ok ? 0 : -1;
@@ -299,7 +301,10 @@ int vgpu_region_reserve(int d, uint64_t bytes, uint64_t quota) {
     if (!r || d < 0) return -1;
     if (reserve_once(r, d, bytes, quota) == 0) return 0;
     /* Memory of a process that died moments ago may not be reclaimed yet. */
-    return vgpu_region_reclaim_dead() ? reserve_once(r, d, bytes, quota) : -1;
+    if (vgpu_region_reclaim_dead() && reserve_once(r, d, bytes, quota) == 0) return 0;
+    /* Counted where the quota says no, whichever API asked: the one place all refusals pass. */
+    __atomic_add_fetch(&r->dev[d].refused, 1, __ATOMIC_RELAXED);
+    return -1;
 }
 
 void vgpu_region_release(int d, uint64_t bytes) {

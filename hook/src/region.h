@@ -21,13 +21,16 @@
 
 #define VGPU_MAX_PROCS 1024
 #define VGPU_REGION_MAGIC 0x3147455253534554ull /* "TESSREG1" */
-#define VGPU_REGION_VERSION 2 /* 2: the lock is region.c's owner word, not a pthread mutex */
+/* 2: the lock is region.c's owner word, not a pthread mutex. 3: per GPU the peak of used and the
+ * count of refused allocations, which the node agent exports. */
+#define VGPU_REGION_VERSION 3
 #define VGPU_SLOT_LOCK_BASE (1ll << 30)
 
 struct vgpu_region_device {
     char uuid[VGPU_UUID_LEN];
     uint64_t memory_quota; /* informational, for metrics: the last one a process enforced */
     uint64_t used;  /* sum of the slots' used[d]; under lock */
+    uint64_t peak;  /* the most `used` has been since the region was created; under lock */
     uint32_t cores;
     uint32_t elastic;
     /* Token bucket of device time (ns), refilled at cores% of wall time; under lock. */
@@ -37,6 +40,7 @@ struct vgpu_region_device {
     uint64_t busy_ns;
     uint64_t throttled_ns;
     uint64_t launches;
+    uint64_t refused; /* allocations refused by the memory quota */
 };
 
 struct vgpu_region_proc {

@@ -39,6 +39,8 @@ int vgpu_region_snapshot(const struct vgpu_region *r, int fd, struct vgpu_device
         out[d].busy_ns = __atomic_load_n(&r->dev[d].busy_ns, __ATOMIC_RELAXED);
         out[d].throttled_ns = __atomic_load_n(&r->dev[d].throttled_ns, __ATOMIC_RELAXED);
         out[d].launches = __atomic_load_n(&r->dev[d].launches, __ATOMIC_RELAXED);
+        out[d].memory_peak = __atomic_load_n(&r->dev[d].peak, __ATOMIC_RELAXED);
+        out[d].refused = __atomic_load_n(&r->dev[d].refused, __ATOMIC_RELAXED);
         out[d].cores = r->dev[d].cores;
         out[d].elastic = r->dev[d].elastic;
     }

@@ -14,6 +14,8 @@ struct vgpu_device_usage {
     uint64_t busy_ns;
     uint64_t throttled_ns;
     uint64_t launches;
+    uint64_t memory_peak; /* the most the container has held on the GPU, dead processes' memory included */
+    uint64_t refused;     /* allocations refused by the memory quota */
     uint32_t cores;
     uint32_t elastic;
     uint32_t processes; /* live processes holding memory on the GPU */

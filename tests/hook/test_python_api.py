@@ -102,6 +102,19 @@ def test_read_region_reports_typed_usage_of_live_processes(
     assert (after.live_processes, after.devices[0].memory_used_bytes, after.devices[0].processes) == (0, 0, 0)
 
 
+def test_read_region_keeps_the_peak_and_counts_refusals_after_the_process_exits(
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
+) -> None:
+    limits, region = tmp_path / "limits", tmp_path / "container-region"
+    write_limits(limits, [DeviceLimit(gpu.uuids[0], GIB, 0)], region=str(region))
+    steps = ["alloc", "600m", "free", "0", "alloc", "300m", "alloc", "800m", "alloc", "800m"]
+    result = processes.run([clients.dynamic, "dlsym", *steps], gpu.env(TESSERA_LIMITS_FILE=str(limits)))
+    assert result.lines == ["ok 0", "ok", "ok 1", *["error CUDA_ERROR_OUT_OF_MEMORY"] * 2], result.stderr
+    (d,) = read_region(region).devices
+    # The process is gone: nothing is used, the most it held and its refusals stay.
+    assert (d.memory_used_bytes, d.memory_peak_bytes, d.allocations_refused) == (0, 600 * MIB, 2)
+
+
 def test_a_region_being_created_reads_as_empty(tmp_path: Path, clients: Clients) -> None:
     fresh = tmp_path / "fresh"
     fresh.touch()

@@ -13,6 +13,7 @@ from tests.processes import Processes
 
 REGION_MAGIC = 0x3147455253534554  # "TESSREG1", hook/src/region.h
 SLOT_LOCK_BASE = 1 << 30  # hook/src/region.h: a live process holds byte SLOT_LOCK_BASE + its slot
+REGION_VERSION = 3  # hook/src/region.h
 
 
 def write_version_1_region(gpu: FakeGpus) -> None:
@@ -28,7 +29,7 @@ def test_an_older_hooks_region_without_live_processes_starts_afresh(
         [clients.dynamic, "dlsym", "alloc", "256m", "info"], gpu.env(TESSERA_MEMORY_LIMIT="1g")
     )
     assert result.lines == ["ok 0", f"info {768 * MIB} {1024 * MIB}"], result.stderr  # free, total
-    assert struct.unpack_from("<QI", gpu.region.read_bytes())[1] == 2
+    assert struct.unpack_from("<QI", gpu.region.read_bytes())[1] == REGION_VERSION
 
 
 def test_an_older_hooks_region_with_a_live_process_is_refused(
@@ -47,5 +48,5 @@ def test_an_older_hooks_region_with_a_live_process_is_refused(
     finally:
         os.close(fd)
     assert result.lines == ["error CUDA_ERROR_OUT_OF_MEMORY"], result.stderr
-    assert "not a Tessera region of version 2" in result.stderr
+    assert f"not a Tessera region of version {REGION_VERSION}" in result.stderr
     assert struct.unpack_from("<QI", gpu.region.read_bytes())[1] == 1

@@ -27,6 +27,8 @@ int main(void) {
     FIELD(busy_ns);
     FIELD(throttled_ns);
     FIELD(launches);
+    FIELD(memory_peak);
+    FIELD(refused);
     FIELD(cores);
     FIELD(elastic);
     FIELD(processes);
