@@ -93,13 +93,14 @@ def measure(state_dir: Path, scrapes: int) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
     from prometheus_client.registry import CollectorRegistry  # noqa: PLC0415
 
-    from deviceplugin.metrics import AgentCollector  # noqa: PLC0415
+    from deviceplugin.metrics import AgentCollector, PluginMetrics  # noqa: PLC0415
     from deviceplugin.nvml import Nvml  # noqa: PLC0415
 
     nvml = Nvml()
     inventory = nvml.discover(split=10)
     registry = CollectorRegistry()
     registry.register(AgentCollector(NODE, lambda: inventory, nvml.reading, StateDir(state_dir)))
+    PluginMetrics(registry)
     server, thread = start_http_server(0, "127.0.0.1", registry=registry)
     try:
         url = f"http://127.0.0.1:{server.server_port}/metrics"

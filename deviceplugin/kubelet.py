@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 
@@ -18,6 +19,7 @@ from deviceplugin.config import Config
 from deviceplugin.devices import VirtualDevice
 from deviceplugin.kube import KubeUnavailableError
 from deviceplugin.matching import AllocationError
+from deviceplugin.metrics import PluginMetrics
 from deviceplugin.response import ContainerAnswer
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
@@ -53,9 +55,10 @@ def _container_response(answer: ContainerAnswer) -> pb.ContainerAllocateResponse
 class DevicePluginService:
     """The ``v1beta1.DevicePlugin`` service (gRPC finds the methods by name)."""
 
-    def __init__(self, agent: Agent, stopping: threading.Event) -> None:
+    def __init__(self, agent: Agent, stopping: threading.Event, metrics: PluginMetrics) -> None:
         self._agent = agent
         self._stopping = stopping
+        self._metrics = metrics
 
     def GetDevicePluginOptions(  # noqa: N802 (the gRPC method name)
         self, request: pb.Empty, context: grpc.ServicerContext
@@ -90,13 +93,18 @@ class DevicePluginService:
     def Allocate(  # noqa: N802 (the gRPC method name)
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
-        try:
-            answers = self._agent.allocate([list(r.devices_ids) for r in request.container_requests])
-        except AllocationError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, e.message)
-        except KubeUnavailableError as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        with self._metrics.allocate_latency.time():
+            try:
+                answers = self._agent.allocate([list(r.devices_ids) for r in request.container_requests])
+            except AllocationError as e:
+                self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, e.message)
+            except KubeUnavailableError as e:
+                self._refuse(context, grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.AllocateResponse(container_responses=[_container_response(a) for a in answers])
+
+    def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+        self._metrics.allocate_errors.labels(code.name).inc()
+        context.abort(code, message)
 
     def PreStartContainer(  # noqa: N802 (the gRPC method name)
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
@@ -114,12 +122,14 @@ def _inode(path: Path) -> int | None:
 class PluginServer:
     """One gRPC server on the plugin's socket; a fresh one is started for every registration."""
 
-    def __init__(self, agent: Agent, config: Config) -> None:
+    def __init__(self, agent: Agent, config: Config, metrics: PluginMetrics) -> None:
         self._agent = agent
         self._config = config
         self._stopping = threading.Event()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_THREADS))
-        pb_grpc.add_DevicePluginServicer_to_server(DevicePluginService(agent, self._stopping), self._server)
+        pb_grpc.add_DevicePluginServicer_to_server(
+            DevicePluginService(agent, self._stopping, metrics), self._server
+        )
         self._socket_inode: int | None = None
 
     def start(self) -> None:
@@ -156,7 +166,7 @@ class PluginServer:
             )
 
 
-def run_registration(agent: Agent, config: Config, stop: threading.Event) -> None:
+def run_registration(agent: Agent, config: Config, metrics: PluginMetrics, stop: threading.Event) -> None:
     """Serve and register until ``stop``; start over whenever the kubelet restarts.
 
     A restarted kubelet deletes our socket and re-creates ``kubelet.sock`` (a new inode): either
@@ -180,9 +190,10 @@ def run_registration(agent: Agent, config: Config, stop: threading.Event) -> Non
                 if server is not None:
                     log.info("kubelet restarted or plugin socket removed: serving afresh")
                     server.stop()
-                server = PluginServer(agent, config)
+                server = PluginServer(agent, config, metrics)
                 server.start()
                 registered_with = None
+                metrics.registered.set(0)
                 next_attempt = 0.0
             if registered_with is None and kubelet is not None and time.monotonic() >= next_attempt:
                 try:
@@ -195,6 +206,7 @@ def run_registration(agent: Agent, config: Config, stop: threading.Event) -> Non
                     next_attempt = time.monotonic() + REGISTER_RETRY_SECONDS
                 else:
                     registered_with = kubelet
+                    metrics.registered.set(1)
                     last_error = ""
                     log.info("registered %s with the kubelet at %s", config.keys.vgpu, config.kubelet_socket)
             stop.wait(SOCKET_POLL_SECONDS)

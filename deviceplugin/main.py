@@ -18,7 +18,7 @@ from deviceplugin.agent import Agent
 from deviceplugin.config import Config, parse_config
 from deviceplugin.kube import Kube, KubeConfigError, load_api
 from deviceplugin.kubelet import run_registration
-from deviceplugin.metrics import AgentCollector
+from deviceplugin.metrics import AgentCollector, PluginMetrics
 from deviceplugin.nvml import GpuReading, Nvml, NvmlUnavailableError
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
@@ -77,13 +77,14 @@ def run(config: Config, stop: threading.Event) -> None:
 
     registry = CollectorRegistry()
     registry.register(AgentCollector(config.node_name, agent.inventory, reading, state))
+    plugin_metrics = PluginMetrics(registry)
     metrics_server, _ = start_http_server(config.metrics_port, config.metrics_address, registry=registry)
     log.info("metrics on http://%s:%d/metrics", config.metrics_address, metrics_server.server_port)
 
     threads = [
         threading.Thread(target=cache.run, args=(stop,), name="pods"),
         threading.Thread(target=phases.run, args=(stop,), name="phases"),
-        threading.Thread(target=run_registration, args=(agent, config, stop), name="kubelet"),
+        threading.Thread(target=run_registration, args=(agent, config, plugin_metrics, stop), name="kubelet"),
         threading.Thread(target=agent.run_publisher, args=(stop,), name="publisher"),
     ]
     if nvml is not None and gpus:

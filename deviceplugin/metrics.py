@@ -1,7 +1,9 @@
 """Prometheus metrics: per GPU from NVML, per container from the hook's accounting regions, and
-per pod the cross-check of the two.
+per pod the cross-check of the two (:class:`AgentCollector`); the device plugin's own service to the
+kubelet, Allocate and registration (:class:`PluginMetrics`).
 
-Read at scrape time, so a scrape always shows the current state and nothing is cached between them.
+The collector reads at scrape time, so a scrape always shows the current state and nothing is cached
+between them.
 
 The regions are written by the containers themselves (the hook in each process keeps its
 container's accounting there), so a container could zero or delete its own and take a second quota.
@@ -20,9 +22,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pynvml
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from deviceplugin.nvml import GpuReading
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
@@ -75,6 +79,39 @@ def pod_uid_of(pid: int, proc: Path = PROC) -> str | None:
         return None
     found = _POD_IN_CGROUP.search(text)
     return found.group(1).replace("_", "-") if found else None
+
+
+# Allocate reads the pod from the agent's cache (milliseconds) or, on a miss, from the API server
+# (tens of milliseconds); the kubelet gives up on it after its own timeout.
+ALLOCATE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# The statuses Allocate refuses with (deviceplugin/kubelet.py), each series there at 0 from the start.
+ALLOCATE_ERROR_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)
+
+
+class PluginMetrics:
+    """What the kubelet sees of the device plugin: Allocate's latency and refusals, registration."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.allocate_latency = Histogram(
+            "tessera_device_plugin_allocate_seconds",
+            "Time to answer the kubelet's Allocate, refusals included",
+            buckets=ALLOCATE_BUCKETS,
+            registry=registry,
+        )
+        self.allocate_errors = Counter(
+            "tessera_device_plugin_allocate_errors",
+            "Allocate calls refused, by gRPC status (FAILED_PRECONDITION: the pod's allocation is "
+            "wrong; UNAVAILABLE: the API server could not be read)",
+            ["code"],
+            registry=registry,
+        )
+        for code in ALLOCATE_ERROR_CODES:
+            self.allocate_errors.labels(code.name)
+        self.registered = Gauge(
+            "tessera_device_plugin_registered",
+            "1 while the device plugin is registered with the kubelet it serves, 0 before and between",
+            registry=registry,
+        )
 
 
 Inventory = tuple[GpuInfo, ...]
@@ -180,6 +217,16 @@ class AgentCollector(Collector):
         used = GaugeMetricFamily(
             "tessera_container_memory_used_bytes", "GPU memory the container holds", labels=CONTAINER_LABELS
         )
+        peak = GaugeMetricFamily(
+            "tessera_container_memory_peak_bytes",
+            "The most GPU memory the container has held",
+            labels=CONTAINER_LABELS,
+        )
+        refused = CounterMetricFamily(
+            "tessera_container_allocations_refused",
+            "GPU memory allocations the container's memory quota refused",
+            labels=CONTAINER_LABELS,
+        )
         cores = GaugeMetricFamily(
             "tessera_container_compute_quota_ratio", "Share of the GPU's time, 0..1", labels=CONTAINER_LABELS
         )
@@ -204,9 +251,11 @@ class AgentCollector(Collector):
                 cores.add_metric(labels, grant.cores / 100)
                 device = usage.device(grant.uuid) if usage is not None else None
                 used.add_metric(labels, device.memory_used_bytes if device else 0)
+                peak.add_metric(labels, device.memory_peak_bytes if device else 0)
+                refused.add_metric(labels, device.allocations_refused if device else 0)
                 busy.add_metric(labels, device.busy_seconds if device else 0.0)
                 throttled.add_metric(labels, device.throttled_seconds if device else 0.0)
-        yield from (quota, used, cores, busy, throttled)
+        yield from (quota, used, peak, refused, cores, busy, throttled)
 
     def _region(self, path: Path) -> RegionUsage | None:
         if not path.exists():

@@ -162,7 +162,7 @@ def test_registers_and_advertises_every_slice_and_the_inventory(node: Node) -> N
     gpu_node = node.name
     fake_gpus = node.gpus
     core = node.core
-    node.start()
+    plugin = node.start()
     registration = kubelet.current
     assert registration.request.version == "v1beta1"
     assert registration.request.resource_name == KEYS.vgpu
@@ -197,6 +197,7 @@ def test_registers_and_advertises_every_slice_and_the_inventory(node: Node) -> N
     assert {g.split for g in inventory} == {10}
     heartbeat = core.read_node(gpu_node).metadata.annotations[KEYS.node_heartbeat]
     assert abs((now() - parse_time(heartbeat, field="heartbeat")).total_seconds()) < 120
+    assert scrape(plugin.metrics_port())["tessera_device_plugin_registered", frozenset()] == 1
 
 
 def test_xid_and_lost_gpus_turn_their_slices_unhealthy_until_they_recover(node: Node) -> None:
@@ -458,6 +459,11 @@ def test_bad_input_is_refused_clearly_the_pod_fails_and_the_plugin_keeps_serving
     wait_for(lambda: phase_of(core, namespace, "good") == Phase.ALLOCATED, what="phase allocated")
     assert json.loads(node_inventory(core, gpu_node) or "[]")
     assert "Traceback" not in plugin.log()
+    # Every Allocate timed, the six refusals counted by their status.
+    metrics = scrape(plugin.metrics_port())
+    assert metrics["tessera_device_plugin_allocate_seconds_count", frozenset()] == 7
+    refused = frozenset({"code": "FAILED_PRECONDITION"}.items())
+    assert metrics["tessera_device_plugin_allocate_errors_total", refused] == 6
 
 
 def test_a_pod_whose_request_the_contract_refuses_fails_with_the_contracts_reason(node: Node) -> None:

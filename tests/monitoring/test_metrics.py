@@ -79,6 +79,9 @@ def test_agent_series_carry_dcgm_exporter_labels_and_base_units(tmp_path: Path) 
     train = {"namespace": "ml", "pod": "train", "container": "main", **gpu_a}
     assert (train, 4096 * MIB) in found["tessera_container_memory_quota_bytes"]
     assert (train, 0.3) in found["tessera_container_compute_quota_ratio"]
+    # No process of the container has used the GPU (no region yet): nothing held, nothing refused.
+    assert (train, 0) in found["tessera_container_memory_peak_bytes"]
+    assert (train, 0.0) in found["tessera_container_allocations_refused_total"]
     # Counters are exposed with _total (prometheus_client appends it to the family's name).
     assert (train, 0.0) in found["tessera_container_gpu_busy_seconds_total"]
     assert (train, 0.0) in found["tessera_container_throttled_seconds_total"]
