@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from tessera.placement.model import Shortfall
+
 # Filter/prioritize take milliseconds; bind makes API calls (tens of milliseconds).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+# Why a bind was refused or failed: the bind_failures label. A Literal, so mypy holds every reason the
+# service passes to this set, and each series exists at 0 from the start.
+BindFailure = Literal["no_fit", "inflight", "conflict", "api", "bound", "gone", "invalid", "scheduler"]
+# Every value of each label of a counter, created at 0 so that a rate over it is 0 rather than absent
+# (a dashboard panel shows 0, an alert's expression has a series): all bounded sets. Shortfall.HOST is
+# the simulator's (the extender never rejects for host resources).
+LABEL_VALUES: dict[str, tuple[str, ...]] = {
+    "pods_filtered": ("feasible", "infeasible"),
+    "node_rejections": tuple(s.value for s in Shortfall if s is not Shortfall.HOST),
+    "binds": ("bound", "failed"),
+    "bind_failures": get_args(BindFailure),
+    "preemption_nodes": ("victims", "kept", "removed"),
+}
 
 
 class Metrics:
@@ -64,6 +82,11 @@ class Metrics:
         self.nodes = Gauge(
             "tessera_extender_nodes", "Nodes with a Tessera GPU inventory", registry=self.registry
         )
+
+        for name, values in LABEL_VALUES.items():
+            counter = getattr(self, name)
+            for value in values:
+                counter.labels(value)
 
     def count_rejections(self, by_reason: Mapping[str, int]) -> None:
         for reason, n in by_reason.items():

@@ -19,7 +19,7 @@ from operator import attrgetter, not_
 
 from extender.budgets import Budget, parse_budgets
 from extender.kube import ApiError, KubeApi
-from extender.metrics import Metrics
+from extender.metrics import BindFailure, Metrics
 from extender.state import ClusterState, PodAllocation, preemption_facts
 from extender.wire import Victims
 from tessera.contract import (
@@ -86,7 +86,7 @@ _UNRESOLVABLE = attrgetter("unresolvable")
 class Refusal:
     """Why bind cannot place a pod on the node now: the failure metric's reason, and the message."""
 
-    reason: str
+    reason: BindFailure
     message: str
 
 
@@ -635,6 +635,6 @@ class Extender:
         except ContractError:
             return None
 
-    def _fail(self, reason: str, message: str) -> str:
+    def _fail(self, reason: BindFailure, message: str) -> str:
         self.metrics.bind_failures.labels(reason).inc()
         return message
