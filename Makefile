@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo simulate test lint native proto k8s-binaries sandbox-deps images clean
+.PHONY: demo simulate test lint native proto k8s-binaries prometheus-binaries sandbox-deps images clean
 
 # A virtual environment with the project and its test tools, rebuilt when pyproject.toml changes.
 # The product and, beside it, the tools (tools/pyproject.toml: simulator, sandbox, fake GPU).
@@ -26,6 +26,10 @@ proto: $(STAMP)
 k8s-binaries:
 	hack/k8s-binaries.sh
 
+# Prometheus and promtool with Kubernetes discovery, from Go modules (Go comes with k8s-binaries).
+prometheus-binaries: k8s-binaries
+	hack/prometheus-binaries.sh
+
 # containerd, runc and CNI plugins from Debian for the sandbox (root; installs only what is missing).
 sandbox-deps:
 	hack/install-sandbox-deps.sh
@@ -41,7 +45,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) native k8s-binaries sandbox-deps images lint
+test: $(STAMP) native k8s-binaries prometheus-binaries sandbox-deps images lint
 	$(BIN)/pytest
 
 # The main job: the whole path on a local sandbox cluster (root) with Tessera installed by its Helm

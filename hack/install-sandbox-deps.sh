@@ -11,13 +11,12 @@
 #   file                     hack/build-images.sh checks that kube-scheduler is statically linked
 #   clang, libclang-rt-dev   the hook's fuzzers (libFuzzer with ASan/UBSan: make -C hook fuzz,
 #                            tests/hook/test_fuzz.py)
-#   prometheus               promtool: the alerts' rule checks and unit tests (tests/monitoring)
 #   valgrind                 callgrind: the hook's instructions per call (bench/hook_callgrind.py,
 #                            tests/hook/test_instruction_budget.py)
 # Must run as root (apt). Safe to run again: it installs nothing when everything is present.
 set -euo pipefail
 
-packages=(containerd runc containernetworking-plugins busybox-static iptables iproute2 buildah mmdebstrap skopeo file clang libclang-rt-dev prometheus valgrind)
+packages=(containerd runc containernetworking-plugins busybox-static iptables iproute2 buildah mmdebstrap skopeo file clang libclang-rt-dev valgrind)
 
 missing=()
 for p in "${packages[@]}"; do

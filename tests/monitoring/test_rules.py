@@ -1,24 +1,25 @@
 """The alerts (deploy/prometheus/tessera-alerts.yaml): promtool checks the rule file, and each alert has
-a unit test of its own under tests/monitoring/rules/ (``promtool test rules``), run here."""
+a unit test of its own under tests/monitoring/rules/ (``promtool test rules``), run here; promtool
+also checks the plain-Prometheus scrape config and the sandbox's. promtool is the project's build
+(hack/prometheus-binaries.sh), the same version as the Prometheus the sandbox runs."""
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from sandbox import monitoring
+
 HERE = Path(__file__).parent
 RULE_TESTS = sorted((HERE / "rules").glob("*.yaml"))
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    assert found, "promtool not found: install Debian's prometheus package (hack/install-sandbox-deps.sh)"
-    return found
+    return str(monitoring.binary("promtool"))
 
 
 def rule_file(repo_root: Path) -> Path:
@@ -80,9 +81,24 @@ def test_alerts_query_only_metrics_the_components_export(repo_root: Path) -> Non
     assert not missing, f"alerts query metrics nobody exports: {missing}"
 
 
+def check_config(path: Path) -> None:
+    result = subprocess.run(
+        [promtool(), "check", "config", str(path)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_accepts_the_plain_scrape_config_and_the_sandboxs(tmp_path: Path) -> None:
+    check_config(monitoring.SCRAPE_CONFIG)  # its rule file beside it
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    sandbox_config = tmp_path / "prometheus.yml"
+    sandbox_config.write_text(yaml.safe_dump(monitoring.config(kubeconfig)))
+    check_config(sandbox_config)
+
+
 def test_plain_prometheus_config_honors_the_workload_labels(repo_root: Path) -> None:
-    """Debian's promtool is built without Kubernetes discovery, so it cannot check this file: its shape
-    and the jobs the alerts name are checked here."""
+    """What promtool cannot judge: honor_labels on both jobs and the job names the alerts use."""
     config = yaml.safe_load((repo_root / "deploy" / "prometheus" / "scrape-config.yaml").read_text())
     assert config["rule_files"] == ["tessera-alerts.yaml"]
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
@@ -90,3 +106,15 @@ def test_plain_prometheus_config_honors_the_workload_labels(repo_root: Path) -> 
     assert all(job["honor_labels"] is True for job in jobs.values())
     expressions = " ".join(str(rule["expr"]) for rule in alerts(repo_root))
     assert 'job="tessera-device-plugin"' in expressions
+
+
+def test_promtool_is_the_pinned_build_with_kubernetes_discovery(repo_root: Path) -> None:
+    script = (repo_root / "hack" / "prometheus-binaries.sh").read_text()
+    pinned = monitoring.PROMETHEUS_VERSION
+    assert f'PROMETHEUS_VERSION="${{PROMETHEUS_VERSION:-{pinned}}}"' in script
+    for name in monitoring.BINARIES:
+        result = subprocess.run(
+            [str(monitoring.binary(name)), "--version"], capture_output=True, text=True, check=True
+        )
+        assert f"{name}, version {pinned.removeprefix('v')} " in result.stdout, result.stdout
+        assert "tags:             remove_all_sd,enable_kubernetes_sd" in result.stdout, result.stdout

@@ -4,7 +4,8 @@
 etcd + kube-apiserver + kube-controller-manager + kube-scheduler (:mod:`sandbox.controlplane`), a
 kubelet registered as a real node, kube-proxy and CoreDNS (:mod:`sandbox.addons`), then installs
 Tessera with its Helm chart (:mod:`sandbox.install`): the node agent as a DaemonSet pod over the fake
-GPU driver, kube-scheduler (profile tessera-scheduler) with the extender as a Deployment. It records
+GPU driver, kube-scheduler (profile tessera-scheduler) with the extender as a Deployment; with
+``--monitoring`` a Prometheus that discovers Tessera's pods (:mod:`sandbox.monitoring`). It records
 what it started in ``sandbox.json`` and returns; the processes run on. ``down`` stops them newest
 first and removes what they left on the host (:mod:`sandbox.host`).
 """
@@ -25,7 +26,7 @@ import yaml
 from kubernetes import client, config
 from pydantic import BaseModel, ConfigDict
 
-from sandbox import addons, containerd, fakenode, gpu, host, images, install, kubelet
+from sandbox import addons, containerd, fakenode, gpu, host, images, install, kubelet, monitoring
 from sandbox.controlplane import LOOPBACK, ControlPlane, ManagedProcess, default_bin_dir, free_port
 from sandbox.layout import BRIDGE_ADDRESS, Layout
 from sandbox.processes import Started, StartError, adopt, alive, start, stop, wait_for
@@ -72,6 +73,8 @@ class SandboxState(BaseModel):
     kubelet_healthz_port: int
     processes: list[Started]
     ready_seconds: float = 0.0
+    prometheus_url: str = ""
+    """The sandbox's Prometheus (`up --monitoring`); empty without."""
     health: dict[str, str] = {}
     """A health URL for each component `restart` waits on besides the kubelet and the plugin."""
 
@@ -95,6 +98,9 @@ class Options:
     timeout: float = 180.0
     # Chart values on top of deploy/sandbox-values.yaml (`helm --set KEY=VALUE`), to try a setting.
     values: tuple[str, ...] = ()
+    # Before `monitoring`, whose name in the class body hides the module's.
+    prometheus_bin: Path = field(default_factory=monitoring.default_bin_dir)
+    monitoring: bool = False
 
 
 def load_state(layout: Layout) -> SandboxState | None:
@@ -146,6 +152,8 @@ def preflight(options: Options, layout: Layout) -> list[str]:
     found = host.problems(facts)
     found += [f"not built: {m}" for m in gpu.missing_builds()]
     found += [f"no image: {m}" for m in install.missing_images()]
+    if options.monitoring:
+        found += [f"not built: {m}" for m in monitoring.missing_binaries(options.prometheus_bin)]
     return found
 
 
@@ -160,6 +168,7 @@ class _Starting:
 
     started: list[Started] = field(default_factory=list)
     health: dict[str, str] = field(default_factory=dict)
+    prometheus_url: str = ""
 
     def add(self, process: Started) -> Started:
         self.started.append(process)
@@ -245,6 +254,15 @@ def _start_all(
         report(f"Tessera: helm install {install.RELEASE} charts/tessera -n {install.NAMESPACE}")
         install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, options.values)
         _wait_installed(api, options.node, options.timeout)
+    if options.monitoring:
+        report("Prometheus (Kubernetes discovery of Tessera's pods)")
+        port = free_port()
+        prometheus = starting.add(
+            monitoring.start_prometheus(layout, options.prometheus_bin, plane.kubeconfig, port)
+        )
+        starting.prometheus_url = monitoring.url(port)
+        ready = monitoring.ready_url(starting.prometheus_url)
+        wait_for("Prometheus ready", lambda: addons.http_ok(ready), prometheus, options.timeout)
     return plane
 
 
@@ -296,6 +314,7 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
         kubelet_port=options.kubelet_port,
         kubelet_healthz_port=options.kubelet_healthz_port,
         processes=starting.started,
+        prometheus_url=starting.prometheus_url,
         health=starting.health,
         ready_seconds=round(time.monotonic() - began, 1),
     )

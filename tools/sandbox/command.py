@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    options = _options(args)
+    options = dataclasses.replace(_options(args), monitoring=args.monitoring)
     try:
         state = cluster.up(options, report=_progress)
     except (StartError, ControlPlaneError) as e:
@@ -50,6 +51,8 @@ def _up(args: argparse.Namespace) -> int:
     print(f"Tessera installed by helm in namespace {install.NAMESPACE}; logs in {args.dir / 'logs'}")
     print(f"export KUBECONFIG={state.kubeconfig}")
     print(f"export PATH={options.kubernetes_bin}:$PATH   # kubectl")
+    if state.prometheus_url:
+        print(f"Prometheus (discovering Tessera's pods, with its alerts): {state.prometheus_url}")
     return 0
 
 
@@ -158,6 +161,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     up = commands.add_parser("up", help="start the sandbox and wait until the node is ready")
     starting(up)
+    up.add_argument(
+        "--monitoring",
+        action="store_true",
+        help="also run Prometheus on the host, discovering Tessera's pods through the API server "
+        "(hack/prometheus-binaries.sh builds it; docs/observability.md)",
+    )
     up.set_defaults(func=_up)
 
     demo_parser = commands.add_parser(

@@ -126,5 +126,11 @@ class Layout:
         """The fake GPU's configuration and the device plugin's files."""
         return self.root / "gpu"
 
+    # Prometheus (`up --monitoring`)
+    @property
+    def prometheus(self) -> Path:
+        """Its configuration and its time series database."""
+        return self.root / "prometheus"
+
     def log(self, name: str) -> Path:
         return self.logs / f"{name}.log"
