@@ -215,10 +215,15 @@ def build() -> dashboard.Dashboard:
             series(
                 "Container GPU memory: used against quota",
                 "bytes",
-                "Per container and GPU: device memory its processes hold (the hook's region) and its quota.",
+                "Per container and GPU: device memory its processes hold (the hook's region), the most "
+                "they have held, and its quota.",
                 query(
                     f"tessera_container_memory_used_bytes{{{CONTAINER}}}",
                     "{{namespace}}/{{pod}} {{container}} used",
+                ),
+                query(
+                    f"tessera_container_memory_peak_bytes{{{CONTAINER}}}",
+                    "{{namespace}}/{{pod}} {{container}} peak",
                 ),
                 query(
                     f"tessera_container_memory_quota_bytes{{{CONTAINER}}}",
@@ -254,6 +259,18 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             series(
+                "Allocations refused by the memory quota",
+                "short",
+                "Per container and GPU: allocations the hook refused with CUDA out of memory "
+                "(alert TesseraContainerAllocationsRefused).",
+                query(
+                    f"increase(tessera_container_allocations_refused_total{{{CONTAINER}}}[$__rate_interval])",
+                    "{{namespace}}/{{pod}} {{container}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
                 "Pods over their quotas by the driver",
                 "short",
                 "1 while the driver reports more memory for a pod's processes than its quotas allow "
@@ -262,6 +279,41 @@ def build() -> dashboard.Dashboard:
                     f'tessera_pod_gpu_memory_over_quota{{{GPU}, namespace=~"$namespace", pod=~"$pod"}}',
                     "{{namespace}}/{{pod}} {{UUID}}",
                 ),
+            )
+        )
+    )
+    board = (
+        board.with_row(dashboard.Row("Node agents").id(_ids.next()))
+        .with_panel(
+            series(
+                "Allocate latency p99",
+                "s",
+                "The node agents' answer time to the kubelet's Allocate (a container waits on it to start).",
+                query(
+                    "histogram_quantile(0.99, sum by (le) "
+                    "(rate(tessera_device_plugin_allocate_seconds_bucket[$__rate_interval])))",
+                    "p99",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Allocate refusals by status",
+                "ops",
+                "Allocate calls refused: FAILED_PRECONDITION (the pod's allocation is wrong, the pod "
+                "fails), UNAVAILABLE (the API server could not be read).",
+                query(
+                    "sum by (code) (rate(tessera_device_plugin_allocate_errors_total[$__rate_interval]))",
+                    "{{code}}",
+                ),
+            )
+        )
+        .with_panel(
+            single(
+                "Agents registered with their kubelet",
+                "Node agents registered as device plugins, of those scraped.",
+                query("sum(tessera_device_plugin_registered)", "registered"),
+                query("count(tessera_device_plugin_registered)", "agents"),
             )
         )
     )

@@ -1,24 +1,20 @@
-"""A real Prometheus (Debian's) scrapes the real exporters, loads the alerts, and answers every query
-the dashboard makes.
+"""A real Prometheus (the project's build, hack/prometheus-binaries.sh) scrapes the real exporters,
+loads the alerts, and answers every query the dashboard makes.
 
 The targets are the node agent's collector and the extender's registry, each on its own HTTP server
-as the components serve them. Debian's Prometheus is built without Kubernetes discovery, so the
-target labels Kubernetes discovery attaches (the agent's own ``namespace``, ``pod``, ``container``)
-are given as static labels: exactly the collision ``honor_labels`` decides. The same target is
-scraped twice, with and without it, to show what each does to the workload's labels.
+as the components serve them, given statically: the target labels Kubernetes discovery would attach
+(the agent's own ``namespace``, ``pod``, ``container``) are static labels here, exactly the collision
+``honor_labels`` decides. The same target is scraped twice, with and without it, to show what each
+does to the workload's labels. Discovery itself is proved in the sandbox
+(tests/sandbox/test_monitoring.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import re
-import shutil
 import socket
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +23,13 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
-from deviceplugin.metrics import AgentCollector
+from deviceplugin.metrics import AgentCollector, PluginMetrics
 from deviceplugin.nvml import GpuReading
 from deviceplugin.statedir import ServedRecord, StateDir
 from extender.metrics import Metrics
+from sandbox import monitoring
 from tessera.contract import GpuGrant, GpuInfo
+from tests.monitoring.dashboard_queries import Prometheus, panel_queries, variable_values
 
 NODE = "node-1"
 MODEL = "NVIDIA A100-SXM4-40GB"
@@ -87,6 +85,9 @@ def exporters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, i
             pod_of_pid=lambda pid: None,
         )
     )
+    plugin = PluginMetrics(agent)
+    plugin.allocate_latency.observe(0.004)
+    plugin.registered.set(1)
     metrics = Metrics()
     for verb in ("filter", "prioritize", "bind"):
         metrics.latency.labels(verb).observe(0.002)
@@ -105,27 +106,10 @@ def exporters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, i
             thread.join(timeout=10)
 
 
-class Prometheus:
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def get(self, path: str, **params: str) -> Any:
-        query = urllib.parse.urlencode(params)
-        with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=10) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.get("/api/v1/query", query=expr)["result"]
-        return result
-
-
 @contextlib.contextmanager
 def running_prometheus(directory: Path, rule_file: Path, jobs: list[dict[str, Any]]) -> Iterator[Prometheus]:
-    """Debian's Prometheus scraping ``jobs`` every second, with ``rule_file``; stopped on exit."""
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus not found: install Debian's prometheus package (hack/install-sandbox-deps.sh)"
+    """Prometheus scraping ``jobs`` every second, with ``rule_file``; stopped on exit."""
+    binary = str(monitoring.binary("prometheus"))
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rule_file)],
@@ -217,38 +201,18 @@ def test_honor_labels_keeps_the_workloads_labels(
     assert {s["metric"]["exported_namespace"] for s in renamed} == {"ml"}
 
 
-def _substitute(expr: str) -> str:
-    for name, value in VARIABLES.items():
-        expr = expr.replace(name, value)
-    return expr
-
-
-def _label_values(expr: str) -> str:
-    """Grafana's label_values(metric{...}, label) as PromQL."""
-    found = re.fullmatch(r"label_values\((.*), *([A-Za-z_]+)\)", expr)
-    assert found, expr
-    return f"group by ({found.group(2)}) ({found.group(1)})"
-
-
-def test_every_dashboard_query_answers_with_data(repo_root: Path, prometheus: Prometheus) -> None:
-    board = json.loads((repo_root / "deploy" / "grafana" / "tessera-dashboard.json").read_text())
+def test_every_dashboard_query_answers_with_data(prometheus: Prometheus) -> None:
     answered = 0
-    for panel in board["panels"]:
-        for target in panel.get("targets", []):
-            expr = _substitute(target["expr"])
-            result = prometheus.query(expr)
-            assert result, f"panel {panel['title']!r}: no data for {expr}"
-            answered += 1
+    for query in panel_queries(VARIABLES):
+        assert prometheus.query(query.expr), f"panel {query.panel!r}: no data for {query.expr}"
+        answered += 1
     assert answered >= 20
-    values = {}
-    for variable in board["templating"]["list"]:
-        if variable["type"] != "query":
-            continue
-        result = prometheus.query(_label_values(_substitute(variable["query"])))
-        label = re.search(r", *([A-Za-z_]+)\)$", variable["query"])
-        assert label
-        values[variable["name"]] = {s["metric"][label.group(1)] for s in result}
-    assert values == {"node": {NODE}, "gpu": set(GPUS), "namespace": {"ml"}, "pod": {"train", "infer"}}
+    assert variable_values(prometheus, VARIABLES) == {
+        "node": {NODE},
+        "gpu": set(GPUS),
+        "namespace": {"ml"},
+        "pod": {"train", "infer"},
+    }
 
 
 def test_the_alerts_load_and_evaluate(prometheus: Prometheus) -> None:
@@ -262,7 +226,7 @@ def test_the_alerts_load_and_evaluate(prometheus: Prometheus) -> None:
         ):
             break
         time.sleep(0.5)
-    assert len(rules) == 7
+    assert len(rules) == 8
     assert {name: r["health"] for name, r in rules.items()} == dict.fromkeys(rules, "ok")
     # Nothing is wrong with these exporters: no alert fires (the tripwires least of all).
     assert prometheus.get("/api/v1/alerts")["alerts"] == []
