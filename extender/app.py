@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Receive, Scope, Send
 
 from extender import wire
-from extender.metrics import Metrics
+from extender.metrics import Metrics, VerbName
 from extender.server import Limits
 from extender.service import Extender, NotSyncedError
 from extender.watch import Watcher
@@ -54,7 +54,7 @@ def create_app(
     app = FastAPI(title="Tessera scheduler extender", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     async def guarded(
-        verb: str,
+        verb: VerbName,
         work: Callable[[], Awaitable[bytes]],
         on_error: Callable[[str], bytes],
         error_status: int = 200,

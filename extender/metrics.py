@@ -13,6 +13,9 @@ from tessera.placement.model import Shortfall
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+# kube-scheduler's calls: the latency histogram's label, each verb's series there from the start (a
+# p99 over a window with no call is then NaN, not absent, and one with calls never misses the first).
+VerbName = Literal["filter", "prioritize", "preempt", "bind"]
 # Why a bind was refused or failed: the bind_failures label. A Literal, so mypy holds every reason the
 # service passes to this set, and each series exists at 0 from the start.
 BindFailure = Literal["no_fit", "inflight", "conflict", "api", "bound", "gone", "invalid", "scheduler"]
@@ -83,6 +86,8 @@ class Metrics:
             "tessera_extender_nodes", "Nodes with a Tessera GPU inventory", registry=self.registry
         )
 
+        for verb in get_args(VerbName):
+            self.latency.labels(verb)
         for name, values in LABEL_VALUES.items():
             counter = getattr(self, name)
             for value in values:
