@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from sandbox import addons, containerd, fakenode, gpu, host, images, install, kubelet, monitoring
 from sandbox.controlplane import LOOPBACK, ControlPlane, ManagedProcess, default_bin_dir, free_port
 from sandbox.layout import BRIDGE_ADDRESS, Layout
-from sandbox.processes import Started, StartError, adopt, alive, start, stop, wait_for
+from sandbox.processes import Started, StartError, adopt, alive, kill, start, stop, wait_for
 from tessera.contract import KEYS, ContractError, parse_allocation, parse_inventory
 
 KUBERNETES_BINARIES = (
@@ -216,6 +216,8 @@ def _start_all(
     plane.start(timeout=options.timeout)
     for process in plane.processes:
         starting.add(_recorded(process))
+    starting.health["etcd"] = f"{plane.etcd_url}/health"
+    starting.health["kube-apiserver"] = f"{plane.api_url}/readyz"
     manager = plane.start_controller_manager(timeout=options.timeout)
     starting.add(_recorded(manager))
     starting.health["kube-controller-manager"] = _controller_manager_health(manager.args)
@@ -322,8 +324,12 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
     return state
 
 
-# Started again from the command line `up` recorded, ready when their health URL answers.
-RESTARTABLE_AS_RECORDED = ("kube-controller-manager", "kube-proxy", "coredns")
+# Started again from the command line `up` recorded, ready when their health URL answers (containerd:
+# when its socket does). Running containers outlive containerd (their shims are in sessions of their
+# own) and etcd keeps its data directory, as under a node's or a control plane's supervisor.
+RESTARTABLE_AS_RECORDED = (
+    "containerd", "etcd", "kube-apiserver", "kube-controller-manager", "kube-proxy", "coredns",
+)  # fmt: skip
 RESTARTABLE = ("kubelet", *RESTARTABLE_AS_RECORDED)
 # Tessera's node agent is a pod of the chart's DaemonSet: `restart` deletes it and the DaemonSet
 # makes a new one, as an operator would.
@@ -338,19 +344,22 @@ def _running_state(root: Path) -> tuple[Layout, SandboxState]:
     return layout, state
 
 
-def restart(root: Path, name: str, timeout: float = 120.0) -> Started:
+def restart(root: Path, name: str, timeout: float = 120.0, *, crash: bool = False) -> Started:
     """Stop one component and start it again as `up` did. For the kubelet, returns once the
     kubelet itself (its pod-resources API) offers the GPU slices from the device plugin again; for
-    the others, once their health endpoint answers."""
+    the others, once their health endpoint answers. ``crash``: SIGKILL the process alone first, with
+    no chance to clean up, as a crash leaves it for the supervisor that restarts it."""
     if name not in RESTARTABLE:
         raise ValueError(f"component: {name!r} is not one of {', '.join(RESTARTABLE)}")
     layout, state = _running_state(root)
     old = state.process(name)
+    if crash:
+        kill(old)
     stop(old)
     if name in RESTARTABLE_AS_RECORDED:
         process = start(name, old.argv, Path(old.log), cwd=layout.root)
-        url = state.health[name]
-        wait_for(f"{name}'s health", lambda: addons.http_ok(url), process, timeout)
+        ready = _health(layout, state, name)
+        wait_for(f"{name}'s health", ready, process, timeout)
         state.replace(process)
         save_state(layout, state)
         return process
@@ -363,6 +372,13 @@ def restart(root: Path, name: str, timeout: float = 120.0) -> Started:
     state.replace(process)
     save_state(layout, state)
     return process
+
+
+def _health(layout: Layout, state: SandboxState, name: str) -> Callable[[], bool]:
+    if name == "containerd":
+        return lambda: containerd.socket_answers(layout.containerd_socket)
+    url = state.health[name]
+    return lambda: addons.http_ok(url)
 
 
 def replace_agent(root: Path, timeout: float = 120.0) -> str:
@@ -452,9 +468,14 @@ def _drain_pods(state: SandboxState) -> None:
 
 
 def down(root: Path, report: Callable[[str], None] = print) -> list[str]:
-    """Stop everything and clean the host; returns what could not be removed (empty when clean)."""
+    """Stop everything and clean the host; returns what could not be removed (empty when clean).
+    A directory where no `up` ever began (no state, no host snapshot: `up` refused, or nothing was
+    started there) has nothing of its own on the host: the host is left alone, since what is there
+    may be another sandbox's."""
     layout = Layout(root)
     state = load_state(layout)
+    if state is None and not layout.host_snapshot.exists():
+        return []
     if state is not None:
         names = {p.name for p in state.processes}
         if "kube-controller-manager" in names:

@@ -180,7 +180,7 @@ def write_files(layout: Layout, mounts: Sequence[BindMount], env: Mapping[str, s
     (layout.cni_conf_dir / "10-tessera.conflist").write_text(json.dumps(cni_config(layout), indent=2))
 
 
-def _socket_answers(path: Path) -> bool:
+def socket_answers(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         try:
             s.connect(str(path))
@@ -194,7 +194,7 @@ def start_containerd(layout: Layout, timeout: float = 60.0) -> Started:
     process = start(
         "containerd", [binary, "--config", str(layout.containerd_config)], layout.log("containerd")
     )
-    wait_for("the containerd socket", lambda: _socket_answers(layout.containerd_socket), process, timeout)
+    wait_for("the containerd socket", lambda: socket_answers(layout.containerd_socket), process, timeout)
     return process
 
 

@@ -191,11 +191,16 @@ class ControlPlane:
     Pods cannot reach the host's loopback; the sandbox uses the pod bridge's own address."""
 
     api_port: int = 0
+    etcd_port: int = 0
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @property
     def api_url(self) -> str:
         return f"https://{self.address}:{self.api_port}"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.etcd_port}"
 
     @property
     def kubeconfig(self) -> Path:
@@ -232,7 +237,8 @@ class ControlPlane:
         rows += [f'{tok},{user},{user},"{groups}"' for tok, (user, groups) in self.extra_tokens.items()]
         tokens.write_text("\n".join(rows) + "\n")
 
-        etcd_port, etcd_peer = free_port(), free_port()
+        self.etcd_port, etcd_peer = free_port(), free_port()
+        etcd_port = self.etcd_port
         etcd = ManagedProcess(
             "etcd",
             [

@@ -102,6 +102,21 @@ def stop(process: Started, timeout: float = 20.0) -> None:
     raise StartError(f"{process.name} (pid {process.pid}) survived SIGKILL")
 
 
+def kill(process: Started, timeout: float = 5.0) -> None:
+    """SIGKILL the process alone (not its session: a crash takes nothing else with it) and wait
+    until it is gone."""
+    if not alive(process):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while alive(process):
+        _reap(process.pid)
+        if time.monotonic() > deadline:
+            raise StartError(f"{process.name} (pid {process.pid}) survived SIGKILL")
+        time.sleep(0.05)
+
+
 def wait_for(
     what: str, ready: Callable[[], bool], process: Started | None, timeout: float, interval: float = 0.25
 ) -> float:

@@ -1,0 +1,342 @@
+"""Chaos on the sandbox: GPU pods created and deleted in waves while, at random moments, a driver kills
+one component at a time (SIGKILL, no chance to clean up): the extender and the node agent (their
+containers, restarted by the kubelet as their Deployment's and DaemonSet's pods), and the kubelet,
+containerd, kube-apiserver and etcd (restarted by the sandbox, their supervisor).
+
+Invariants, checked every couple of seconds throughout and once more when each wave has settled:
+no GPU holds more memory or cores than it has, by the pods' allocations and by what the hooks'
+accounting regions say the containers hold; a pod's allocation, once written, never changes and
+never vanishes; once a wave settles, every pod is Running with a limits file that says exactly its
+allocation, Pending with the scheduler's reason, or Failed with an event.
+
+`TESSERA_CHAOS_SEED` picks the kill schedule and the pods' shapes (CI runs the fixed default);
+`TESSERA_CHAOS_WAVES` runs more waves on demand."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import urllib3
+from kubernetes import client, config
+
+from deviceplugin.statedir import StateDir
+from hook.region import RegionError, read_region
+from sandbox import cluster, install
+from sandbox.layout import Layout
+from tessera.contract import KEYS, MIB, parse_allocation, parse_inventory
+from tests.sandbox.conftest import Sandbox, running_sandbox
+from tests.sandbox.test_chart_lifecycle import probe_pod
+
+pytestmark = pytest.mark.sandbox
+
+SEED = int(os.environ.get("TESSERA_CHAOS_SEED", "20261125"))
+WAVES = int(os.environ.get("TESSERA_CHAOS_WAVES", "6"))
+PODS_PER_WAVE = 50
+# What kills run between: seconds, drawn uniformly.
+KILL_GAP = (4.0, 12.0)
+COMPONENTS = ("extender", "device-plugin", "kubelet", "containerd", "kube-apiserver", "etcd")
+SHAPES_MIB = (256, 512, 1024, 2048, 3072)
+SHAPES_CORES = (0, 5, 10, 20, 30)
+T = TypeVar("T")
+
+
+def retried(call: Callable[[], T], timeout: float = 180.0) -> T:
+    """``call`` retried while the API server (or etcd behind it) is down or restarting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            error: Exception = e
+        except client.ApiException as e:
+            if e.status not in (0, 429, 500, 502, 503, 504):
+                raise
+            error = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the API server did not answer for {timeout:.0f}s: {error}")
+        time.sleep(0.5)
+
+
+def processes_named(name: str) -> list[int]:
+    """PIDs of processes whose command line runs ``name`` (a console script's path ends in it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(os.path.basename(a.decode(errors="replace")) == name for a in argv[:2]):
+            found.append(int(entry.name))
+    return found
+
+
+@dataclass
+class Chaos:
+    """The kill driver: one component at a time, in a seeded order that covers each."""
+
+    root: Path
+    rng: random.Random
+    stop: threading.Event = field(default_factory=threading.Event)
+    kills: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    errors: list[str] = field(default_factory=list)
+
+    def schedule(self) -> Iterator[str]:
+        while True:
+            order = list(COMPONENTS)
+            self.rng.shuffle(order)
+            yield from order
+
+    def run(self) -> None:
+        try:
+            for component in self.schedule():
+                if self.stop.wait(self.rng.uniform(*KILL_GAP)):
+                    return
+                self.kill(component)
+        except Exception as e:  # surfaced by the test, which joins this thread
+            self.errors.append(f"{type(e).__name__}: {e}")
+
+    def kill(self, component: str) -> None:
+        if component in ("extender", "device-plugin"):
+            name = f"tessera-{component}"
+            pids = processes_named(name)
+            if not pids:  # its container is between restarts: nothing to kill this time
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.rng.choice(sorted(pids)), signal.SIGKILL)
+        else:
+            cluster.restart(self.root, component, timeout=180, crash=True)
+        self.kills[component] += 1
+
+
+@dataclass
+class Invariants:
+    """What must hold at every moment; violations are collected, not raised, from the checker thread."""
+
+    sbx: Sandbox
+    state_dir: StateDir
+    capacity: dict[str, int]
+    seen: dict[str, str] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    checks: int = 0
+    api: client.ApiClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.api = config.new_client_from_config(config_file=self.sbx.state.kubeconfig)
+
+    def check(self) -> None:
+        pods = retried(lambda: client.CoreV1Api(self.api).list_namespaced_pod("default").items)
+        memory: dict[str, int] = defaultdict(int)
+        cores: dict[str, int] = defaultdict(int)
+        held: dict[str, int] = defaultdict(int)
+        for pod in pods:
+            uid = pod.metadata.uid
+            text = (pod.metadata.annotations or {}).get(KEYS.allocation)
+            if uid in self.seen and text != self.seen[uid]:
+                self.violations.append(f"pod {pod.metadata.name}: allocation {self.seen[uid]} became {text}")
+            if text is None:
+                continue
+            self.seen.setdefault(uid, text)
+            if pod.status.phase in ("Succeeded", "Failed"):
+                continue
+            for container in parse_allocation(text).containers:
+                for g in container.gpus:
+                    memory[g.uuid] += g.memory_mib
+                    cores[g.uuid] += g.cores
+                region = self.state_dir.container(uid, container.name).state / "region"
+                with contextlib.suppress(RegionError):  # not served yet, or already torn down
+                    usage = read_region(region)
+                    for g in container.gpus:
+                        device = usage.device(g.uuid)
+                        if device is None:
+                            continue
+                        if device.memory_used_bytes > g.memory_mib * MIB:
+                            self.violations.append(
+                                f"pod {pod.metadata.name}: holds {device.memory_used_bytes} bytes "
+                                f"on {g.uuid} over its {g.memory_mib} MiB"
+                            )
+                        held[g.uuid] += device.memory_used_bytes
+        for uuid, total in self.capacity.items():
+            if memory[uuid] > total or cores[uuid] > 100:
+                self.violations.append(
+                    f"{uuid}: allocations {memory[uuid]}/{total} MiB, {cores[uuid]}% cores"
+                )
+            if held[uuid] > total * MIB:
+                self.violations.append(f"{uuid}: containers hold {held[uuid]} bytes of {total} MiB")
+        self.checks += 1
+
+    def watch(self, stop: threading.Event) -> None:
+        while not stop.wait(2.0):
+            try:
+                self.check()
+            except AssertionError as e:  # the API down past retried()'s patience
+                self.violations.append(str(e))
+
+
+def limits_lines(path: Path) -> set[str]:
+    return {line for line in path.read_text().splitlines() if line.startswith("device ")}
+
+
+def settled(pod: Any, events: dict[str, list[str]]) -> tuple[str, str] | None:
+    """What the pod has come to and why, or None while it is still on its way."""
+    phase = pod.status.phase
+    if pod.metadata.deletion_timestamp:
+        return None
+    if phase == "Running":
+        return "running", ""
+    if phase == "Failed":
+        found = events.get(pod.metadata.name)
+        return ("failed", found[-1]) if found else None
+    if phase == "Pending" and not pod.spec.node_name:
+        scheduled = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+        if scheduled and scheduled[0].status == "False" and scheduled[0].message:
+            return "pending", scheduled[0].message
+    return None
+
+
+@pytest.fixture(scope="module")
+def chaos_sandbox() -> Iterator[Sandbox]:
+    with running_sandbox("chaos") as (sbx, _):
+        yield sbx
+
+
+def test_down_where_no_sandbox_began_leaves_the_running_one_alone(
+    chaos_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """`down` in another directory (an `up` there refused because this one runs) must not sweep the
+    host: this sandbox's containers, bridge and chains stay."""
+    sbx = chaos_sandbox
+    sbx.core.create_namespaced_pod("default", probe_pod("bystander", 256, 0, idle=True))
+    sbx.wait_pod("bystander", "Running")
+    with pytest.raises(cluster.StartError, match="already running"):
+        cluster.up(cluster.Options(root=tmp_path / "other"), report=lambda _: None)
+    assert cluster.down(tmp_path / "other", report=lambda _: None) == []
+    time.sleep(2)
+    assert sbx.core.read_namespaced_pod("bystander", "default").status.phase == "Running"
+    assert install.agent_ready(sbx.api, sbx.state.node) and install.extenders_ready(sbx.api)
+    sbx.core.delete_namespaced_pod("bystander", "default", grace_period_seconds=0)
+
+
+@dataclass
+class Waves:
+    """Creates a wave of pods, waits until each has settled, checks it, holds it, deletes it."""
+
+    core: client.CoreV1Api
+    invariants: Invariants
+    rng: random.Random
+    outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def pods(self) -> list[Any]:
+        return list(retried(lambda: self.core.list_namespaced_pod("default").items))
+
+    def states(self, names: list[str]) -> dict[str, tuple[str, str] | None]:
+        pods = {p.metadata.name: p for p in self.pods() if p.metadata.name in names}
+        events: dict[str, list[str]] = defaultdict(list)
+        for e in retried(lambda: self.core.list_namespaced_event("default").items):
+            if e.type == "Warning" and e.involved_object.kind == "Pod":
+                events[e.involved_object.name].append(e.message or "")
+        return {name: settled(pods[name], events) if name in pods else None for name in names}
+
+    def run(self, label: str, hold: float) -> dict[str, int]:
+        names = [f"{label}-{i:02d}" for i in range(PODS_PER_WAVE)]
+        for name in names:
+            pod = probe_pod(name, self.rng.choice(SHAPES_MIB), self.rng.choice(SHAPES_CORES))
+            # Fill the quota in 256 MiB blocks and hold it: the regions then show real use.
+            pod["spec"]["containers"][0]["command"] = [
+                "/bin/sh",
+                "-c",
+                "trap 'exit 0' TERM; vgpu-probe 256 100000",
+            ]
+            retried(lambda pod=pod: self.core.create_namespaced_pod("default", pod))
+        deadline = time.monotonic() + 420
+        while None in (now := self.states(names)).values():
+            waiting = [n for n, s in now.items() if s is None]
+            assert time.monotonic() < deadline, f"{label}: {len(waiting)} pods never settled: {waiting[:10]}"
+            time.sleep(2)
+        self.invariants.check()
+        # The Running ones: the node agent served exactly their allocation.
+        for pod in self.pods():
+            if pod.metadata.name in names and (now[pod.metadata.name] or ("", ""))[0] == "running":
+                allocation = parse_allocation(pod.metadata.annotations[KEYS.allocation])
+                for container in allocation.containers:
+                    limits = self.invariants.state_dir.container(pod.metadata.uid, container.name).limits
+                    assert limits_lines(limits) == {
+                        f"device {g.uuid} memory {g.memory_mib * MIB} cores {g.cores}" for g in container.gpus
+                    }, f"pod {pod.metadata.name}: {limits.read_text()} against {allocation}"
+        wave: dict[str, int] = defaultdict(int)
+        for outcome, reason in filter(None, now.values()):
+            wave[outcome] += 1
+            self.outcomes[outcome] += 1
+            if reason:
+                self.reasons[f"{outcome}: {reason[:90]}"] += 1
+        time.sleep(hold)  # kills land on running containers too
+        for name in names:
+            retried(
+                lambda name=name: self.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+            )
+        deadline = time.monotonic() + 180
+        while any(p.metadata.name in names for p in self.pods()):
+            assert time.monotonic() < deadline, f"{label}: pods not gone after 180 s"
+            time.sleep(1)
+        return dict(wave)
+
+
+def test_waves_of_gpu_pods_survive_components_killed_at_random(chaos_sandbox: Sandbox) -> None:
+    sbx = chaos_sandbox
+    node = sbx.core.read_node(sbx.state.node)
+    capacity = {g.uuid: g.memory_mib for g in parse_inventory(node.metadata.annotations[KEYS.node_gpus])}
+    invariants = Invariants(sbx, StateDir(install.host_dirs(Layout(sbx.root)).state), capacity)
+    chaos = Chaos(sbx.root, random.Random(SEED + 1))
+    waves = Waves(client.CoreV1Api(invariants.api), invariants, random.Random(SEED))
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=chaos.run, name="chaos", daemon=True),
+        threading.Thread(target=invariants.watch, args=(stop,), name="invariants", daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for n in range(WAVES):
+            wave = waves.run(f"chaos-{n}", hold=15.0)
+            print(f"wave {n}: {wave}; kills so far {dict(chaos.kills)}", flush=True)
+            assert not chaos.errors, chaos.errors
+    finally:
+        chaos.stop.set()
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=240)
+    assert not chaos.errors, chaos.errors
+    kills = sum(chaos.kills.values())
+    print(
+        f"chaos seed {SEED}: {WAVES * PODS_PER_WAVE} pods, {kills} kills survived {dict(chaos.kills)}, "
+        f"{invariants.checks} invariant checks, outcomes {dict(waves.outcomes)}"
+    )
+    for reason, count in sorted(waves.reasons.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {count:4d}  {reason}")
+    assert invariants.violations == [], invariants.violations[:20]
+    assert set(chaos.kills) == set(COMPONENTS), dict(chaos.kills)
+    # Afterwards the cluster serves as before: every component back, and a calm wave places pods.
+    deadline = time.monotonic() + 240
+    while not (
+        install.extenders_ready(invariants.api) and install.agent_ready(invariants.api, sbx.state.node)
+    ):
+        assert time.monotonic() < deadline, install.describe_pods(invariants.api)
+        time.sleep(1)
+    calm = waves.run("calm", hold=0.0)
+    print(f"calm wave: {calm}")
+    assert calm.get("running", 0) >= 5 and "failed" not in calm, calm
+    assert invariants.violations == [], invariants.violations[:20]
+    invariants.api.close()
