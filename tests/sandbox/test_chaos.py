@@ -47,7 +47,7 @@ PODS_PER_WAVE = 50
 KILL_GAP = (4.0, 12.0)
 COMPONENTS = ("extender", "device-plugin", "kubelet", "containerd", "kube-apiserver", "etcd")
 SHAPES_MIB = (256, 512, 1024, 2048, 3072)
-SHAPES_CORES = (0, 5, 10, 20, 30)
+SHAPES_CORES = (5, 10, 20, 30)
 T = TypeVar("T")
 
 
@@ -218,7 +218,7 @@ def test_down_where_no_sandbox_began_leaves_the_running_one_alone(
     """`down` in another directory (an `up` there refused because this one runs) must not sweep the
     host: this sandbox's containers, bridge and chains stay."""
     sbx = chaos_sandbox
-    sbx.core.create_namespaced_pod("default", probe_pod("bystander", 256, 0, idle=True))
+    sbx.core.create_namespaced_pod("default", probe_pod("bystander", 256, 5, idle=True))
     sbx.wait_pod("bystander", "Running")
     with pytest.raises(cluster.StartError, match="already running"):
         cluster.up(cluster.Options(root=tmp_path / "other"), report=lambda _: None)
