@@ -141,13 +141,16 @@ def sandbox(sandbox_root: Path, host_before: HostView) -> Iterator[Sandbox]:
 
 
 @contextlib.contextmanager
-def running_sandbox(name: str, values: tuple[str, ...] = ()) -> Iterator[tuple[Sandbox, HostView]]:
-    """A sandbox for a whole test module (Tessera installed with these extra chart ``values``),
-    always brought down, with the host as it was before."""
+def running_sandbox(
+    name: str, values: tuple[str, ...] = (), *, monitoring: bool = False
+) -> Iterator[tuple[Sandbox, HostView]]:
+    """A sandbox for a whole test module (Tessera installed with these extra chart ``values``, and
+    Prometheus with ``monitoring``), always brought down, with the host as it was before."""
     before = HostView.now()
     root = Path(f"/tmp/tessera-{name}-{os.getpid()}")
     try:
-        state = cluster.up(cluster.Options(root=root, values=values), report=lambda _: None)
+        options = cluster.Options(root=root, values=values, monitoring=monitoring)
+        state = cluster.up(options, report=lambda _: None)
         api = config.new_client_from_config(config_file=state.kubeconfig)
         try:
             yield Sandbox(root, state, api), before
