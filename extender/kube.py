@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 5.0
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=30.0)
 LIST_PAGE = 500
+# Every pod in the cluster (list and watch, by field selector).
+PODS = "/api/v1/pods"
 # Open connections kept to the API server: kube-scheduler binds many pods at once, and each new
 # connection costs a TLS handshake.
 CONNECTIONS = 32

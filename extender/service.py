@@ -18,7 +18,7 @@ from itertools import compress
 from operator import attrgetter, not_
 
 from extender.budgets import Budget, parse_budgets
-from extender.kube import ApiError, KubeApi
+from extender.kube import PODS, ApiError, KubeApi
 from extender.metrics import BindFailure, Metrics
 from extender.state import ClusterState, PodAllocation, preemption_facts
 from extender.wire import Victims
@@ -447,6 +447,7 @@ class Extender:
         assert self.kube is not None, "bind needs the Kubernetes API"
         ref = pod_ref(namespace, name)
         reading = asyncio.ensure_future(self.kube.get_pod(namespace, name))
+        listing = asyncio.ensure_future(self._node_pods(node))
         early: Allocation | None = None
         now = self.clock()
         if remembered is not None:
@@ -455,14 +456,21 @@ class Extender:
                 early = decided_early
         try:
             pod = await reading
+            node_pods = await listing
         except ApiError as e:
             self._undo(uid, early)
+            listing.cancel()
             if e.status == 404 and uid:
                 self._drop(uid)  # its reservation holds capacity for nobody
             return self._fail("gone" if e.status == 404 else "api", f"pod {ref}: cannot read it: {e}"), False
         except BaseException:
             self._undo(uid, early)
+            listing.cancel()
             raise
+        if self._catch_up(node_pods):
+            # Pods on the node that the watch had not shown yet: the early decision did not see them.
+            self._undo(uid, early)
+            early = None
         refused = self._refuse_bind(pod, uid, node)
         if refused is not None:
             self._undo(uid, early)
@@ -511,6 +519,29 @@ class Extender:
         self._filtered.pop(pod_uid, None)
         self.state.placed(shape_of(request))
         return "", False
+
+    async def _node_pods(self, node: str) -> list[JsonObject]:
+        """The pods bound to ``node`` as the API server lists them; none for a node this extender
+        does not know (bind refuses it anyway, and its name goes into no query)."""
+        assert self.kube is not None
+        if not self.state.knows_node(node):
+            return []
+        items, _ = await self.kube.list(PODS, field_selector=f"spec.nodeName={node}")
+        return items
+
+    def _catch_up(self, node_pods: Sequence[JsonObject]) -> bool:
+        """The node's pods as the API server lists them now, into the state before bind decides;
+        whether any was new to it. This extender's watch may lag the API: after a failover, the
+        pods the previous leader bound a moment ago, whose allocations the in-flight rule and the
+        capacity must count. A list is never older than the watch (kube-apiserver serves it
+        consistently), so nothing newer is overwritten for long: later watch events still apply."""
+        new = False
+        for pod in node_pods:
+            uid = str((pod.get("metadata") or {}).get("uid"))
+            known = self.state.counts(uid)
+            self.state.upsert_pod(pod)
+            new |= not known and self.state.counts(uid)
+        return new
 
     def _undo(self, uid: str, early: Allocation | None) -> None:
         """Undo a decision taken from the filter's copy that will not be written."""

@@ -486,6 +486,13 @@ class ClusterState:
         record.reserved_at = now
         self._reindex(reserved.uid, touched, fit)
 
+    def knows_node(self, name: str) -> bool:
+        return name in self.engine.nodes
+
+    def counts(self, uid: str) -> bool:
+        """Whether the pod is counted at all (observed with an allocation, assumed or reserved)."""
+        return uid in self._pods
+
     def reservation(self, uid: str) -> PodAllocation | None:
         """The pod's reservation, if it has one (and no bind decision yet)."""
         record = self._pods.get(uid)

@@ -16,7 +16,7 @@ from datetime import datetime
 
 from tenacity import AsyncRetrying, RetryCallState
 
-from extender.kube import ApiError, KubeApi
+from extender.kube import PODS, ApiError, KubeApi
 from extender.state import ClusterState
 from tessera.contract import JsonObject
 from tessera.watching import HTTP_GONE, WATCH_SECONDS, relist_wait
@@ -70,7 +70,7 @@ class Watcher:
         """Start the tasks on the running loop."""
         self._tasks = [
             asyncio.create_task(self._run("/api/v1/nodes", "", self._nodes), name="watch-nodes"),
-            asyncio.create_task(self._run("/api/v1/pods", BOUND_PODS, self._pods), name="watch-pods"),
+            asyncio.create_task(self._run(PODS, BOUND_PODS, self._pods), name="watch-pods"),
             asyncio.create_task(self._sweep(), name="heartbeats"),
         ]
 

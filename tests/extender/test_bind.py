@@ -38,6 +38,14 @@ class FakeApi:
     async def get_pod(self, namespace: str, name: str) -> JsonObject:
         return self.pod(name)
 
+    async def list(self, path: str, field_selector: str = "") -> tuple[list[JsonObject], str]:
+        """The pods bound to one node (bind's ``spec.nodeName=<node>``), as the API server lists them."""
+        assert path == "/api/v1/pods" and field_selector.startswith("spec.nodeName="), (path, field_selector)
+        node = field_selector.removeprefix("spec.nodeName=")
+        return [copy.deepcopy(p) for p in self.pods.values() if p["spec"].get("nodeName") == node], str(
+            self.version
+        )
+
     def touch(self, name: str) -> None:
         self.version += 1
         self.pods[name]["metadata"]["resourceVersion"] = str(self.version)
@@ -172,6 +180,27 @@ def test_a_retried_bind_that_went_through_is_a_success(state: ClusterState) -> N
     assert used(state) == 4096  # counted again from the pod's annotation
 
 
+def test_bind_counts_the_pods_on_the_node_that_its_watch_has_not_shown_yet(state: ClusterState) -> None:
+    """After a failover the new leader's watch may lag the binds of the previous one: bind lists the
+    node's pods first, so a pod bound there a moment ago is counted by the capacity and by the
+    in-flight rule (here: one in flight at 4096 MiB, so a 2048 MiB pod must wait, not bind)."""
+    api = FakeApi([api_pod("p"), api_pod("q", memory=2048)])
+    other = extender(
+        ClusterState(state.engine.__class__(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(minutes=5)),
+        api,
+    )
+    other.state.replace_nodes(
+        [node_object("n", inventory("n", "Tesla T4", 15360, count=1, split=4), NOW)], NOW
+    )
+    other.state.replace_pods([])
+    assert bind(other, "default", "p", "uid-p", "n") == ""  # the previous leader binds p
+    assert used(state) == 0  # this extender's watch has not shown it yet
+    refused = bind(extender(state, api), "default", "q", "uid-q", "n")
+    assert "in flight" in refused, refused
+    assert used(state) == 4096  # p, counted from the node's list
+    assert "nodeName" not in api.pods["q"]["spec"]
+
+
 def test_a_failed_bind_counts_nothing(state: ClusterState) -> None:
     api = FakeApi([api_pod("p")])
     api.fail_next_bind = ApiError(500, "etcd is down")
@@ -204,10 +233,10 @@ def test_the_inflight_rule_refuses_a_different_key_after_waiting(state: ClusterS
     state.upsert_pod(api.pod("first"))
     error = bind(ext, "default", "second", "uid-second", "n")
     assert error.startswith("pod default/first is still being admitted on node n with a 1-GPU container")
-    # Served by the device plugin: the second one binds.
-    served = api.pod("first")
-    served["metadata"]["annotations"][KEYS.allocation_phase] = Phase.ALLOCATED.value
-    state.upsert_pod(served)
+    # Served by the device plugin (its phase patch on the API server, echoed by the watch): the second
+    # one binds.
+    api.pods["first"]["metadata"]["annotations"][KEYS.allocation_phase] = Phase.ALLOCATED.value
+    state.upsert_pod(api.pod("first"))
     assert bind(ext, "default", "second", "uid-second", "n") == ""
     assert used(state) == 4096 + 2048
 

@@ -33,7 +33,11 @@ ANSWER_S = 2.0
 
 
 class ApiStandIn:
-    """bind's two calls: the pod named "p" exists (asking what gpu_pod asks), others do not."""
+    """bind's calls: the pod named "p" exists (asking what gpu_pod asks), others do not; no node has
+    pods bound."""
+
+    async def list(self, path: str, field_selector: str = "") -> tuple[list[JsonObject], str]:
+        return [], "1"
 
     async def get_pod(self, namespace: str, name: str) -> JsonObject:
         if name != "p":
