@@ -27,7 +27,14 @@ from hook.limits import (
     write_limits,
 )
 from hook.region import _DeviceUsageC, device_usage_size, read_region
-from tessera.contract import CONTAINER_HOOK_LIBRARY, CONTAINER_LIMITS_FILE, MAX_CORES
+from tessera.contract import (
+    CONTAINER_HOOK_LIBRARY,
+    CONTAINER_LIMITS_FILE,
+    COORDINATION_SLOT_BYTES,
+    COORDINATION_SLOT_SUFFIX,
+    MAX_CORES,
+    QosClass,
+)
 from tests.hook.conftest import GIB, MIB, ROOT, Clients, FakeGpus, Processes
 
 PROBE_SOURCE = Path(__file__).resolve().parent / "clients" / "constants_probe.c"
@@ -51,6 +58,14 @@ def test_limits_file_bounds_match(c_side: dict[str, str]) -> None:
     assert int(c_side["VGPU_MAX_DEVICES"]) == MAX_DEVICES
     assert int(c_side["VGPU_UUID_LEN"]) == MAX_UUID_LENGTH + 1  # C counts the NUL
     assert int(c_side["VGPU_MAX_CORES"]) == MAX_CORES
+
+
+def test_qos_classes_and_coordination_slots_match(c_side: dict[str, str]) -> None:
+    assert {c_side[f"VGPU_QOS_{q.name}"] for q in QosClass} == {q.value for q in QosClass}
+    assert c_side["VGPU_COORDINATION_SLOT_SUFFIX"] == COORDINATION_SLOT_SUFFIX
+    assert int(c_side["VGPU_COORDINATION_SLOT_BYTES"]) == COORDINATION_SLOT_BYTES
+    # The hook reads the versions from its oldest up to the one Python writes.
+    assert int(c_side["VGPU_LIMITS_OLDEST_VERSION"]) <= LIMITS_FORMAT_VERSION
 
 
 def test_region_reader_struct_matches_field_by_field(c_side: dict[str, str]) -> None:
