@@ -22,7 +22,7 @@
 
 #define SAMPLE_EVERY_LAUNCHES 16
 #define SAMPLE_EVERY_NS 1000000ull /* or after this much estimated work */
-#define SAMPLES_KEPT 8
+#define SAMPLES_KEPT 16
 #define MAX_SIGNATURES 4096
 #define MAX_PENDING 8
 #define RUNAHEAD_NS 2000000ull
@@ -309,7 +309,12 @@ static void collect(struct vgpu_region *r, int oldest, const struct signature *o
     /* Another thread is settling the one we were to wait for: let it finish. */
     if ((oldest || of) && waited < 0) sleep_ns(MIN_SLEEP_NS);
     for (int i = 0; i < ndone; i++) {
-        int complete = i != waited || REAL(cuEventSynchronize)(done[i].end) == CUDA_SUCCESS;
+        int complete = 1;
+        if (i == waited) {
+            vgpu_qos_syncing(r, done[i].rdev, 1); /* best-effort neighbours must not slip in ahead */
+            complete = REAL(cuEventSynchronize)(done[i].end) == CUDA_SUCCESS;
+            vgpu_qos_syncing(r, done[i].rdev, 0);
+        }
         settle(r, &done[i], complete);
     }
 }

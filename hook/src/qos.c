@@ -17,14 +17,16 @@
  * device time, and busy since = now when the span had ended. A best-effort container launches only
  * once every latency-critical and standard span is past, so it yields within one of its own
  * kernels (and its queue of at most RUNAHEAD_NS, compute.c) whenever a higher class has work. The
- * estimates leave out queueing, and a kernel of a higher class that was launched after this
- * container's last launch queued behind that launch's kernel: its span ends no earlier than the
- * part of it launched since then, counted from when this container's kernel was done (the moment
- * its next launch comes here, as compute.c waits for it first). A container waiting for its
- * compute quota also publishes when its next launch is due: a best-effort kernel is launched only
- * if it ends (by its estimate) before then, since the GPU runs kernels to the end and a
- * best-effort kernel in the way would cost the waiting container its share. An elastic standard
- * container keeps to its share while a latency-critical span is not past.
+ * estimates leave out queueing, so three more things hold a best-effort launch back:
+ *  - the higher classes' work launched after this container's last launch queued behind that
+ *    launch's kernel, all of it one after another: it runs from when that kernel was done (the
+ *    moment the next launch comes here, as compute.c waits for it first) for the sum of it;
+ *  - a container waiting for its own kernels (compute.c's run-ahead limit) publishes that it is
+ *    syncing: its work is on the GPU, whatever its estimates said;
+ *  - a container waiting for its compute quota publishes when its next launch is due: a
+ *    best-effort kernel is launched only if it ends (by its estimate) before then, since the GPU
+ *    runs kernels to the end and one in the way would cost the waiting container its share.
+ * An elastic standard container keeps to its share while a latency-critical span is not past.
  *
  * A slot is read with pread, never mapped: its owner can truncate its own file, and a mapped page
  * that is truncated away kills the reader with SIGBUS. The writer maps its own slot (only its own
@@ -44,9 +46,10 @@
 #include "vgpu.h"
 
 #define MAX_PEERS 64 /* slots read per GPU: far more containers than a GPU is split into */
-/* A launch's queueing before it starts on an idle GPU: readers count a slot busy this much longer
- * than its time, so that the first launch of a signature (estimate 0) is seen too. */
-#define SLACK_NS 200000ull
+/* Readers count a span open this much longer than its time: a launch's way to the GPU (and the
+ * first launch of a signature, estimate 0), and the host's turnaround from one kernel's end to the
+ * next launch, which a best-effort kernel slipped into would cost the higher class its share. */
+#define SLACK_NS 500000ull
 /* A time further ahead than this is not credible (a slot from before a reboot, a broken or hostile
  * writer): it is ignored, so no slot can stop best-effort containers for longer at a time. */
 #define MAX_AHEAD_NS 1000000000ull
@@ -62,17 +65,29 @@
 struct slot {
     uint64_t busy_since_ns; /* CLOCK_MONOTONIC, one clock for every container of the node */
     uint64_t busy_until_ns;
-    uint64_t due_ns; /* waiting for its compute quota until then; 0 = not waiting */
+    uint64_t due_ns;     /* waiting for its compute quota until then; 0 = not waiting */
+    uint64_t syncing_ns; /* waiting for its own kernels (compute.c's run-ahead) since; 0 = not */
     uint64_t check;
 };
 
-static uint64_t check_of(const struct slot *s) { return ~(s->busy_since_ns ^ s->busy_until_ns ^ s->due_ns); }
+static uint64_t check_of(const struct slot *s) {
+    return ~(s->busy_since_ns ^ s->busy_until_ns ^ s->due_ns ^ s->syncing_ns);
+}
+
+/* This container's slot as it is now; the region lock held. */
+static struct slot own_words(const struct slot *own) {
+    return (struct slot){__atomic_load_n(&own->busy_since_ns, __ATOMIC_RELAXED),
+                         __atomic_load_n(&own->busy_until_ns, __ATOMIC_RELAXED),
+                         __atomic_load_n(&own->due_ns, __ATOMIC_RELAXED),
+                         __atomic_load_n(&own->syncing_ns, __ATOMIC_RELAXED), 0};
+}
 
 /* Stores the slot's words; the region lock held (see struct slot). */
 static void publish(struct slot *own, const struct slot *s) {
     __atomic_store_n(&own->busy_since_ns, s->busy_since_ns, __ATOMIC_RELAXED);
     __atomic_store_n(&own->busy_until_ns, s->busy_until_ns, __ATOMIC_RELAXED);
     __atomic_store_n(&own->due_ns, s->due_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&own->syncing_ns, s->syncing_ns, __ATOMIC_RELAXED);
     __atomic_store_n(&own->check, check_of(s), __ATOMIC_RELEASE);
 }
 _Static_assert(sizeof(struct slot) <= VGPU_COORDINATION_SLOT_BYTES, "the slot fits the file the device plugin makes");
@@ -229,8 +244,8 @@ void vgpu_qos_launched(struct vgpu_region *r, int rdev, uint64_t estimate_ns) {
     struct slot *own = gpus[rdev].own;
     uint64_t now = vgpu_now_ns();
     vgpu_region_lock(r);
-    struct slot s = {__atomic_load_n(&own->busy_since_ns, __ATOMIC_RELAXED),
-                     __atomic_load_n(&own->busy_until_ns, __ATOMIC_RELAXED), 0, 0};
+    struct slot s = own_words(own);
+    s.due_ns = 0;
     if (s.busy_until_ns < now || s.busy_until_ns - now > MAX_AHEAD_NS || s.busy_since_ns > s.busy_until_ns)
         s.busy_since_ns = s.busy_until_ns = now;
     s.busy_until_ns += estimate_ns;
@@ -241,8 +256,19 @@ void vgpu_qos_launched(struct vgpu_region *r, int rdev, uint64_t estimate_ns) {
 void vgpu_qos_due(struct vgpu_region *r, int rdev, uint64_t due_ns) {
     struct slot *own = gpus[rdev].own;
     vgpu_region_lock(r);
-    struct slot s = {__atomic_load_n(&own->busy_since_ns, __ATOMIC_RELAXED),
-                     __atomic_load_n(&own->busy_until_ns, __ATOMIC_RELAXED), due_ns, 0};
+    struct slot s = own_words(own);
+    s.due_ns = due_ns;
+    publish(own, &s);
+    vgpu_region_unlock(r);
+}
+
+void vgpu_qos_syncing(struct vgpu_region *r, int rdev, int syncing) {
+    struct slot *own = rdev >= 0 && rdev < VGPU_MAX_DEVICES ? gpus[rdev].own : NULL;
+    if (!own) return;
+    uint64_t now = vgpu_now_ns();
+    vgpu_region_lock(r);
+    struct slot s = own_words(own);
+    s.syncing_ns = syncing ? now : 0;
     publish(own, &s);
     vgpu_region_unlock(r);
 }
@@ -254,23 +280,26 @@ struct yielder {
     uint64_t estimate_ns; /* the coming kernel's */
 };
 
-/* Until when the latest credible peer is busy or due (0: none), for a launch of y (or none). */
+/* Until when the latest credible peer is busy or due (0: none), for a launch of y (or none). The
+ * peers' work launched after y's last launch queued behind that launch's kernel, all of it, one
+ * after another: it runs until y->done + the sum of it. */
 static uint64_t peers_busy_until(struct qos_gpu *g, uint64_t now, const struct yielder *y) {
-    uint64_t latest = 0;
+    uint64_t latest = 0, queued = 0;
     vgpu_spin_take(&g->peers_lock);
     for (int i = 0; i < g->peers.count; i++) {
-        struct slot s = {0, 0, 0, 0};
+        struct slot s = {0, 0, 0, 0, 0};
         int agreed = 0;
         for (int tries = 0; tries < TORN_TRIES && !agreed; tries++) {
             ssize_t n = pread(g->peers.fds[i], &s, sizeof s, 0);
-            if (n != (ssize_t)sizeof s) s = (struct slot){0, 0, 0, 0}; /* emptied by its owner: idle */
-            agreed = s.check == check_of(&s) || (!s.busy_until_ns && !s.due_ns && !s.check);
+            if (n != (ssize_t)sizeof s) s = (struct slot){0, 0, 0, 0, 0}; /* emptied by its owner: idle */
+            agreed = s.check == check_of(&s) || (!s.busy_until_ns && !s.due_ns && !s.syncing_ns && !s.check);
         }
         uint64_t until = s.busy_until_ns;
-        if (agreed && y && y->after && until > y->after && s.busy_since_ns <= until) {
-            uint64_t queued = until - (s.busy_since_ns > y->after ? s.busy_since_ns : y->after);
-            if (y->done + queued > until) until = y->done + queued;
-        }
+        if (agreed && y && y->after && until > y->after && s.busy_since_ns <= until && until <= now + MAX_AHEAD_NS)
+            queued += until - (s.busy_since_ns > y->after ? s.busy_since_ns : y->after);
+        /* Waiting for its own kernels (for at most MAX_AHEAD_NS: a process that died waiting). */
+        if (agreed && s.syncing_ns && s.syncing_ns <= now && now - s.syncing_ns < MAX_AHEAD_NS && now + MIN_NAP_NS > until)
+            until = now + MIN_NAP_NS;
         /* Due before the yielder's kernel would end: wait for it to launch (then its span counts). */
         if (agreed && y && s.due_ns > now && s.due_ns < now + y->estimate_ns + SLACK_NS && s.due_ns > until)
             until = s.due_ns;
@@ -279,6 +308,7 @@ static uint64_t peers_busy_until(struct qos_gpu *g, uint64_t now, const struct y
         if (until > now && until - now <= MAX_AHEAD_NS && until > latest) latest = until;
     }
     vgpu_spin_give(&g->peers_lock);
+    if (queued && y->done + queued + SLACK_NS > latest) latest = y->done + queued + SLACK_NS;
     return latest;
 }
 

@@ -122,6 +122,9 @@ void vgpu_compute_context_ended(CUcontext ctx);
 int vgpu_qos_join(int rdev, const char *uuid);
 /* Publishes that estimate_ns more of this container's work was queued on rdev. */
 void vgpu_qos_launched(struct vgpu_region *r, int rdev, uint64_t estimate_ns);
+/* Publishes that this container waits (syncing 1) or no longer waits (0) for its own kernels on
+ * rdev, before it launches more (compute.c's run-ahead): its work is on the GPU. */
+void vgpu_qos_syncing(struct vgpu_region *r, int rdev, int syncing);
 /* Publishes that this container's next launch on rdev waits for its compute quota until due_ns. */
 void vgpu_qos_due(struct vgpu_region *r, int rdev, uint64_t due_ns);
 /* Best-effort: waits while a higher class has work in flight on rdev, or due before a kernel of
