@@ -49,13 +49,14 @@
 /* Readers count a span open this much longer than its time: a launch's way to the GPU (and the
  * first launch of a signature, estimate 0), and the host's turnaround from one kernel's end to the
  * next launch, which a best-effort kernel slipped into would cost the higher class its share. */
-#define SLACK_NS 500000ull
+#define SLACK_NS 300000ull
 /* A time further ahead than this is not credible (a slot from before a reboot, a broken or hostile
  * writer): it is ignored, so no slot can stop best-effort containers for longer at a time. */
 #define MAX_AHEAD_NS 1000000000ull
 #define MAX_NAP_NS 1000000ull /* a waiting best-effort launch reads the slots again at least this often */
 #define MIN_NAP_NS 20000ull
 #define TORN_TRIES 3
+#define RELIST_EVERY 10 /* monitor periods (100 ms): a new slot is seen within a second at worst */
 
 /* A slot's words. All are written under the writing container's region lock (its processes share
  * the slot), the times first, then `check` = the complement of their exclusive or. A reader copies
@@ -107,6 +108,7 @@ struct qos_gpu {
     int classes;              /* directories read: those of the classes above this container's */
     char dirs[2][PATH_MAX];
     struct timespec seen[2];  /* their modification times when last listed */
+    unsigned refreshes;       /* the monitor's, for RELIST_EVERY */
     vgpu_spinlock peers_lock; /* guards peers: readers hold it across their preads */
     struct peers peers;
     uint64_t launched_ns; /* best-effort: this process's last launch (relaxed: a hint, see yield) */
@@ -234,7 +236,9 @@ void vgpu_qos_refresh(void) {
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         struct qos_gpu *g = &gpus[d];
         if (!__atomic_load_n(&g->ready, __ATOMIC_ACQUIRE) || !g->classes) continue;
-        int changed = 0;
+        /* A directory's modification time is coarse (a clock tick): a slot made in the tick of
+         * the last listing leaves it unchanged, so every RELIST_EVERY refreshes list anyway. */
+        int changed = ++g->refreshes % RELIST_EVERY == 0;
         for (int k = 0; k < g->classes; k++) changed |= modified(g->dirs[k], &g->seen[k]);
         if (changed) list_peers(g);
     }
