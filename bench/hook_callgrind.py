@@ -39,6 +39,8 @@ class Case:
     title: str
     mode: str
     variables: dict[str, str]
+    # Runs with a coordination area (TESSERA_COORDINATION in the work dir): the QoS classes' path.
+    coordinated: bool = False
 
 
 CASES = (
@@ -50,10 +52,17 @@ CASES = (
         {"TESSERA_CORES": "50"},
     ),
     Case("alloc_free", "cuMemAlloc_v2 + cuMemFree_v2, 1 MiB (memory quota)", "count-alloc", {}),
+    Case(
+        "launch_latency_critical",
+        "cuLaunchKernel, zero-length (compute quota 50%, latency-critical: publishes its span)",
+        "count-launch",
+        {"TESSERA_CORES": "50", "TESSERA_QOS": "latency-critical"},
+        coordinated=True,
+    ),
 )
 
 
-def environment(work: Path, name: str, *, hooked: bool, variables: dict[str, str]) -> dict[str, str]:
+def environment(work: Path, name: str, *, hooked: bool, case: Case) -> dict[str, str]:
     config = fakegpu.write_config(work / "gpus.conf", [fakegpu.example_gpu(0, memory_mib=81920)])
     env = fakegpu.client_env(config, work / f"state-{name}")
     env.pop("LD_PRELOAD", None)
@@ -61,7 +70,9 @@ def environment(work: Path, name: str, *, hooked: bool, variables: dict[str, str
         env["LD_PRELOAD"] = str(fakegpu.HOOK_LIBRARY)
         env["TESSERA_MEMORY_LIMIT"] = "64g"
         env["TESSERA_REGION"] = str(work / f"region-{name}")
-        env.update(variables)
+        env.update(case.variables)
+        if case.coordinated:
+            env["TESSERA_COORDINATION"] = str(work / f"coordination-{name}")
     return env
 
 
@@ -106,7 +117,7 @@ def measure(small: int, large: int) -> dict[str, float]:
                 counts = {}
                 for hooked in (False, True):
                     name = f"{case.key}-{calls}-{'hooked' if hooked else 'unhooked'}"
-                    env = environment(work, name, hooked=hooked, variables=case.variables)
+                    env = environment(work, name, hooked=hooked, case=case)
                     counts[hooked] = instructions(binary, case.mode, calls, env, work / f"{name}.out")
                 extra.append(counts[True] - counts[False])
             added[case.key] = (extra[1] - extra[0]) / (large - small)

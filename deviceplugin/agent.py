@@ -36,7 +36,15 @@ from deviceplugin.podresources import container_devices
 from deviceplugin.response import ContainerAnswer, answer_for
 from deviceplugin.statedir import StateDir
 from hook.limits import write_limits
-from tessera.contract import GpuInfo, Phase, dump_inventory, format_time, now, pod_ref
+from tessera.contract import (
+    CONTAINER_COORDINATION_DIR,
+    GpuInfo,
+    Phase,
+    dump_inventory,
+    format_time,
+    now,
+    pod_ref,
+)
 from tessera.inflight import is_allocating
 
 log = logging.getLogger(__name__)
@@ -315,7 +323,11 @@ class Agent:
     def _write_files(self, answer: ContainerAnswer) -> None:
         answer.where.state.mkdir(parents=True, exist_ok=True)
         os.chmod(answer.where.state, STATE_DIR_MODE)
-        write_limits(answer.where.limits, answer.limits)
+        for slot in answer.slots:
+            self.state.create_slot(slot)
+        write_limits(
+            answer.where.limits, answer.limits, qos=answer.qos, coordination=CONTAINER_COORDINATION_DIR
+        )
         self.state.write_record(answer.where, answer.record)
 
     def _set_phase(self, pod: PodView, phase: Phase) -> None:

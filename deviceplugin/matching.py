@@ -22,6 +22,7 @@ from tessera.contract import (
     ContractKeys,
     GpuGrant,
     Phase,
+    QosClass,
     parse_allocation,
     pod_ref,
     slice_gpu,
@@ -71,6 +72,7 @@ class InFlight:
     # Bound longer ago than the in-flight timeout: the extender no longer holds other pods back for
     # it, so a fresh container of the same GPU count may have another key. Fresh ones are preferred.
     stale: bool = False
+    qos: QosClass = QosClass.STANDARD  # the pod's class, as the extender wrote it in the allocation
 
     @property
     def ref(self) -> ContainerRef:
@@ -100,8 +102,9 @@ class NodeSnapshot:
 
 def _check_allocation(
     pod: PodView, keys: ContractKeys, node: str, node_gpus: Collection[str]
-) -> list[tuple[ContainerRequest, ContainerAllocation]] | str:
-    """Each GPU container with its allocation entry, or the reason the pod's allocation is unusable."""
+) -> tuple[QosClass, list[tuple[ContainerRequest, ContainerAllocation]]] | str:
+    """The pod's class and each GPU container with its allocation entry, or the reason the pod's
+    allocation is unusable."""
     text = pod.annotations.get(keys.allocation)
     if text is None:
         return f"annotation {keys.allocation} is missing"
@@ -125,7 +128,7 @@ def _check_allocation(
         if missing:
             return f"container {container.name!r}: GPU {missing[0]} is not on this node {node!r}"
         pairs.append((container, entry))
-    return pairs
+    return allocation.qos, pairs
 
 
 def snapshot(
@@ -162,12 +165,15 @@ def snapshot(
         if isinstance(checked, str):
             broken.append(BrokenPod(pod, checked))
             continue
+        qos, pairs = checked
         bind_time = _bind_time(pod, keys)
         is_stale = stale(bind_time, now, inflight_timeout)
-        for position, (container, entry) in enumerate(checked):
+        for position, (container, entry) in enumerate(pairs):
             if (pod.uid, container.name) not in served:
                 key = container_key(entry)
-                in_flight.append(InFlight(pod, entry.name, entry.gpus, key, bind_time, position, is_stale))
+                in_flight.append(
+                    InFlight(pod, entry.name, entry.gpus, key, bind_time, position, is_stale, qos)
+                )
     in_flight.sort(key=lambda c: c.order)
     return NodeSnapshot(tuple(in_flight), tuple(broken))
 

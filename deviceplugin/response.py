@@ -10,10 +10,13 @@ from deviceplugin.matching import InFlight
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
 from hook.limits import DeviceLimit
 from tessera.contract import (
+    CONTAINER_COORDINATION_DIR,
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
     CONTAINER_LIMITS_FILE,
     CONTAINER_STATE_DIR,
+    COORDINATION_SLOT_SUFFIX,
+    QosClass,
 )
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -34,6 +37,8 @@ class ContainerAnswer:
     mounts: tuple[MountSpec, ...]
     where: ContainerDir
     limits: tuple[DeviceLimit, ...]
+    qos: QosClass
+    slots: tuple[Path, ...]  # the container's coordination slots, one per GPU, created zeroed
     record: ServedRecord
 
 
@@ -41,16 +46,37 @@ def answer_for(
     container: InFlight, device_ids: Sequence[str], state: StateDir, hook_library: Path
 ) -> ContainerAnswer:
     where = state.container(container.pod.uid, container.container)
+    uuids = [g.uuid for g in container.grants]
+    slots = tuple(
+        state.coordination_slot(uuid, container.qos, container.pod.uid, container.container) for uuid in uuids
+    )
+    # Each GPU's coordination area read-only (every container's slot on it, by class: no container
+    # can move its own to another class), and the container's own slot writable.
+    coordination = [
+        mount
+        for uuid, slot in zip(uuids, slots, strict=True)
+        for mount in (
+            MountSpec(
+                f"{CONTAINER_COORDINATION_DIR}/{uuid}", str(state.coordination_area(uuid)), read_only=True
+            ),
+            MountSpec(
+                f"{CONTAINER_COORDINATION_DIR}/{uuid}{COORDINATION_SLOT_SUFFIX}", str(slot), read_only=False
+            ),
+        )
+    ]
     return ContainerAnswer(
-        envs={VISIBLE_DEVICES_ENV: ",".join(g.uuid for g in container.grants)},
+        envs={VISIBLE_DEVICES_ENV: ",".join(uuids)},
         mounts=(
             MountSpec(CONTAINER_LIMITS_FILE, str(where.limits), read_only=True),
             MountSpec(CONTAINER_STATE_DIR, str(where.state), read_only=False),
             MountSpec(CONTAINER_HOOK_LIBRARY, str(hook_library), read_only=True),
             MountSpec(CONTAINER_LD_SO_PRELOAD, str(state.ld_so_preload), read_only=True),
+            *coordination,
         ),
         where=where,
         limits=tuple(DeviceLimit.from_grant(g) for g in container.grants),
+        qos=container.qos,
+        slots=slots,
         record=ServedRecord(
             namespace=container.pod.namespace,
             pod=container.pod.name,

@@ -8,8 +8,14 @@ Layout under ``--state-dir``::
     containers/<pod UID>/<container>/allocation.json
                                                what was served (pod, container, GPUs, quotas); written
                                                last, so it marks the container as served
+    coordination/<GPU UUID>/<QoS class>/<pod UID>_<container>
+                                               the container's slot of the GPU's coordination area
+                                               (docs/hook.md, "QoS classes on the GPU"); the GPU's
+                                               directory is mounted read-only in each container on it,
+                                               the container's own slot writable
 
-The container sees only ``limits`` (read-only) and ``state/``: nothing it can write raises its limits.
+The container sees only ``limits`` (read-only), ``state/``, its GPUs' coordination directories
+(read-only) and its own slots: nothing it can write raises its limits or its class.
 The records survive a restart of the agent, so a restart never serves a container twice.
 """
 
@@ -25,11 +31,21 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tessera.contract import CONTAINER_HOOK_LIBRARY, GpuGrant
+from tessera.contract import CONTAINER_HOOK_LIBRARY, COORDINATION_SLOT_BYTES, GpuGrant, QosClass
 
 # Pod UIDs and container names are DNS labels / UUIDs in the API; anything else is refused so a
 # name can never point outside the state dir.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# A slot is named <pod UID>_<container>: neither a UUID nor a DNS label has an underscore.
+_SLOT_SEPARATOR = "_"
+# A slot is written by the container's user, whoever that is, through the one writable mount of it.
+SLOT_MODE = 0o666
+
+
+def _check_names(*named: tuple[str, str]) -> None:
+    for what, name in named:
+        if not _SAFE_NAME.match(name):
+            raise ValueError(f"{what}: {name!r} cannot name a directory")
 
 
 class ServedRecord(BaseModel):
@@ -75,15 +91,42 @@ class StateDir:
     def containers(self) -> Path:
         return self.root / "containers"
 
+    @property
+    def coordination(self) -> Path:
+        return self.root / "coordination"
+
     def container(self, pod_uid: str, container: str) -> ContainerDir:
-        for what, name in (("pod UID", pod_uid), ("container name", container)):
-            if not _SAFE_NAME.match(name):
-                raise ValueError(f"{what}: {name!r} cannot name a directory")
+        _check_names(("pod UID", pod_uid), ("container name", container))
         return ContainerDir(self.containers / pod_uid / container)
+
+    def coordination_area(self, gpu_uuid: str) -> Path:
+        """The GPU's coordination area: one directory per class, holding its containers' slots."""
+        _check_names(("GPU UUID", gpu_uuid))
+        return self.coordination / gpu_uuid
+
+    def coordination_slot(self, gpu_uuid: str, qos: QosClass, pod_uid: str, container: str) -> Path:
+        _check_names(("pod UID", pod_uid), ("container name", container))
+        return self.coordination_area(gpu_uuid) / qos.value / f"{pod_uid}{_SLOT_SEPARATOR}{container}"
+
+    @staticmethod
+    def create_slot(slot: Path) -> None:
+        """A zeroed slot (idle), writable by the container's user through its own mount; the
+        directories above it are the device plugin's alone."""
+        slot.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=slot.parent, prefix=".slot.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(bytes(COORDINATION_SLOT_BYTES))
+            os.chmod(tmp, SLOT_MODE)
+            os.replace(tmp, slot)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def prepare(self) -> None:
         """Create the dirs and the ld.so.preload file that every container mounts."""
         self.containers.mkdir(parents=True, exist_ok=True)
+        self.coordination.mkdir(mode=0o755, exist_ok=True)
         write_atomically(self.ld_so_preload, f"{CONTAINER_HOOK_LIBRARY}\n", mode=0o644)
 
     def served(self) -> set[tuple[str, str]]:
@@ -102,7 +145,8 @@ class StateDir:
         write_atomically(where.record, record.model_dump_json(), mode=0o644)
 
     def remove_containers_except(self, live_uids: Collection[str]) -> list[Path]:
-        """Delete the dirs of containers whose pod is no longer on the node; returns the dirs removed.
+        """Delete the dirs of containers whose pod is no longer on the node, and their coordination
+        slots; returns what was removed.
 
         A dir belongs to the pod its record names (see :mod:`deviceplugin.identity`), else to the
         pod UID in its path.
@@ -116,6 +160,13 @@ class StateDir:
         for pod_dir in self.containers.iterdir() if self.containers.is_dir() else ():
             if pod_dir.is_dir() and not any(pod_dir.iterdir()):
                 pod_dir.rmdir()
+        # A slot lives as long as its container's dir (it is named like it, and mounted like it:
+        # what it belongs to is what the dir's record says).
+        for slot in sorted(self.coordination.glob("*/*/*")):
+            pod_uid, _, container = slot.name.partition(_SLOT_SEPARATOR)
+            if not (self.containers / pod_uid / container).is_dir():
+                slot.unlink(missing_ok=True)
+                removed.append(slot)
         return removed
 
 

@@ -4,13 +4,17 @@ The device plugin writes it on the node and mounts it read-only at
 :data:`tessera.contract.CONTAINER_LIMITS_FILE`. The format (``docs/hook.md``) is line based::
 
     # comment
-    version 1
+    version 2
     region /var/run/tessera/state/region
     elastic 0
+    qos standard
+    coordination /var/run/tessera/coordination
     device GPU-8f6d... memory 4294967296 cores 30
 
-``memory`` is in bytes; ``cores`` is the percent of the GPU's time, 0 meaning no compute quota.
-``libvgpu.so`` parses it (``hook/src/limits.c``); this module only writes it.
+``memory`` is in bytes; ``cores`` is the percent of the GPU's time, 0 meaning no compute quota;
+``qos`` the container's class and ``coordination`` where its GPUs' coordination areas are mounted
+(both new in version 2). ``libvgpu.so`` parses it (``hook/src/limits.c``); this module only writes
+it.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.contract import CONTAINER_STATE_DIR, MAX_CORES, MIB, ContractError, GpuGrant
+from tessera.contract import CONTAINER_STATE_DIR, MAX_CORES, MIB, ContractError, GpuGrant, QosClass
 
 # The hook's copies of these are in hook/src/contract.h (VGPU_LIMITS_VERSION, VGPU_MAX_DEVICES,
 # VGPU_UUID_LEN, which counts the NUL) and hook/Makefile (REGION_FILE); tests/hook/test_constants.py
-# fails when they differ.
-LIMITS_FORMAT_VERSION = 1
+# fails when they differ. The hook still reads version 1 (no qos, no coordination): the file of a
+# container started before an upgrade.
+LIMITS_FORMAT_VERSION = 2
 # The shared accounting region of one container's processes, inside its state directory.
 CONTAINER_REGION_FILE = f"{CONTAINER_STATE_DIR}/region"
 MAX_DEVICES = 16
@@ -57,10 +62,24 @@ class DeviceLimit:
             raise ContractError(f"limits: device {self.uuid}: cores {self.cores!r} is outside 0..{MAX_CORES}")
 
 
+def _absolute(what: str, path: str) -> str:
+    if not path.startswith("/") or any(c.isspace() for c in path):
+        raise ContractError(f"limits: {what} {path!r} must be an absolute path without spaces")
+    return path
+
+
 def render_limits(
-    devices: Sequence[DeviceLimit], *, elastic: bool = False, region: str = CONTAINER_REGION_FILE
+    devices: Sequence[DeviceLimit],
+    *,
+    elastic: bool = False,
+    region: str = CONTAINER_REGION_FILE,
+    qos: QosClass = QosClass.STANDARD,
+    coordination: str | None = None,
 ) -> str:
-    """The text of a limits file; raises :class:`ContractError` naming the bad field."""
+    """The text of a limits file; raises :class:`ContractError` naming the bad field.
+
+    ``coordination``: where the container's GPUs' coordination areas are mounted; None, no line
+    (the container then takes no part in the QoS classes: it neither yields nor is yielded to)."""
     if not 1 <= len(devices) <= MAX_DEVICES:
         raise ContractError(f"limits: {len(devices)} devices, expected 1..{MAX_DEVICES}")
     uuids = [d.uuid for d in devices]
@@ -68,23 +87,29 @@ def render_limits(
         raise ContractError(f"limits: device uuids must be distinct, got {uuids}")
     for device in devices:
         device.validate()
-    if not region.startswith("/") or any(c.isspace() for c in region):
-        raise ContractError(f"limits: region {region!r} must be an absolute path without spaces")
     lines = [
         "# Tessera limits, written by the device plugin; format in docs/hook.md",
         f"version {LIMITS_FORMAT_VERSION}",
-        f"region {region}",
+        f"region {_absolute('region', region)}",
         f"elastic {int(elastic)}",
+        f"qos {qos.value}",
+        *([f"coordination {_absolute('coordination', coordination)}"] if coordination is not None else []),
         *(f"device {d.uuid} memory {d.memory_bytes} cores {d.cores}" for d in devices),
     ]
     return "\n".join(lines) + "\n"
 
 
 def write_limits(
-    path: Path, devices: Sequence[DeviceLimit], *, elastic: bool = False, region: str = CONTAINER_REGION_FILE
+    path: Path,
+    devices: Sequence[DeviceLimit],
+    *,
+    elastic: bool = False,
+    region: str = CONTAINER_REGION_FILE,
+    qos: QosClass = QosClass.STANDARD,
+    coordination: str | None = None,
 ) -> None:
     """Writes the limits file atomically (readers see the old or the new file) and read-only (0444)."""
-    text = render_limits(devices, elastic=elastic, region=region)
+    text = render_limits(devices, elastic=elastic, region=region, qos=qos, coordination=coordination)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:

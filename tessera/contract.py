@@ -38,6 +38,12 @@ CONTAINER_LIMITS_FILE = "/var/run/tessera/limits"
 CONTAINER_STATE_DIR = "/var/run/tessera/state"
 CONTAINER_HOOK_LIBRARY = "/usr/local/tessera/libvgpu.so"
 CONTAINER_LD_SO_PRELOAD = "/etc/ld.so.preload"
+# The coordination areas of the container's GPUs (docs/hook.md, "QoS classes on the GPU"): the GPU's
+# directory at <dir>/<uuid> (read-only), the container's own slot at <dir>/<uuid><suffix> (writable).
+# The hook's copies are in hook/src/contract.h (VGPU_COORDINATION_SLOT_SUFFIX, _BYTES).
+CONTAINER_COORDINATION_DIR = "/var/run/tessera/coordination"
+COORDINATION_SLOT_SUFFIX = ".slot"
+COORDINATION_SLOT_BYTES = 64
 
 MAX_CORES = 100
 # Quotas are MiB on the wire (resources, annotations) and bytes in the hook's limits file.

@@ -22,7 +22,7 @@
 
 #define SAMPLE_EVERY_LAUNCHES 16
 #define SAMPLE_EVERY_NS 1000000ull /* or after this much estimated work */
-#define SAMPLES_KEPT 8
+#define SAMPLES_KEPT 16
 #define MAX_SIGNATURES 4096
 #define MAX_PENDING 8
 #define RUNAHEAD_NS 2000000ull
@@ -86,9 +86,10 @@ static int throttling; /* 0 = not known yet, 1 = no GPU has a compute quota, 2 =
  * same configuration: no lock needed. */
 __attribute__((noinline)) static int throttling_first(void) {
     const struct vgpu_limits *c = vgpu_limits();
-    int any = c->all.cores > 0 && c->all.cores < VGPU_MAX_CORES;
-    for (int i = 0; i < c->file_devices; i++) any |= c->by_uuid[i].quota.cores > 0 && c->by_uuid[i].quota.cores < VGPU_MAX_CORES;
-    for (int i = 0; i < VGPU_MAX_DEVICES; i++) any |= c->by_ordinal[i].cores > 0 && c->by_ordinal[i].cores < VGPU_MAX_CORES;
+    int any = vgpu_cores_limit(c->all.cores);
+    for (int i = 0; i < c->file_devices; i++) any |= vgpu_cores_limit(c->by_uuid[i].quota.cores);
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) any |= vgpu_cores_limit(c->by_ordinal[i].cores);
+    any |= c->qos != VGPU_QOS_CLASS_STANDARD || c->coordination[0]; /* qos.c needs each launch too */
     __atomic_store_n(&throttling, any ? 2 : 1, __ATOMIC_RELAXED);
     return any;
 }
@@ -151,8 +152,10 @@ static void sleep_ns(uint64_t ns) {
     }
 }
 
+/* Elastic mode expands only while no other container uses the GPU and no latency-critical one has
+ * work in flight (qos.c). */
 static double rate_of(const struct vgpu_device *d) {
-    if (vgpu_limits()->elastic && vgpu_monitor_gpu_is_ours(d->rdev)) return 1.0;
+    if (vgpu_limits()->elastic && vgpu_monitor_gpu_is_ours(d->rdev) && !vgpu_qos_higher_busy(d->rdev)) return 1.0;
     return d->quota.cores / (double)VGPU_MAX_CORES;
 }
 
@@ -177,6 +180,12 @@ static void charge(struct vgpu_region *r, int rdev, uint64_t ns) {
     __atomic_add_fetch(&r->dev[rdev].busy_ns, ns, __ATOMIC_RELAXED);
 }
 
+static void count_launch(struct vgpu_region_device *g, uint64_t cost, uint64_t waited) {
+    if (cost) __atomic_add_fetch(&g->busy_ns, cost, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&g->launches, 1, __ATOMIC_RELAXED);
+    if (waited) __atomic_add_fetch(&g->throttled_ns, waited, __ATOMIC_RELAXED);
+}
+
 /* Waits until the bucket is not negative, then charges cost.
  *
  * Fast path, without the lock or the clock: a bucket that is not negative admits the launch, and
@@ -185,7 +194,8 @@ static void charge(struct vgpu_region *r, int rdev, uint64_t ns) {
  * The refill is only needed once the bucket is negative: a lazy refill grants the elapsed time x
  * the rate (capped at the burst) as refills at every launch would, so the share holds; only a rate
  * that changed meanwhile (elastic mode) is applied to the whole interval, within the burst. */
-static void wait_for_tokens(struct vgpu_region *r, const struct vgpu_device *d, uint64_t cost) {
+static inline __attribute__((always_inline)) void wait_for_tokens(struct vgpu_region *r, const struct vgpu_device *d,
+                                                                  uint64_t cost) {
     struct vgpu_region_device *g = &r->dev[d->rdev];
     uint64_t waited = 0;
     if (__atomic_load_n(&g->tokens_ns, __ATOMIC_RELAXED) >= 0) {
@@ -202,13 +212,12 @@ static void wait_for_tokens(struct vgpu_region *r, const struct vgpu_device *d, 
             if (deficit <= 0) break;
             uint64_t ns = (uint64_t)((double)deficit / rate);
             ns = ns > MAX_SLEEP_NS ? MAX_SLEEP_NS : ns < MIN_SLEEP_NS ? MIN_SLEEP_NS : ns;
+            if (d->qos & VGPU_QOS_PUBLISHES) vgpu_qos_due(r, d->rdev, now + ns);
             sleep_ns(ns);
             waited += ns;
         }
     }
-    if (cost) __atomic_add_fetch(&g->busy_ns, cost, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&g->launches, 1, __ATOMIC_RELAXED);
-    if (waited) __atomic_add_fetch(&g->throttled_ns, waited, __ATOMIC_RELAXED);
+    count_launch(g, cost, waited);
 }
 
 /* Takes a finished measurement into its signature's estimate (and the bucket if owed). */
@@ -300,9 +309,25 @@ static void collect(struct vgpu_region *r, int oldest, const struct signature *o
     /* Another thread is settling the one we were to wait for: let it finish. */
     if ((oldest || of) && waited < 0) sleep_ns(MIN_SLEEP_NS);
     for (int i = 0; i < ndone; i++) {
-        int complete = i != waited || REAL(cuEventSynchronize)(done[i].end) == CUDA_SUCCESS;
+        int complete = 1;
+        if (i == waited) {
+            vgpu_qos_syncing(r, done[i].rdev, 1); /* best-effort neighbours must not slip in ahead */
+            complete = REAL(cuEventSynchronize)(done[i].end) == CUDA_SUCCESS;
+            vgpu_qos_syncing(r, done[i].rdev, 0);
+        }
         settle(r, &done[i], complete);
     }
+}
+
+/* A launch of a container with a QoS class on a GPU with a coordination area (qos.c): best-effort
+ * has no share of its own, only the time that higher classes leave; the others keep their quota
+ * and publish their work. Out of line: a launch without a class pays one branch for it. */
+__attribute__((noinline)) static void admit_classed(struct vgpu_region *r, const struct vgpu_device *d,
+                                                    uint64_t estimate) {
+    if (d->qos & VGPU_QOS_YIELDS) count_launch(&r->dev[d->rdev], estimate, vgpu_qos_yield(d->rdev, estimate));
+    else if (vgpu_cores_limit(d->quota.cores)) wait_for_tokens(r, d, estimate);
+    else count_launch(&r->dev[d->rdev], estimate, 0);
+    if (d->qos & VGPU_QOS_PUBLISHES) vgpu_qos_launched(r, d->rdev, estimate);
 }
 
 typedef CUresult (*launch_fn)(const void *args);
@@ -312,7 +337,7 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
     CUcontext ctx = NULL;
     const struct vgpu_device *d = vgpu_device_current(&ctx, &err);
     struct vgpu_region *r = d && d->rdev >= 0 ? vgpu_region_attach() : NULL;
-    if (!r || d->quota.cores <= 0 || d->quota.cores >= VGPU_MAX_CORES) return go(args);
+    if (!r || !d->governed) return go(args);
     /* A relaxed read: a measurement queued meanwhile by another thread is collected next time. */
     if (__atomic_load_n(&npending, __ATOMIC_RELAXED)) collect(r, 0, NULL);
     struct signature *sig;
@@ -337,7 +362,8 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
         if (!busy && !full) break;
         collect(r, full && !busy, busy ? sig : NULL);
     }
-    wait_for_tokens(r, d, estimate);
+    if (__builtin_expect(d->qos, 0)) admit_classed(r, d, estimate);
+    else wait_for_tokens(r, d, estimate);
     if (!must_measure) return go(args);
     CUevent start = NULL, end = NULL;
     if (start_measurement(ctx, stream, &start, &end) != 0) {

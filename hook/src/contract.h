@@ -8,7 +8,8 @@
 #ifndef VGPU_CONTRACT_H
 #define VGPU_CONTRACT_H
 
-#define VGPU_LIMITS_VERSION 1 /* hook.limits.LIMITS_FORMAT_VERSION: the `version` line */
+#define VGPU_LIMITS_VERSION 2 /* hook.limits.LIMITS_FORMAT_VERSION: the `version` line written now */
+#define VGPU_LIMITS_OLDEST_VERSION 1 /* still read: version 1 has no `qos` or `coordination` lines */
 #define VGPU_MAX_DEVICES 16   /* hook.limits.MAX_DEVICES: GPUs per container (also the region's) */
 #define VGPU_UUID_LEN 80      /* hook.limits.MAX_UUID_LENGTH + 1, for the NUL */
 #define VGPU_MAX_CORES 100    /* tessera.contract.MAX_CORES: cores are percent of a GPU's time */
@@ -20,5 +21,18 @@
 #define VGPU_ENV_CORES "TESSERA_CORES"
 #define VGPU_ENV_ELASTIC "TESSERA_ELASTIC"
 #define VGPU_ENV_REGION "TESSERA_REGION"
+#define VGPU_ENV_QOS "TESSERA_QOS"
+#define VGPU_ENV_COORDINATION "TESSERA_COORDINATION"
+
+/* QoS classes (tessera.contract.QosClass), as the limits file's `qos` line and TESSERA_QOS spell
+ * them; each is also the name of its directory in a GPU's coordination area (docs/hook.md). */
+#define VGPU_QOS_LATENCY_CRITICAL "latency-critical"
+#define VGPU_QOS_STANDARD "standard"
+#define VGPU_QOS_BEST_EFFORT "best-effort"
+/* A container's own slot of a GPU's coordination area is mounted at <coordination>/<uuid> plus this
+ * suffix (tessera.contract.COORDINATION_SLOT_SUFFIX); the device plugin creates it with this many
+ * zero bytes (tessera.contract.COORDINATION_SLOT_BYTES). */
+#define VGPU_COORDINATION_SLOT_SUFFIX ".slot"
+#define VGPU_COORDINATION_SLOT_BYTES 64
 
 #endif

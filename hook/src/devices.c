@@ -50,6 +50,8 @@ static CUresult enumerate(void) {
         format_uuid(&uuid, d->uuid);
         d->quota = vgpu_quota_of(d->uuid, i);
         d->rdev = vgpu_device_join(d->uuid, d->quota, elastic);
+        d->qos = vgpu_qos_join(d->rdev, d->uuid);
+        d->governed = d->qos || vgpu_cores_limit(d->quota.cores);
     }
     device_count = n;
     __atomic_store_n(&devices_ready, 1, __ATOMIC_RELEASE);

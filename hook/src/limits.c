@@ -119,6 +119,43 @@ static int parse_device_line(struct vgpu_limits *l, char **tok, int ntok, const 
     return 0;
 }
 
+/* A QoS class by name; -1 if none. */
+static int parse_qos(const char *name) {
+    if (!strcmp(name, VGPU_QOS_LATENCY_CRITICAL)) return VGPU_QOS_CLASS_LATENCY_CRITICAL;
+    if (!strcmp(name, VGPU_QOS_STANDARD)) return VGPU_QOS_CLASS_STANDARD;
+    if (!strcmp(name, VGPU_QOS_BEST_EFFORT)) return VGPU_QOS_CLASS_BEST_EFFORT;
+    return -1;
+}
+
+#define QOS_NAMES VGPU_QOS_LATENCY_CRITICAL ", " VGPU_QOS_STANDARD " or " VGPU_QOS_BEST_EFFORT
+
+/* The lines of version 2: `qos <class>`, `coordination <absolute dir>` (a repeated line wins). */
+static int parse_qos_line(struct vgpu_limits *l, char **tok, int version, const char *where) {
+    static const int since = 2;
+    if (version < since) {
+        refuse(l, "%s: `%s` needs `version %d` (or later) before it", where, tok[0], since);
+        return -1;
+    }
+    if (!strcmp(tok[0], "qos")) {
+        int qos = parse_qos(tok[1]);
+        if (qos < 0) {
+            refuse(l, "%s: qos %s is not " QOS_NAMES, where, tok[1]);
+            return -1;
+        }
+        l->qos = (enum vgpu_qos)qos;
+        return 0;
+    }
+    if (tok[1][0] != '/') {
+        refuse(l, "%s: coordination %s is not an absolute path", where, tok[1]);
+        return -1;
+    }
+    if (snprintf(l->coordination, sizeof l->coordination, "%s", tok[1]) >= (int)sizeof l->coordination) {
+        refuse(l, "%s: coordination path is too long", where);
+        return -1;
+    }
+    return 0;
+}
+
 /* One line, NUL-terminated, without its newline: 0, or -1 once refused. */
 static int parse_line(struct vgpu_limits *l, char *line, int *version, const char *where) {
     char *hash = strchr(line, '#');
@@ -130,8 +167,8 @@ static int parse_line(struct vgpu_limits *l, char *line, int *version, const cha
     if (ntok == 0) return 0;
     if (!strcmp(tok[0], "version") && ntok == 2) {
         *version = parse_int(tok[1], 0, INT_MAX);
-        if (*version != VGPU_LIMITS_VERSION) {
-            refuse(l, "%s: version %s is not %d", where, tok[1], VGPU_LIMITS_VERSION);
+        if (*version < VGPU_LIMITS_OLDEST_VERSION || *version > VGPU_LIMITS_VERSION) {
+            refuse(l, "%s: version %s is not %d..%d", where, tok[1], VGPU_LIMITS_OLDEST_VERSION, VGPU_LIMITS_VERSION);
             return -1;
         }
     } else if (!strcmp(tok[0], "region") && ntok == 2) {
@@ -150,6 +187,8 @@ static int parse_line(struct vgpu_limits *l, char *line, int *version, const cha
             refuse(l, "%s: elastic %s is not 0 or 1", where, tok[1]);
             return -1;
         }
+    } else if ((!strcmp(tok[0], "qos") || !strcmp(tok[0], "coordination")) && ntok == 2) {
+        return parse_qos_line(l, tok, *version, where);
     } else if (!strcmp(tok[0], "device")) {
         return parse_device_line(l, tok, ntok, where);
     } else {
@@ -182,7 +221,7 @@ int vgpu_limits_parse(struct vgpu_limits *l, const char *text, size_t len, const
         at += n + 1;
         if (parse_line(l, line, &version, where)) return -1;
     }
-    if (version != VGPU_LIMITS_VERSION) {
+    if (!version) {
         refuse(l, "limits file %s: no `version %d` line", name, VGPU_LIMITS_VERSION);
         return -1;
     }
@@ -255,6 +294,14 @@ static void read_environment(struct vgpu_limits *l) {
     value = getenv(VGPU_ENV_REGION);
     if (value && snprintf(l->region, sizeof l->region, "%s", value) >= (int)sizeof l->region)
         refuse(l, VGPU_ENV_REGION "=%s is too long", value);
+    value = getenv(VGPU_ENV_QOS);
+    int qos = value ? parse_qos(value) : VGPU_QOS_CLASS_STANDARD;
+    if (qos < 0) refuse(l, VGPU_ENV_QOS "=%s is not " QOS_NAMES, value);
+    else l->qos = (enum vgpu_qos)qos;
+    value = getenv(VGPU_ENV_COORDINATION);
+    if (value && value[0] != '/') refuse(l, VGPU_ENV_COORDINATION "=%s is not an absolute path", value);
+    else if (value && snprintf(l->coordination, sizeof l->coordination, "%s", value) >= (int)sizeof l->coordination)
+        refuse(l, VGPU_ENV_COORDINATION "=%s is too long", value);
 }
 
 /* Managed: this library was loaded from the path the device plugin mounts it at (the loader's own

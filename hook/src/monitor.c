@@ -4,7 +4,8 @@
  *    older than SCAN_PERIOD_NS claims the scan with a compare-and-swap, so a container scans about
  *    four times a second however many processes it has;
  *  - in elastic mode, judge whether another container uses the GPU: NVML's utilization of the GPU
- *    minus the device time this container was charged over the same time. */
+ *    minus the device time this container was charged over the same time;
+ *  - open the coordination slots of containers that came to this container's GPUs (qos.c). */
 #define _GNU_SOURCE
 #include <nvml.h>
 #include <pthread.h>
@@ -85,9 +86,10 @@ static void *monitor(void *unused) {
         if (!r) continue;
         uint64_t now = vgpu_now_ns();
         scan_if_due(r, now);
+        vgpu_qos_refresh();
         uint32_t devices = vgpu_region_devices(r);
         for (uint32_t d = 0; nvml && d < devices; d++)
-            if (r->dev[d].cores > 0 && r->dev[d].cores < VGPU_MAX_CORES) judge_elastic(r, (int)d, now);
+            if (vgpu_cores_limit((int)r->dev[d].cores)) judge_elastic(r, (int)d, now);
     }
     return NULL;
 }

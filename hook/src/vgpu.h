@@ -7,6 +7,7 @@
  *   memory.c    memory wrappers (memory quota)
  *   nvml.c      NVML memory wrappers
  *   compute.c   launch wrappers (compute quota)
+ *   qos.c       QoS classes: this container's slot of a GPU's coordination area, and its peers'
  *   monitor.c   background thread: dead processes, elastic neighbours
  *   process.c   fork handlers
  *   snapshot.c  the read-only region reader exported to Python
@@ -15,9 +16,9 @@
  *   spinlock.h  the lock of the process-local tables (tracking, compute)
  *
  * Calls go one way: the wrappers (memory, nvml, compute) use devices, tracking, the region and
- * limits (compute also the monitor's elastic verdict); devices joins the region and starts the
- * monitor, which uses the region; tracking and snapshot use the region, which uses limits, the
- * clock and the log; process.c calls each file's fork handler. The one two-way link is explained
+ * limits (compute also the monitor's elastic verdict and qos.c); devices joins the region and starts
+ * the monitor and qos.c (the monitor also refreshes qos.c's peers); qos.c, tracking and snapshot use
+ * the region, which uses limits, the clock and the log; process.c calls each file's fork handler. The one two-way link is explained
  * in symbols.h. */
 #ifndef VGPU_H
 #define VGPU_H
@@ -40,6 +41,9 @@ enum vgpu_library { VGPU_LIB_CUDA, VGPU_LIB_NVML, VGPU_LIB_DL };
 void *vgpu_real(int symbol);
 
 /* limits.c */
+/* A container's QoS class on its GPUs (docs/hook.md, "QoS classes on the GPU"); 0 is standard, so a
+ * zeroed configuration (fail closed) is the class without privileges over anyone. */
+enum vgpu_qos { VGPU_QOS_CLASS_STANDARD = 0, VGPU_QOS_CLASS_LATENCY_CRITICAL, VGPU_QOS_CLASS_BEST_EFFORT };
 /* A container's quota on one GPU. */
 struct vgpu_quota {
     uint64_t memory; /* memory quota in bytes; VGPU_UNLIMITED when not configured */
@@ -52,6 +56,8 @@ struct vgpu_limits {
     int from_file;
     int elastic;
     char region[PATH_MAX]; /* "" = private to this process */
+    enum vgpu_qos qos;
+    char coordination[PATH_MAX]; /* the coordination areas' directory; "" = none (qos.c) */
     int file_devices;
     struct {
         char uuid[VGPU_UUID_LEN];
@@ -62,6 +68,8 @@ struct vgpu_limits {
     int has_ordinal_quotas;
 };
 const struct vgpu_limits *vgpu_limits(void);
+/* Whether a share of cores percent holds launches back (0 = none, 100 = the whole GPU). */
+static inline int vgpu_cores_limit(int cores) { return cores > 0 && cores < VGPU_MAX_CORES; }
 /* Parses a limits file's bytes (name is for messages) into l, which must start zeroed: 0, or -1 with
  * l->refuse_memory and l->why set. Pure: no I/O, no log. */
 #define VGPU_LIMITS_MAX_BYTES 65536 /* a file of 16 devices takes about 2 KiB */
@@ -76,6 +84,8 @@ struct vgpu_device {
     int rdev; /* index in the region, -1 if the region is unusable */
     char uuid[VGPU_UUID_LEN];
     struct vgpu_quota quota;
+    int qos;      /* VGPU_QOS_* bits: what its launches do for the QoS classes (qos.c) */
+    int governed; /* a compute quota or qos bits: its launches take compute.c's path */
 };
 /* The device of the current context (and, if current is not NULL, that context); NULL with *err set
  * when there is none. */
@@ -103,6 +113,28 @@ void vgpu_track_after_fork_child(void);
 void vgpu_compute_after_fork_child(void);
 /* ctx ended (NULL: some context, not known which): forget the events kept in it. */
 void vgpu_compute_context_ended(CUcontext ctx);
+
+/* qos.c: the coordination area of each GPU (docs/hook.md). */
+#define VGPU_QOS_PUBLISHES 1 /* this container's launches are published in its slot */
+#define VGPU_QOS_YIELDS 2    /* best-effort: launches wait while a higher class has work */
+/* Opens this container's slot and its peers' on GPU rdev, once per process (devices.c); returns
+ * what its launches do there (VGPU_QOS_* bits), 0 when the GPU has no coordination area. */
+int vgpu_qos_join(int rdev, const char *uuid);
+/* Publishes that estimate_ns more of this container's work was queued on rdev. */
+void vgpu_qos_launched(struct vgpu_region *r, int rdev, uint64_t estimate_ns);
+/* Publishes that this container waits (syncing 1) or no longer waits (0) for its own kernels on
+ * rdev, before it launches more (compute.c's run-ahead): its work is on the GPU. */
+void vgpu_qos_syncing(struct vgpu_region *r, int rdev, int syncing);
+/* Publishes that this container's next launch on rdev waits for its compute quota until due_ns. */
+void vgpu_qos_due(struct vgpu_region *r, int rdev, uint64_t due_ns);
+/* Best-effort: waits while a higher class has work in flight on rdev, or due before a kernel of
+ * estimate_ns would end; returns the ns waited. */
+uint64_t vgpu_qos_yield(int rdev, uint64_t estimate_ns);
+/* 1 while a higher class than this container's has work in flight on rdev. */
+int vgpu_qos_higher_busy(int rdev);
+/* Opens the slots of containers that arrived, forgets those that left (the monitor, every period). */
+void vgpu_qos_refresh(void);
+void vgpu_qos_after_fork_child(void);
 
 /* monitor.c: started once per process (by vgpu_device_join) once the region is joined. */
 void vgpu_monitor_ensure(void);

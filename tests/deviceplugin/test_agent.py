@@ -19,10 +19,12 @@ from deviceplugin.kube import FreshReads, KubeUnavailableError, NodePod
 from deviceplugin.matching import AllocationError, PodView
 from deviceplugin.statedir import StateDir
 from tessera.contract import (
+    CONTAINER_COORDINATION_DIR,
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
     CONTAINER_LIMITS_FILE,
     CONTAINER_STATE_DIR,
+    COORDINATION_SLOT_BYTES,
     KEYS,
     Allocation,
     ContainerAllocation,
@@ -30,6 +32,7 @@ from tessera.contract import (
     GpuGrant,
     GpuInfo,
     Phase,
+    QosClass,
     dump_allocation,
     format_time,
 )
@@ -93,13 +96,19 @@ class LaggingCache:
         return list(self.pods)
 
 
-def in_flight_pod(name: str, grants: dict[str, list[tuple[str, int, int]]], bind: int = 0) -> PodView:
+def in_flight_pod(
+    name: str,
+    grants: dict[str, list[tuple[str, int, int]]],
+    bind: int = 0,
+    qos: QosClass = QosClass.STANDARD,
+) -> PodView:
     allocation = Allocation(
         node=NODE,
         containers=tuple(
             ContainerAllocation(name=c, gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=k) for u, m, k in g))
             for c, g in grants.items()
         ),
+        qos=qos,
     )
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     return PodView(
@@ -133,13 +142,18 @@ def test_allocate_answers_and_writes_the_containers_files(tmp_path: Path) -> Non
     (answer,) = agent.allocate([["GPU-2::5"]])
     assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-2"}
     where = tmp_path / "containers" / "uid-p" / "main"
+    area = tmp_path / "coordination" / "GPU-2"
     assert {(m.container_path, m.host_path, m.read_only) for m in answer.mounts} == {
         (CONTAINER_LIMITS_FILE, str(where / "limits"), True),
         (CONTAINER_STATE_DIR, str(where / "state"), False),
         (CONTAINER_HOOK_LIBRARY, "/opt/libvgpu.so", True),
         (CONTAINER_LD_SO_PRELOAD, str(tmp_path / "ld.so.preload"), True),
+        (f"{CONTAINER_COORDINATION_DIR}/GPU-2", str(area), True),
+        (f"{CONTAINER_COORDINATION_DIR}/GPU-2.slot", str(area / "standard" / "uid-p_main"), False),
     }
-    assert f"device GPU-2 memory {4096 * 2**20} cores 30" in (where / "limits").read_text()
+    limits = (where / "limits").read_text()
+    assert f"device GPU-2 memory {4096 * 2**20} cores 30" in limits
+    assert f"qos standard\ncoordination {CONTAINER_COORDINATION_DIR}\n" in limits
     assert (where / "limits").stat().st_mode & 0o777 == 0o444
     assert (tmp_path / "ld.so.preload").read_text() == f"{CONTAINER_HOOK_LIBRARY}\n"
     assert kube.phases == {}  # written after the answer
@@ -148,6 +162,32 @@ def test_allocate_answers_and_writes_the_containers_files(tmp_path: Path) -> Non
     # Served: the same call again finds no container (a restart of the agent reads the same records).
     with pytest.raises(AllocationError):
         agent.allocate([["GPU-2::5"]])
+
+
+def test_each_container_gets_a_slot_of_its_class_in_each_gpus_coordination_area(tmp_path: Path) -> None:
+    pod = in_flight_pod(
+        "p", {"main": [("GPU-1", 1024, 10), ("GPU-3", 1024, 10)]}, qos=QosClass.LATENCY_CRITICAL
+    )
+    agent, kube = make_agent(tmp_path, [pod])
+    (answer,) = agent.allocate([["GPU-1::0", "GPU-3::0"]])
+    slots = [
+        tmp_path / "coordination" / gpu / "latency-critical" / "uid-p_main" for gpu in ("GPU-1", "GPU-3")
+    ]
+    writable = {m.container_path: m.host_path for m in answer.mounts if not m.read_only}
+    assert [writable[f"{CONTAINER_COORDINATION_DIR}/{gpu}.slot"] for gpu in ("GPU-1", "GPU-3")] == [
+        str(slot) for slot in slots
+    ]
+    for (
+        slot
+    ) in slots:  # idle until the container's hook writes it; writable by its user only through its mount
+        assert slot.read_bytes() == bytes(COORDINATION_SLOT_BYTES)
+        assert slot.stat().st_mode & 0o777 == 0o666
+        assert slot.parent.parent.stat().st_mode & 0o777 == 0o755
+    assert "qos latency-critical\n" in (tmp_path / "containers" / "uid-p" / "main" / "limits").read_text()
+    # The pod gone, its slots go with its state.
+    kube.pods = []
+    agent.tidy_state()
+    assert not any(slot.exists() for slot in slots)
 
 
 def test_concurrent_allocates_of_equal_keys_serve_each_container_once(tmp_path: Path) -> None:

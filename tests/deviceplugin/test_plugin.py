@@ -24,10 +24,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from sandbox.kubelet_standin import KubeletStandIn
 from tessera.contract import (
+    CONTAINER_COORDINATION_DIR,
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
     CONTAINER_LIMITS_FILE,
     CONTAINER_STATE_DIR,
+    COORDINATION_SLOT_BYTES,
+    COORDINATION_SLOT_SUFFIX,
     HEALTHY,
     KEYS,
     UNHEALTHY,
@@ -326,11 +329,15 @@ def test_allocate_gives_exactly_the_annotated_gpu_and_quota_and_the_hook_enforce
     assert limits_of(response) == {gpu_x: (4096 * MIB, 30)}
     mounts = {m.container_path: (m.host_path, m.read_only) for m in response.mounts}
     container_dir = plugin.state_dir / "containers" / pod.metadata.uid / "main"
+    area = plugin.state_dir / "coordination" / gpu_x
+    slot = area / "standard" / f"{pod.metadata.uid}_main"
     assert mounts == {
         CONTAINER_LIMITS_FILE: (str(container_dir / "limits"), True),
         CONTAINER_STATE_DIR: (str(container_dir / "state"), False),
         CONTAINER_HOOK_LIBRARY: (str(HOOK_LIBRARY), True),
         CONTAINER_LD_SO_PRELOAD: (str(plugin.state_dir / "ld.so.preload"), True),
+        f"{CONTAINER_COORDINATION_DIR}/{gpu_x}": (str(area), True),
+        f"{CONTAINER_COORDINATION_DIR}/{gpu_x}{COORDINATION_SLOT_SUFFIX}": (str(slot), False),
     }
     assert Path(mounts[CONTAINER_LD_SO_PRELOAD][0]).read_text().strip() == CONTAINER_HOOK_LIBRARY
     # Written right after the answer (docs/deviceplugin.md "Allocate from the pod cache").
@@ -345,6 +352,18 @@ def test_allocate_gives_exactly_the_annotated_gpu_and_quota_and_the_hook_enforce
     assert f"total={4096 * MIB}" in out
     results = re.findall(r"^alloc kind=mem size=\d+ index=\d+ result=(\S+)$", out, re.M)
     assert results == ["CUDA_SUCCESS"] * 4 + ["CUDA_ERROR_OUT_OF_MEMORY"], out
+
+    # Its launches are published in its own slot, through the one writable mount of it; the GPU's
+    # coordination area, every other container's slot with it, is read-only to it.
+    assert slot.read_bytes() == bytes(COORDINATION_SLOT_BYTES)
+    run_in_container(response, [str(CUCLIENT), "launch", "sleep_us_1000", "1", "20", "sync"], fake_gpus.env())
+    assert slot.read_bytes() != bytes(COORDINATION_SLOT_BYTES)
+    refused = run_in_container(
+        response,
+        ["sh", "-c", f"touch {CONTAINER_COORDINATION_DIR}/{gpu_x}/standard/other 2>&1 || echo refused"],
+        fake_gpus.env(),
+    )
+    assert refused.strip().endswith("refused"), refused
 
     # The agent's metrics: quotas from its record, GPU figures from NVML.
     model = "NVIDIA A100-SXM4-40GB"

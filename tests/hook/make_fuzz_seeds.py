@@ -13,6 +13,7 @@ from pathlib import Path
 
 import fakegpu
 from hook.limits import DeviceLimit, render_limits
+from tessera.contract import CONTAINER_COORDINATION_DIR, QosClass
 
 SEEDS = Path(__file__).resolve().parents[2] / "hook" / "fuzz" / "seeds"
 # The fuzzers read at most this much of an input (hook/Makefile: -max_len).
@@ -28,6 +29,10 @@ def limits_seeds() -> dict[str, str]:
         "elastic": render_limits(one, elastic=True, region="/var/run/tessera/state/other"),
         "sixteen-gpus": render_limits(all_gpus),
         "no-compute-quota": render_limits([DeviceLimit(fakegpu.gpu_uuid(1), 1, 0)]),
+        "best-effort": render_limits(one, qos=QosClass.BEST_EFFORT, coordination=CONTAINER_COORDINATION_DIR),
+        # What a device plugin before QoS classes wrote, still read by the hook.
+        "version-1": f"version 1\nregion /var/run/tessera/state/region\nelastic 0\n"
+        f"device {fakegpu.gpu_uuid(0)} memory {4 * GIB} cores 30\n",
     }
 
 

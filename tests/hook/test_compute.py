@@ -31,10 +31,12 @@ def ticks(output: str) -> list[tuple[float, int]]:
     ]
 
 
-def share_between(points: list[tuple[float, int]], start: float, end: float) -> float:
+def share_between(
+    points: list[tuple[float, int]], start: float, end: float, seconds_per_kernel: float = KERNEL_SECONDS
+) -> float:
     inside = [(t, n) for t, n in points if start <= t <= end]
     (t0, n0), (t1, n1) = inside[0], inside[-1]
-    return 100.0 * (n1 - n0) * KERNEL_SECONDS / (t1 - t0)
+    return 100.0 * (n1 - n0) * seconds_per_kernel / (t1 - t0)
 
 
 def launch(clients: Clients, mode: str, command: str, seconds: float) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from deviceplugin.statedir import StateDir
 from hook._library import load_library
 from hook.limits import (
     CONTAINER_REGION_FILE,
@@ -27,7 +28,14 @@ from hook.limits import (
     write_limits,
 )
 from hook.region import _DeviceUsageC, device_usage_size, read_region
-from tessera.contract import CONTAINER_HOOK_LIBRARY, CONTAINER_LIMITS_FILE, MAX_CORES
+from tessera.contract import (
+    CONTAINER_HOOK_LIBRARY,
+    CONTAINER_LIMITS_FILE,
+    COORDINATION_SLOT_BYTES,
+    COORDINATION_SLOT_SUFFIX,
+    MAX_CORES,
+    QosClass,
+)
 from tests.hook.conftest import GIB, MIB, ROOT, Clients, FakeGpus, Processes
 
 PROBE_SOURCE = Path(__file__).resolve().parent / "clients" / "constants_probe.c"
@@ -51,6 +59,14 @@ def test_limits_file_bounds_match(c_side: dict[str, str]) -> None:
     assert int(c_side["VGPU_MAX_DEVICES"]) == MAX_DEVICES
     assert int(c_side["VGPU_UUID_LEN"]) == MAX_UUID_LENGTH + 1  # C counts the NUL
     assert int(c_side["VGPU_MAX_CORES"]) == MAX_CORES
+
+
+def test_qos_classes_and_coordination_slots_match(c_side: dict[str, str]) -> None:
+    assert {c_side[f"VGPU_QOS_{q.name}"] for q in QosClass} == {q.value for q in QosClass}
+    assert c_side["VGPU_COORDINATION_SLOT_SUFFIX"] == COORDINATION_SLOT_SUFFIX
+    assert int(c_side["VGPU_COORDINATION_SLOT_BYTES"]) == COORDINATION_SLOT_BYTES
+    # The hook reads the versions from its oldest up to the one Python writes.
+    assert int(c_side["VGPU_LIMITS_OLDEST_VERSION"]) <= LIMITS_FORMAT_VERSION
 
 
 def test_region_reader_struct_matches_field_by_field(c_side: dict[str, str]) -> None:
@@ -98,13 +114,31 @@ def test_environment_variables_are_the_documented_ones_and_each_is_tested(c_side
 def test_a_limits_file_written_by_python_is_read_by_the_hook(
     two_gpus: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
 ) -> None:
-    # Every line of the format, with values unlike the defaults: version, region, elastic, device.
+    # Every line of the format, with values unlike the defaults: version, region, elastic, qos,
+    # coordination, device.
     limits, region = tmp_path / "limits", tmp_path / "elsewhere" / "region"
     region.parent.mkdir()
+    # The coordination area as the device plugin makes it; a hard link stands in for the mount of
+    # the container's own slot next to its GPU's directory.
+    state = StateDir(tmp_path / "node")
+    state.prepare()
+    slot = state.coordination_slot(two_gpus.uuids[0], QosClass.LATENCY_CRITICAL, "pod", "main")
+    state.create_slot(slot)
+    (state.coordination / f"{two_gpus.uuids[0]}{COORDINATION_SLOT_SUFFIX}").hardlink_to(slot)
     written = [DeviceLimit(two_gpus.uuids[0], 3 * GIB, 30), DeviceLimit(two_gpus.uuids[1], 512 * MIB, 0)]
-    write_limits(limits, written, elastic=True, region=str(region))
-    result = processes.run([clients.dynamic, "dlsym", "info"], two_gpus.env(TESSERA_LIMITS_FILE=str(limits)))
-    assert result.lines == [f"info {3 * GIB} {3 * GIB}"], result.stderr
+    write_limits(
+        limits,
+        written,
+        elastic=True,
+        region=str(region),
+        qos=QosClass.LATENCY_CRITICAL,
+        coordination=str(state.coordination),
+    )
+    env = two_gpus.env(TESSERA_LIMITS_FILE=str(limits))
+    result = processes.run([clients.dynamic, "dlsym", "info", "launch", "sleep_us_100", "10", "1"], env)
+    assert result.lines[0] == f"info {3 * GIB} {3 * GIB}", result.stderr
     usage = read_region(region)
     read = {d.uuid: (d.memory_quota_bytes, d.cores, d.elastic) for d in usage.devices}
     assert read == {d.uuid: (d.memory_bytes, d.cores, True) for d in written}
+    # Latency-critical, it published its launches in its own slot.
+    assert slot.read_bytes() != bytes(COORDINATION_SLOT_BYTES)

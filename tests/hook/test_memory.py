@@ -98,6 +98,11 @@ def test_standalone_environment(
         ({"TESSERA_CORES": "0"}, "TESSERA_CORES=0 is not in 1..100"),
         ({"TESSERA_CORES_0": "101"}, "TESSERA_CORES_0=101 is not in 1..100"),
         ({"TESSERA_ELASTIC": "yes"}, "TESSERA_ELASTIC=yes is not 0 or 1"),
+        ({"TESSERA_QOS": "urgent"}, "TESSERA_QOS=urgent is not latency-critical, standard or best-effort"),
+        (
+            {"TESSERA_COORDINATION": "coordination"},
+            "TESSERA_COORDINATION=coordination is not an absolute path",
+        ),
     ],
 )
 def test_bad_environment_refuses_device_memory(
@@ -124,9 +129,12 @@ def test_limits_file_wins_over_environment(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("version 2\n", "line 1: version 2 is not 1"),
+        ("version 3\n", "line 1: version 3 is not 1..2"),
         ("version 1\n", "no device lines"),
-        ("device GPU-x memory 1 cores 0\n", "no `version 1` line"),
+        ("device GPU-x memory 1 cores 0\n", "no `version 2` line"),
+        ("version 2\nqos urgent\n", "line 2: qos urgent is not latency-critical, standard or best-effort"),
+        ("version 1\nqos best-effort\n", "line 2: `qos` needs `version 2` (or later) before it"),
+        ("version 2\ncoordination run\n", "line 2: coordination run is not an absolute path"),
         (
             "version 1\ndevice GPU-x memory 1g cores 0\n",
             "line 2: memory 1g is not a positive number of bytes",

@@ -15,19 +15,26 @@ from deviceplugin.metrics import REGION_NAME, AgentCollector
 from deviceplugin.statedir import ServedRecord, StateDir
 from hook.limits import CONTAINER_REGION_FILE, DeviceLimit, render_limits, write_limits
 from hook.region import RegionError, RegionUsage, read_region
-from tessera.contract import ContractError, GpuGrant
+from tessera.contract import CONTAINER_COORDINATION_DIR, ContractError, GpuGrant, QosClass
 from tests.hook.conftest import GIB, MIB, Clients, FakeGpus, Processes
 
 UUID = "GPU-00000001-0000-4000-8000-000000000001"
 
 
 def test_render_limits_is_the_documented_format() -> None:
-    text = render_limits([DeviceLimit(UUID, GIB, 30), DeviceLimit("GPU-b", 2 * GIB, 0)], elastic=True)
+    text = render_limits(
+        [DeviceLimit(UUID, GIB, 30), DeviceLimit("GPU-b", 2 * GIB, 0)],
+        elastic=True,
+        qos=QosClass.BEST_EFFORT,
+        coordination=CONTAINER_COORDINATION_DIR,
+    )
     assert text == (
         "# Tessera limits, written by the device plugin; format in docs/hook.md\n"
-        "version 1\n"
+        "version 2\n"
         f"region {CONTAINER_REGION_FILE}\n"
         "elastic 1\n"
+        "qos best-effort\n"
+        f"coordination {CONTAINER_COORDINATION_DIR}\n"
         f"device {UUID} memory 1073741824 cores 30\n"
         "device GPU-b memory 2147483648 cores 0\n"
     )
@@ -53,6 +60,11 @@ def test_device_limit_from_a_grant() -> None:
             [DeviceLimit(UUID, GIB, 0)],
             {"region": "rel/region"},
             "limits: region 'rel/region' must be an absolute",
+        ),
+        (
+            [DeviceLimit(UUID, GIB, 0)],
+            {"coordination": "run/coordination"},
+            "limits: coordination 'run/coordination' must be an absolute",
         ),
     ],
 )

@@ -20,6 +20,14 @@ int main(void) {
     printf("VGPU_ENV_CORES %s\n", VGPU_ENV_CORES);
     printf("VGPU_ENV_ELASTIC %s\n", VGPU_ENV_ELASTIC);
     printf("VGPU_ENV_REGION %s\n", VGPU_ENV_REGION);
+    printf("VGPU_ENV_QOS %s\n", VGPU_ENV_QOS);
+    printf("VGPU_ENV_COORDINATION %s\n", VGPU_ENV_COORDINATION);
+    printf("VGPU_LIMITS_OLDEST_VERSION %d\n", VGPU_LIMITS_OLDEST_VERSION);
+    printf("VGPU_QOS_LATENCY_CRITICAL %s\n", VGPU_QOS_LATENCY_CRITICAL);
+    printf("VGPU_QOS_STANDARD %s\n", VGPU_QOS_STANDARD);
+    printf("VGPU_QOS_BEST_EFFORT %s\n", VGPU_QOS_BEST_EFFORT);
+    printf("VGPU_COORDINATION_SLOT_SUFFIX %s\n", VGPU_COORDINATION_SLOT_SUFFIX);
+    printf("VGPU_COORDINATION_SLOT_BYTES %d\n", VGPU_COORDINATION_SLOT_BYTES);
     printf("sizeof.vgpu_device_usage %zu\n", sizeof(struct vgpu_device_usage));
     FIELD(uuid);
     FIELD(memory_used);

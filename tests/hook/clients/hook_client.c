@@ -16,6 +16,12 @@
  *                                      every 100 ms while launching
  *   launch-ex, launch-coop: the same through cuLaunchKernelEx, cuLaunchCooperativeKernel
  *   graph <kernel> <count>             (one-kernel graph, launched count times)
+ *   paced <kernel> <period us> <seconds>  one launch per period (or at once, when the last ended
+ *                                      late), each waited for: -> "paced <count> <p50 us> <p99 us>
+ *                                      <max us> <seconds>", the latencies from just before the
+ *                                      launch call to the kernel's end, by events around it (device
+ *                                      time: how long the client is descheduled after the launch
+ *                                      does not count)
  *   release-primary, reset-primary: cuDevicePrimaryCtxRelease_v2 / _Reset_v2, then retain it again
  *   exec <command>...: replaces this process (same mode) by one running the commands
  *   fork <command>... end : runs the commands in a forked child (no exec), waits -> "child <exit status>"
@@ -63,6 +69,10 @@ typedef CUresult (*legacy_proc_fn)(const char *, void **, int, cuuint64_t);
     X(cuLaunchKernelEx, 11060)                     \
     X(cuLaunchCooperativeKernel, 9000)             \
     X(cuCtxSynchronize, 2000)                      \
+    X(cuEventCreate, 2000)                         \
+    X(cuEventRecord, 2000)                         \
+    X(cuEventSynchronize, 2000)                    \
+    X(cuEventElapsedTime_v2, 12080)                \
     X(cuGraphCreate, 10000)                        \
     X(cuGraphAddKernelNode_v2, 12000)              \
     X(cuGraphInstantiateWithFlags, 11040)          \
@@ -220,6 +230,42 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Launches kernel f once every period_us for seconds, each waited for; prints its latencies. */
+static void paced(CUfunction f, double period_us, double seconds) {
+    static double latency_us[1000000];
+    CUevent before, after;
+    check(api.cuEventCreate(&before, CU_EVENT_DEFAULT), "cuEventCreate");
+    check(api.cuEventCreate(&after, CU_EVENT_DEFAULT), "cuEventCreate");
+    long n = 0;
+    double start = now_s(), next = start;
+    while (now_s() - start < seconds && n < (long)(sizeof latency_us / sizeof *latency_us)) {
+        double wait = next - now_s();
+        if (wait > 0) {
+            struct timespec t = {.tv_sec = (time_t)wait, .tv_nsec = (long)((wait - (double)(time_t)wait) * 1e9)};
+            nanosleep(&t, NULL);
+        }
+        float ms;
+        check(api.cuEventRecord(before, NULL), "cuEventRecord");
+        check(api.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), "cuLaunchKernel");
+        check(api.cuEventRecord(after, NULL), "cuEventRecord");
+        check(api.cuEventSynchronize(after), "cuEventSynchronize");
+        check(api.cuEventElapsedTime_v2(&ms, before, after), "cuEventElapsedTime");
+        latency_us[n++] = ms * 1e3;
+        next += period_us * 1e-6;
+        if (next < now_s()) next = now_s();
+    }
+    double took = now_s() - start;
+    if (!n) die("paced: no launch");
+    qsort(latency_us, (size_t)n, sizeof *latency_us, by_value);
+    printf("paced %ld %.1f %.1f %.1f %.6f\n", n, latency_us[n / 2], latency_us[(n * 99) / 100], latency_us[n - 1],
+           took);
+}
+
 static CUfunction function(const char *name) {
     CUmodule m;
     CUfunction f;
@@ -337,6 +383,9 @@ int main(int argc, char **argv) {
                 allocations[nallocations] = a;
                 printf("ok %d %.6f\n", nallocations++, taken);
             }
+        } else if (!strcmp(cmd, "paced")) {
+            paced(function(argv[i + 1]), atof(argv[i + 2]), atof(argv[i + 3]));
+            i += 3;
         } else if (!strncmp(cmd, "launch", 6) || !strcmp(cmd, "graph")) {
             CUfunction f = function(argv[i + 1]);
             long count = atol(argv[i + 2]);

@@ -1,0 +1,146 @@
+"""QoS classes on one fake GPU (docs/hook.md, "QoS classes on the GPU"): a latency-critical
+container keeps its kernels' latency beside a best-effort one, which still gets the time left idle,
+and standard containers keep their shares beside a best-effort one.
+
+The fake GPU runs the kernels of every process one after another on one device timeline, so a
+kernel waits for whatever was queued before it: that queue is what the classes keep short. Only
+behaviour is asserted (latencies relative to the same client alone, shares of device time), with
+margins for a loaded machine."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.hook.conftest import Clients, FakeGpus, Processes
+from tests.hook.test_compute import finish, share_between, share_of, ticks
+
+# The latency-critical client: 1 ms kernels at 30% of the GPU's time, each waited for.
+CRITICAL_KERNEL = "sleep_us_1000"
+CRITICAL_PERIOD_US = 3333
+# The best-effort client: 5 ms kernels, flat out.
+BEST_EFFORT_KERNEL = "sleep_us_5000"
+BEST_EFFORT_KERNEL_US = 5000.0
+# Scheduling noise on a loaded 2-core machine, on top of the one best-effort kernel a
+# latency-critical kernel may find running.
+NOISE_US = 3000.0
+
+
+@dataclass(frozen=True)
+class Paced:
+    """The hook client's "paced <count> <p50 us> <p99 us> <max us> <seconds>" line."""
+
+    count: int
+    p50_us: float
+    p99_us: float
+    max_us: float
+    seconds: float
+
+    @classmethod
+    def parse(cls, output: str) -> Paced:
+        line = next(line for line in output.splitlines() if line.startswith("paced"))
+        count, p50, p99, most, seconds = line.split()[1:]
+        return cls(int(count), float(p50), float(p99), float(most), float(seconds))
+
+    @property
+    def share(self) -> float:
+        """Percent of the GPU's time its 1 ms kernels took."""
+        return 100.0 * self.count * 1e-3 / self.seconds
+
+
+def classed(gpu: FakeGpus, coordination: Path, container: str, qos: str, **variables: str) -> dict[str, str]:
+    """The environment of a container of class qos (its own region) on the coordination area."""
+    return gpu.env(
+        TESSERA_QOS=qos,
+        TESSERA_COORDINATION=str(coordination),
+        TESSERA_REGION=str(coordination.parent / f"region-{container}"),
+        **variables,
+    )
+
+
+def critical(clients: Clients, seconds: float) -> list[str]:
+    return [str(clients.dynamic), "dlsym", "paced", CRITICAL_KERNEL, str(CRITICAL_PERIOD_US), str(seconds)]
+
+
+def flat_out(clients: Clients, kernel: str, seconds: float) -> list[str]:
+    return [str(clients.dynamic), "dlsym", "launch", kernel, "100000000", str(seconds)]
+
+
+def test_latency_critical_keeps_its_latency_beside_best_effort_which_gets_the_idle_time(
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
+) -> None:
+    coordination = tmp_path / "coordination"
+    critical_env = classed(gpu, coordination, "critical", "latency-critical", TESSERA_CORES="40")
+    alone = Paced.parse(finish(processes.start(critical(clients, 4), critical_env)))
+    # What the best-effort client gets alone on this machine now: it waits for each 5 ms kernel
+    # before the next (the run-ahead limit), so a loaded machine's slow wake-ups leave the GPU idle
+    # between them, beside the latency-critical client or not.
+    batch_env = classed(gpu, coordination, "batch", "best-effort")
+    batch_alone = share_between(
+        ticks(finish(processes.start(flat_out(clients, BEST_EFFORT_KERNEL, 3), batch_env))),
+        0.5,
+        2.5,
+        BEST_EFFORT_KERNEL_US * 1e-6,
+    )
+
+    best_effort = processes.start(flat_out(clients, BEST_EFFORT_KERNEL, 7), batch_env)
+    beside = Paced.parse(finish(processes.start(critical(clients, 6), critical_env)))
+    # Over the latency-critical client's run (both start together; the best-effort one runs on alone
+    # for a second after it).
+    best_effort_share = share_between(ticks(finish(best_effort)), 0.5, 5.5, BEST_EFFORT_KERNEL_US * 1e-6)
+
+    # Without classes: the same pair, the batch container standard without a compute quota (as a
+    # best-effort pod would be without classes), so nothing bounds its queue.
+    unclassed = processes.start(
+        flat_out(clients, BEST_EFFORT_KERNEL, 4), gpu.env(TESSERA_REGION=str(tmp_path / "region-unclassed"))
+    )
+    without = Paced.parse(
+        finish(
+            processes.start(
+                critical(clients, 2),
+                gpu.env(TESSERA_CORES="40", TESSERA_REGION=str(tmp_path / "region-standard")),
+            )
+        )
+    )
+    processes.stop(unclassed)
+
+    numbers = (
+        f"alone {alone}, beside best-effort {beside} ({best_effort_share:.1f}%; alone {batch_alone:.1f}%), "
+        f"without classes {without}"
+    )
+    assert beside.p99_us <= alone.p99_us + BEST_EFFORT_KERNEL_US + NOISE_US, numbers
+    assert 3 * beside.p99_us <= without.p99_us, numbers
+    # The best-effort container gets at least 70% of the time the latency-critical one leaves idle
+    # (of what it can use of it on this machine: its share alone).
+    assert best_effort_share >= 0.7 * (100.0 - beside.share) * batch_alone / 100.0, numbers
+
+
+def test_best_effort_is_not_held_to_its_cores(
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
+) -> None:
+    """Best-effort has no share of its own: with no one else, it takes what its client can launch,
+    far more than its cores (how much more depends on the machine's load: each kernel is waited for)."""
+    env = classed(gpu, tmp_path / "coordination", "batch", "best-effort", TESSERA_CORES="10")
+    assert share_of(finish(processes.start(flat_out(clients, BEST_EFFORT_KERNEL, 3), env)), 5e-3) >= 50
+
+
+def test_standard_containers_keep_their_shares_beside_best_effort(
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
+) -> None:
+    coordination = tmp_path / "coordination"
+    best_effort = processes.start(
+        flat_out(clients, BEST_EFFORT_KERNEL, 10), classed(gpu, coordination, "batch", "best-effort")
+    )
+    standard: dict[int, subprocess.Popen[str]] = {
+        cores: processes.start(
+            flat_out(clients, "sleep_us_1000", 8),
+            classed(gpu, coordination, f"standard-{cores}", "standard", TESSERA_CORES=str(cores)),
+        )
+        for cores in (30, 60)
+    }
+    # After the first second: the containers find each other's slots within it (docs/hook.md).
+    shares = {cores: share_between(ticks(finish(p)), 1.0, 7.5) for cores, p in standard.items()}
+    processes.stop(best_effort)
+    assert 25 <= shares[30] <= 35, shares
+    assert 55 <= shares[60] <= 65, shares
