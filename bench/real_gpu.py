@@ -207,6 +207,34 @@ def probe_torch_compute() -> Result:
     }
 
 
+def probe_torch_latency() -> Result:
+    """A latency-critical service: one PROBE_MATRIX product every PROBE_GAP_MS, each timed from its
+    launch to its completion on the host (the wait a request would see), for PROBE_SECONDS."""
+    import torch
+
+    seconds = float(os.environ.get("PROBE_SECONDS", "6"))
+    size = int(os.environ.get("PROBE_MATRIX", "4096"))
+    gap = float(os.environ.get("PROBE_GAP_MS", "3")) / 1000
+    a = torch.randn(size, size, dtype=torch.bfloat16, device="cuda")
+    for _ in range(20):
+        torch.matmul(a, a)
+    torch.cuda.synchronize()
+    latencies: list[float] = []
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        began = time.perf_counter()
+        torch.matmul(a, a)
+        torch.cuda.synchronize()
+        latencies.append((time.perf_counter() - began) * 1000)
+        time.sleep(gap)
+    latencies.sort()
+    return {
+        "requests": len(latencies),
+        "p50_ms": latencies[len(latencies) // 2],
+        "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+    }
+
+
 def probe_torch_launch() -> Result:
     """The cost of a tiny kernel launch as PyTorch pays it (host time per launch, async)."""
     import torch
@@ -232,6 +260,7 @@ PROBES: dict[str, Callable[[], Result]] = {
     "jax_memory": probe_jax_memory,
     "torch_compute": probe_torch_compute,
     "torch_launch": probe_torch_launch,
+    "torch_latency": probe_torch_latency,
 }
 
 
@@ -291,7 +320,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=6.0, help="timed seconds per compute probe")
     parser.add_argument("--json", type=Path, help="also write every result here")
     parser.add_argument(
-        "--checks", default="memory,launch,compute", help="comma-separated: memory, launch, compute"
+        "--checks",
+        default="memory,launch,compute,qos",
+        help="comma-separated: memory, launch, compute, qos",
     )
     args = parser.parse_args()
     if args.probe:
@@ -319,6 +350,8 @@ def main() -> int:
             launch(record, hook, regions)
         if "compute" in checks:
             compute(record, hook, regions)
+        if "qos" in checks:
+            qos(record, hook, regions, Path(work) / "coordination")
 
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
@@ -362,6 +395,29 @@ def compute(record: Record, hook: Path, regions: Iterator[Path]) -> None:
     record(
         "torch_compute 2048 30%", run("torch_compute", {**hook_env(hook, next(regions), cores="30"), **small})
     )
+
+
+def qos(record: Record, hook: Path, regions: Iterator[Path], coordination: Path) -> None:
+    """A latency-critical service (30% quota) alone, then beside a batch job running 8192 x 8192
+    products flat out: unhooked (no classes), and as a best-effort container (10% of compute, the
+    least a pod asks; best-effort takes what the others leave idle)."""
+    coordination.mkdir()
+    classes = {"coordination": str(coordination)}
+
+    def service() -> subprocess.Popen[str]:
+        return start(
+            "torch_latency", hook_env(hook, next(regions), cores="30", qos="latency-critical", **classes)
+        )
+
+    record("qos latency-critical alone", finish(service()))
+    for batch_name, batch_env in (
+        ("unhooked batch", plain_env()),
+        ("best-effort batch", hook_env(hook, next(regions), cores="10", qos="best-effort", **classes)),
+    ):
+        batch = start("torch_compute", {**batch_env, "PROBE_SECONDS": "12"})
+        time.sleep(5)  # the batch is past its start-up and warm-up
+        record(f"qos latency-critical beside {batch_name}", finish(service()))
+        record(f"qos {batch_name}", finish(batch))
 
 
 if __name__ == "__main__":
