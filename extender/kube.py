@@ -196,6 +196,11 @@ class KubeApi:
         except (aiohttp.ClientError, TimeoutError) as e:
             raise ApiError(0, f"watch {path}: {type(e).__name__}: {e}") from e
 
+    async def get_lease(self, namespace: str, name: str) -> JsonObject:
+        namespaced = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}"
+        result: JsonObject = await self._call("GET", f"{namespaced}/leases/{quote(name, safe='')}")
+        return result
+
     async def get_pod(self, namespace: str, name: str) -> JsonObject:
         result: JsonObject = await self._call("GET", _pod_path(namespace, name))
         return result

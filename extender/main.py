@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 import sys
 from collections.abc import Iterator, Sequence
@@ -21,7 +22,7 @@ from extender.app import ExtenderApp, create_app
 from extender.kube import KubeApi, load_configuration
 from extender.metrics import Metrics
 from extender.server import Limits, uvicorn_options
-from extender.service import DEFAULT_SCHEDULER_NAME, Extender
+from extender.service import DEFAULT_SCHEDULER_NAME, Extender, LeaderLease
 from extender.state import ClusterState
 from extender.watch import Watcher
 from tessera.cliargs import positive_int, seconds
@@ -117,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="bind only pods whose spec.schedulerName is NAME, the scheduler profile that calls this "
         f"extender (repeat for several; default {DEFAULT_SCHEDULER_NAME})",
+    )
+    parser.add_argument(
+        "--leader-lease",
+        metavar="NAMESPACE/NAME",
+        help="the leader-election Lease of the kube-scheduler in this pod: bind only while it holds it "
+        "(with --pod-name; the chart sets both). Unset: bind whenever called",
+    )
+    parser.add_argument(
+        "--pod-name",
+        default=os.environ.get("POD_NAME", ""),
+        help="this pod's name, as kube-scheduler's Lease holder identity begins (env POD_NAME)",
     )
     parser.add_argument(
         "--qos-latency-critical-priority",
@@ -239,6 +251,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ContractError, OSError) as e:
         print(f"tessera-extender: {e}", file=sys.stderr)
         return 2
+    leader = None
+    if args.leader_lease:
+        namespace, _, name = args.leader_lease.partition("/")
+        if not (namespace and name and args.pod_name):
+            print(
+                f"tessera-extender: --leader-lease {args.leader_lease!r} must be NAMESPACE/NAME, and "
+                "--pod-name (or env POD_NAME) must be set with it",
+                file=sys.stderr,
+            )
+            return 2
+        leader = LeaderLease(namespace, name, args.pod_name)
     engine = PlacementEngine(profiles, default_policy=Policy(args.policy))
     state = ClusterState(engine, keys, heartbeat_timeout=timedelta(seconds=args.heartbeat_timeout))
     try:
@@ -258,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         filter_keeps_best=args.filter_keeps == "best",
         scheduler_names=frozenset(args.scheduler_names or [DEFAULT_SCHEDULER_NAME]),
         qos_thresholds=qos_thresholds,
+        leader=leader,
     )
     limits = Limits(
         max_body_bytes=args.max_body_bytes,

@@ -18,7 +18,9 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 VerbName = Literal["filter", "prioritize", "preempt", "bind"]
 # Why a bind was refused or failed: the bind_failures label. A Literal, so mypy holds every reason the
 # service passes to this set, and each series exists at 0 from the start.
-BindFailure = Literal["no_fit", "inflight", "conflict", "api", "bound", "gone", "invalid", "scheduler"]
+BindFailure = Literal[
+    "no_fit", "inflight", "conflict", "api", "bound", "gone", "invalid", "scheduler", "not_leader"
+]
 # Every value of each label of a counter, created at 0 so that a rate over it is 0 rather than absent
 # (a dashboard panel shows 0, an alert's expression has a series): all bounded sets. Shortfall.HOST is
 # the simulator's (the extender never rejects for host resources).

@@ -83,6 +83,15 @@ _UNRESOLVABLE = attrgetter("unresolvable")
 
 
 @dataclass(frozen=True, slots=True)
+class LeaderLease:
+    """The Lease a kube-scheduler beside this extender leads by, and the pod they share."""
+
+    namespace: str
+    name: str
+    pod: str
+
+
+@dataclass(frozen=True, slots=True)
 class Refusal:
     """Why bind cannot place a pod on the node now: the failure metric's reason, and the message."""
 
@@ -134,6 +143,7 @@ class Extender:
         filter_keeps_best: bool = True,
         scheduler_names: AbstractSet[str] = frozenset({DEFAULT_SCHEDULER_NAME}),
         qos_thresholds: QosThresholds | None = None,
+        leader: LeaderLease | None = None,
     ) -> None:
         self.state = state
         self.kube = kube
@@ -147,6 +157,8 @@ class Extender:
         self.scheduler_names = frozenset(scheduler_names)
         # A pod's QoS class, when its annotation names none, from its priority (docs/placement.md).
         self.qos_thresholds = qos_thresholds or QosThresholds()
+        # Beside a kube-scheduler that elects a leader: bind only while it leads (see _leads).
+        self.leader = leader
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
         # Binds waiting for a change of pods in flight (see _decide_waiting).
         self._waiting_binds: set[asyncio.Event] = set()
@@ -446,6 +458,7 @@ class Extender:
         """
         assert self.kube is not None, "bind needs the Kubernetes API"
         ref = pod_ref(namespace, name)
+        leading = asyncio.ensure_future(self._leads())
         reading = asyncio.ensure_future(self.kube.get_pod(namespace, name))
         listing = asyncio.ensure_future(self._node_pods(node))
         early: Allocation | None = None
@@ -455,18 +468,24 @@ class Extender:
             if not isinstance(decided_early, Refusal):
                 early = decided_early
         try:
+            not_leading = await leading
             pod = await reading
             node_pods = await listing
         except ApiError as e:
             self._undo(uid, early)
+            reading.cancel()
             listing.cancel()
             if e.status == 404 and uid:
                 self._drop(uid)  # its reservation holds capacity for nobody
             return self._fail("gone" if e.status == 404 else "api", f"pod {ref}: cannot read it: {e}"), False
         except BaseException:
             self._undo(uid, early)
+            reading.cancel()
             listing.cancel()
             raise
+        if not_leading:
+            self._undo(uid, early)
+            return self._fail("not_leader", f"pod {ref}: {not_leading}"), False
         if self._catch_up(node_pods):
             # Pods on the node that the watch had not shown yet: the early decision did not see them.
             self._undo(uid, early)
@@ -519,6 +538,25 @@ class Extender:
         self._filtered.pop(pod_uid, None)
         self.state.placed(shape_of(request))
         return "", False
+
+    async def _leads(self) -> str:
+        """ "" while this extender's kube-scheduler holds its leader Lease (or none is configured),
+        else why not. A kube-scheduler that lost or released the Lease (its pod deleted: it releases
+        on the way out) may still have binds in flight, decided by this extender's state while the
+        new leader's extender decides by its own: two deciders on one node could break the in-flight
+        rule or overcommit a GPU, so only the leader's binds go through."""
+        if self.leader is None:
+            return ""
+        assert self.kube is not None
+        lease = await self.kube.get_lease(self.leader.namespace, self.leader.name)
+        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+        # kube-scheduler's identity is "<hostname>_<uuid>"; in a pod the hostname is the pod's name.
+        if holder.split("_", 1)[0] == self.leader.pod:
+            return ""
+        return (
+            f"this extender's scheduler ({self.leader.pod}) does not hold the lease "
+            f"{self.leader.namespace}/{self.leader.name} (held by {holder or 'nobody'}); the leader binds"
+        )
 
     async def _node_pods(self, node: str) -> list[JsonObject]:
         """The pods bound to ``node`` as the API server lists them; none for a node this extender

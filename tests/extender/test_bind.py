@@ -12,7 +12,7 @@ import pytest
 
 from extender.kube import ApiError
 from extender.metrics import Metrics
-from extender.service import Extender
+from extender.service import Extender, LeaderLease
 from extender.state import ClusterState
 from tessera.contract import KEYS, JsonObject, Phase, QosClass, parse_allocation
 from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles
@@ -29,6 +29,7 @@ class FakeApi:
         self.version = 100
         self.binds = 0
         self.fail_next_bind: ApiError | None = None
+        self.lease_holder = ""
 
     def pod(self, name: str) -> JsonObject:
         if name not in self.pods:
@@ -37,6 +38,10 @@ class FakeApi:
 
     async def get_pod(self, namespace: str, name: str) -> JsonObject:
         return self.pod(name)
+
+    async def get_lease(self, namespace: str, name: str) -> JsonObject:
+        assert (namespace, name) == ("tessera-system", "tessera-scheduler")
+        return {"spec": {"holderIdentity": self.lease_holder}}
 
     async def list(self, path: str, field_selector: str = "") -> tuple[list[JsonObject], str]:
         """The pods bound to one node (bind's ``spec.nodeName=<node>``), as the API server lists them."""
@@ -199,6 +204,26 @@ def test_bind_counts_the_pods_on_the_node_that_its_watch_has_not_shown_yet(state
     assert "in flight" in refused, refused
     assert used(state) == 4096  # p, counted from the node's list
     assert "nodeName" not in api.pods["q"]["spec"]
+
+
+def test_only_the_leading_replica_binds(state: ClusterState) -> None:
+    """Beside a leader-elected kube-scheduler, an extender binds only while its own scheduler holds
+    the Lease: a replica that lost it (or released it on its way out) may still have binds queued."""
+    api = FakeApi([api_pod("p")])
+    ext = extender(state, api)
+    ext.leader = LeaderLease("tessera-system", "tessera-scheduler", "sched-a")
+    for holder in ("sched-b_4f1d", ""):
+        api.lease_holder = holder
+        refused = bind(ext, "default", "p", "uid-p", "n")
+        assert refused == (
+            "pod default/p: this extender's scheduler (sched-a) does not hold the lease "
+            f"tessera-system/tessera-scheduler (held by {holder or 'nobody'}); the leader binds"
+        )
+        assert api.binds == 0 and used(state) == 0
+    assert ext.metrics.bind_failures.labels("not_leader")._value.get() == 2
+    api.lease_holder = "sched-a_9c2e"
+    assert bind(ext, "default", "p", "uid-p", "n") == ""
+    assert used(state) == 4096
 
 
 def test_a_failed_bind_counts_nothing(state: ClusterState) -> None:

@@ -67,3 +67,23 @@ def test_policy_flag_takes_exactly_the_contracts_policies(capsys: pytest.Capture
         "argument --policy: invalid choice: 'fgd-paper' (choose from 'binpack', 'spread', 'fragmentation')"
         in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("lease", ["tessera-scheduler", "tessera-system/", "/tessera-scheduler"])
+def test_a_leader_lease_needs_a_namespace_a_name_and_the_pod(
+    lease: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POD_NAME", "tessera-scheduler-0")
+    assert main(["--leader-lease", lease]) == 2
+    assert capsys.readouterr().err == (
+        f"tessera-extender: --leader-lease {lease!r} must be NAMESPACE/NAME, and --pod-name (or env "
+        "POD_NAME) must be set with it\n"
+    )
+
+
+def test_a_leader_lease_without_the_pod_name(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POD_NAME", raising=False)
+    assert main(["--leader-lease", "tessera-system/tessera-scheduler"]) == 2
+    assert "--pod-name (or env POD_NAME) must be set with it" in capsys.readouterr().err

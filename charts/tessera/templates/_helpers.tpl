@@ -81,11 +81,21 @@ tolerations:
     - --domain={{ $root.Values.domain }}
     - --scheduler-name={{ $root.Values.scheduler.name }}
     - --health-listen=0.0.0.0:{{ $ext.healthPort }}
+    {{- if not .standalone }}
+    # Bind only while the kube-scheduler in this pod leads (its Lease): a replica losing the lead
+    # may still have binds in flight, which the new leader's extender does not count.
+    - --leader-lease={{ $root.Release.Namespace }}/{{ $root.Values.scheduler.name }}
+    {{- end }}
     {{- if $tls }}
     - --tls-cert-file=/etc/tessera-tls/tls.crt
     - --tls-key-file=/etc/tessera-tls/tls.key
     - --client-ca-file=/etc/tessera-tls/ca.crt
     {{- end }}
+  {{- if not .standalone }}
+  env:
+    - name: POD_NAME
+      valueFrom: {fieldRef: {fieldPath: metadata.name}}
+  {{- end }}
   # The image's own non-root user; the extender needs no privilege (docs/install.md).
   securityContext:
     runAsNonRoot: true
