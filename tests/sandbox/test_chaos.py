@@ -329,14 +329,19 @@ def test_waves_of_gpu_pods_survive_components_killed_at_random(chaos_sandbox: Sa
     assert invariants.violations == [], invariants.violations[:20]
     assert set(chaos.kills) == set(COMPONENTS), dict(chaos.kills)
     # Afterwards the cluster serves as before: every component back, and a calm wave places pods.
+    # Back means: both extenders synced, and the node agent registered again with the kubelet, which
+    # offers its slices (a Ready agent pod alone is not enough: it registers after it starts).
     deadline = time.monotonic() + 240
     while not (
-        install.extenders_ready(invariants.api) and install.agent_ready(invariants.api, sbx.state.node)
+        install.extenders_ready(invariants.api)
+        and install.agent_ready(invariants.api, sbx.state.node)
+        and cluster.node_has_gpus(invariants.api, sbx.state.node)
     ):
         assert time.monotonic() < deadline, install.describe_pods(invariants.api)
         time.sleep(1)
+    waves.reasons.clear()
     calm = waves.run("calm", hold=0.0)
     print(f"calm wave: {calm}")
-    assert calm.get("running", 0) >= 5 and "failed" not in calm, calm
+    assert calm.get("running", 0) >= 5 and "failed" not in calm, (calm, dict(waves.reasons))
     assert invariants.violations == [], invariants.violations[:20]
     invariants.api.close()
