@@ -512,6 +512,21 @@ def _split_models(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+_Choice = TypeVar("_Choice", bound=StrEnum)
+
+
+def _choice(annotations: Mapping[str, str], key: str, kind: type[_Choice]) -> _Choice | None:
+    """The annotation ``key`` as one of ``kind``'s values (case and spaces aside); None when absent."""
+    raw = annotations.get(key)
+    if raw is None:
+        return None
+    try:
+        return kind(raw.strip().lower())
+    except ValueError:
+        allowed = ", ".join(v.value for v in kind)
+        raise ContractError(f"annotation {key}: {_shown(raw)} is not one of {allowed}") from None
+
+
 def parse_preferences(annotations: Mapping[str, str] | None, keys: ContractKeys = KEYS) -> PodPreferences:
     annotations = _mapping(annotations, "metadata.annotations")
     for key in keys.preferences:
@@ -527,24 +542,8 @@ def parse_preferences(annotations: Mapping[str, str] | None, keys: ContractKeys 
             raise ContractError(f"annotation {keys.min_speed}: {_shown(raw_speed)} is not a number") from None
         if not 0 < min_speed < float("inf"):
             raise ContractError(f"annotation {keys.min_speed}: {_shown(raw_speed)} must be a positive number")
-    policy: Policy | None = None
-    raw_policy = annotations.get(keys.policy)
-    if raw_policy is not None:
-        try:
-            policy = Policy(raw_policy.strip().lower())
-        except ValueError:
-            allowed = ", ".join(p.value for p in Policy)
-            raise ContractError(
-                f"annotation {keys.policy}: {_shown(raw_policy)} is not one of {allowed}"
-            ) from None
-    qos: QosClass | None = None
-    raw_qos = annotations.get(keys.qos)
-    if raw_qos is not None:
-        try:
-            qos = QosClass(raw_qos.strip().lower())
-        except ValueError:
-            allowed = ", ".join(q.value for q in QosClass)
-            raise ContractError(f"annotation {keys.qos}: {_shown(raw_qos)} is not one of {allowed}") from None
+    policy = _choice(annotations, keys.policy, Policy)
+    qos = _choice(annotations, keys.qos, QosClass)
     workload = annotations.get(keys.workload)
     if workload is not None and not workload.strip():
         raise ContractError(f"annotation {keys.workload}: {_shown(workload)} is empty")
