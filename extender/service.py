@@ -548,7 +548,11 @@ class Extender:
         if self.leader is None:
             return ""
         assert self.kube is not None
-        lease = await self.kube.get_lease(self.leader.namespace, self.leader.name)
+        try:
+            lease = await self.kube.get_lease(self.leader.namespace, self.leader.name)
+        except ApiError as e:
+            # Not the pod's error: its reservation stays, and kube-scheduler retries the bind.
+            return f"cannot read the lease {self.leader.namespace}/{self.leader.name}: {e}"
         holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
         # kube-scheduler's identity is "<hostname>_<uuid>"; in a pod the hostname is the pod's name.
         if holder.split("_", 1)[0] == self.leader.pod:

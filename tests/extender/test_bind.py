@@ -30,6 +30,7 @@ class FakeApi:
         self.binds = 0
         self.fail_next_bind: ApiError | None = None
         self.lease_holder = ""
+        self.lease_error: ApiError | None = None
 
     def pod(self, name: str) -> JsonObject:
         if name not in self.pods:
@@ -41,6 +42,8 @@ class FakeApi:
 
     async def get_lease(self, namespace: str, name: str) -> JsonObject:
         assert (namespace, name) == ("tessera-system", "tessera-scheduler")
+        if self.lease_error is not None:
+            raise self.lease_error
         return {"spec": {"holderIdentity": self.lease_holder}}
 
     async def list(self, path: str, field_selector: str = "") -> tuple[list[JsonObject], str]:
@@ -221,6 +224,14 @@ def test_only_the_leading_replica_binds(state: ClusterState) -> None:
         )
         assert api.binds == 0 and used(state) == 0
     assert ext.metrics.bind_failures.labels("not_leader")._value.get() == 2
+    # A lease that cannot be read is no verdict on the pod: not bound, and not reported gone.
+    api.lease_error = ApiError(404, 'leases.coordination.k8s.io "tessera-scheduler" not found')
+    assert bind(ext, "default", "p", "uid-p", "n") == (
+        "pod default/p: cannot read the lease tessera-system/tessera-scheduler: HTTP 404: "
+        'leases.coordination.k8s.io "tessera-scheduler" not found'
+    )
+    assert ext.metrics.bind_failures.labels("gone")._value.get() == 0
+    api.lease_error = None
     api.lease_holder = "sched-a_9c2e"
     assert bind(ext, "default", "p", "uid-p", "n") == ""
     assert used(state) == 4096
