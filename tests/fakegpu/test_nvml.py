@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from fakegpu import BUILD_DIR, inject_xid, set_lost
 from tests.fakegpu.conftest import NVML_PROBE, ClientProcesses, Gpus
@@ -79,6 +80,50 @@ def test_memory_and_processes_come_from_cuda_users(gpus: Gpus, procs: ClientProc
     )
     assert memory["used"] == 0
     assert processes == []
+
+
+def _child_of(pid: int) -> int:
+    """The one child of ``pid`` (``unshare --fork`` runs the command as its child)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 1, f"process {pid} has children {children}"
+    return int(children[0])
+
+
+def test_a_process_in_another_pid_namespace_is_reported_by_the_callers_pid(
+    gpus: Gpus, procs: ClientProcesses
+) -> None:
+    """As the real driver reports host pids: a container's process (here: PID 1 of a new PID
+    namespace) is listed under the pid the caller sees it by, which is what a node agent with hostPID
+    looks up in /proc; a caller in a namespace that cannot see it gets pid 0, never another process."""
+    holder = procs.start(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            CUCLIENT,
+            "--device",
+            "1",
+            "alloc",
+            "mem",
+            "256m",
+            "1",
+            "hold",
+        ],
+        gpus.env(),
+    )
+    procs.expect(holder, "alloc")
+    procs.expect(holder, "hold ready")
+    inner = _child_of(holder.pid)
+    (processes,) = (json.loads(line) for line in procs.probe(gpus.env(), "processes", "1"))
+    assert processes == [{"pid": inner, "used": 256 * MIB}]
+    hidden = procs.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, NVML_PROBE, "processes", "1"],
+        gpus.env(),
+        timeout=60,
+    )
+    assert hidden.returncode == 0, hidden.stderr
+    assert [json.loads(line) for line in hidden.lines] == [[{"pid": 0, "used": 256 * MIB}]]
 
 
 def test_an_injected_xid_reaches_nvml_event_sets(gpus: Gpus, procs: ClientProcesses) -> None:

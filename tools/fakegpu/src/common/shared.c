@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FG_PAGE_MAGIC 0x3250474b454b4146ULL /* "FAKEGPU2" */
+#define FG_PAGE_MAGIC 0x3350474b454b4146ULL /* "FAKEGPU3" */
 #define FG_MAX_PROCS 256
 #define FG_RING 16384
 #define FG_SLOT_BITS 8 /* an owner id is generation << FG_SLOT_BITS | slot */
@@ -24,17 +24,18 @@
  * it works across PID namespaces (containers sharing the state dir), where pids mean nothing. */
 struct fg_proc_slot {
     int32_t used;
-    int32_t pid; /* as the process sees itself, for NVML; may repeat across PID namespaces */
+    int32_t pid; /* as the process sees itself; may repeat across PID namespaces */
     int32_t contexts;
     uint32_t generation; /* bumped at each claim, so an owner id names one process */
     uint64_t mem_used;
+    uint64_t pidns; /* the inode of its PID namespace: with `pid`, what NVML translates (fg_pid) */
 };
 
 struct fg_busy {
     uint64_t start_ns;
     uint64_t end_ns;
-    int32_t pid;
-    int32_t owner;
+    int32_t owner; /* the process, by its slot: its pid is the slot's */
+    int32_t unused;
 };
 
 struct fg_page {
@@ -139,6 +140,21 @@ static int owner_alive(struct fg_shared *s, int32_t owner)
     return slot->used && (int32_t)(slot->generation << FG_SLOT_BITS | (uint32_t)i) == owner && slot_alive(s, i);
 }
 
+/* The pid of the process behind `owner`, while its slot still names it ({0, 0} once reused). */
+static struct fg_pid owner_pid(struct fg_shared *s, int32_t owner)
+{
+    const struct fg_proc_slot *slot = &s->page->procs[owner & (FG_MAX_PROCS - 1)];
+    if (!slot->used || (int32_t)(slot->generation << FG_SLOT_BITS | (uint32_t)(owner & (FG_MAX_PROCS - 1))) != owner)
+        return (struct fg_pid){0, 0};
+    return (struct fg_pid){slot->pid, slot->pidns};
+}
+
+uint64_t fg_own_pidns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
 static void reap_dead(struct fg_shared *s)
 {
     struct fg_page *p = s->page;
@@ -175,7 +191,8 @@ static struct fg_proc_slot *own_slot(struct fg_shared *s)
                 return NULL;
             }
             uint32_t generation = (slot->generation + 1) & FG_GENERATION_MASK;
-            *slot = (struct fg_proc_slot){.used = 1, .pid = getpid(), .generation = generation ? generation : 1};
+            *slot = (struct fg_proc_slot){
+                .used = 1, .pid = getpid(), .generation = generation ? generation : 1, .pidns = fg_own_pidns()};
             s->slot = i;
             s->slot_pid = getpid();
             return slot;
@@ -308,7 +325,7 @@ int fg_procs(struct fg_shared *s, struct fg_proc_info *out, int max)
         if (!slot->used || (slot->contexts == 0 && slot->mem_used == 0))
             continue;
         if (n < max)
-            out[n] = (struct fg_proc_info){.pid = slot->pid, .mem_used = slot->mem_used};
+            out[n] = (struct fg_proc_info){.pid = {slot->pid, slot->pidns}, .mem_used = slot->mem_used};
         n++;
     }
     page_unlock(s->page);
@@ -358,7 +375,7 @@ uint64_t fg_timeline_submit(struct fg_shared *s, uint64_t not_before_ns, uint64_
         p->ring[last].end_ns = end; /* back-to-back work of one process: one record */
     } else {
         p->ring[p->ring_next] =
-            (struct fg_busy){.start_ns = start, .end_ns = end, .pid = (int32_t)getpid(), .owner = owner};
+            (struct fg_busy){.start_ns = start, .end_ns = end, .owner = owner};
         p->ring_next = (p->ring_next + 1) % FG_RING;
         if (p->ring_count < FG_RING)
             p->ring_count++;
@@ -408,7 +425,7 @@ int fg_timeline_owners(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, st
             seen |= out[i].owner == b->owner;
         if (!seen) {
             if (n < max)
-                out[n] = (struct fg_owner){.owner = b->owner, .pid = b->pid};
+                out[n] = (struct fg_owner){.owner = b->owner, .pid = owner_pid(s, b->owner)};
             n++;
         }
     }

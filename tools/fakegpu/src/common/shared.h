@@ -23,8 +23,18 @@ uint64_t fg_mem_used(struct fg_shared *s);
 /* This process holds (+1) or dropped (-1) a context on the GPU; listed by NVML while it holds one. */
 void fg_proc_context(struct fg_shared *s, int delta);
 
-struct fg_proc_info {
+/* A process as it saw itself: its pid in its own PID namespace, and that namespace's inode (0: not
+ * known). A real driver reports processes by their pid in the host's namespace; the fake has no
+ * kernel side, so NVML translates this into the pid its caller sees (fg_visible_pid). */
+struct fg_pid {
     pid_t pid;
+    uint64_t pidns;
+};
+/* The inode of the calling process's PID namespace, 0 if /proc cannot tell. */
+uint64_t fg_own_pidns(void);
+
+struct fg_proc_info {
+    struct fg_pid pid;
     uint64_t mem_used;
 };
 /* Live processes with a context or memory on the GPU; returns how many (may exceed `max`). */
@@ -38,7 +48,7 @@ uint64_t fg_timeline_submit(struct fg_shared *s, uint64_t not_before_ns, uint64_
  * namespaces), `pid` is what it calls itself. */
 struct fg_owner {
     int32_t owner;
-    pid_t pid;
+    struct fg_pid pid;
 };
 
 /* Nanoseconds the GPU was busy within [from_ns, to_ns]; for one owner if owner != 0. `covered_from`

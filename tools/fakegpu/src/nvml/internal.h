@@ -25,6 +25,9 @@ nvmlReturn_t fg_nvml_device(nvmlDevice_t device);
 nvmlDevice_t fg_nvml_handle(unsigned index);
 unsigned fg_nvml_count(void);
 
+/* nvml_pids.c: the pid the caller sees `pid` by (0: a process the caller cannot see). */
+unsigned fg_visible_pid(struct fg_pid pid);
+
 /* Paths of the test controls in the state dir (docs/fakegpu.md): "lost" and "xid". */
 void fg_nvml_control_path(const struct fg_gpu_spec *gpu, const char *kind, char *out, size_t size);
 

@@ -72,7 +72,7 @@ FG_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
         uint64_t busy = fg_timeline_busy(device->shared, from, now, owners[i].owner, &covered);
         unsigned p = percent(busy, now - covered);
         utilization[i] = (nvmlProcessUtilizationSample_t){
-            .pid = (unsigned)owners[i].pid, .timeStamp = now_us, .smUtil = p, .memUtil = p};
+            .pid = fg_visible_pid(owners[i].pid), .timeStamp = now_us, .smUtil = p, .memUtil = p};
     }
     *processSamplesCount = (unsigned)n;
     return NVML_SUCCESS;
@@ -107,7 +107,7 @@ FG_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
     if (n > 0 && !infos)
         return NVML_ERROR_INVALID_ARGUMENT;
     for (int i = 0; i < n; i++)
-        infos[i] = (nvmlProcessInfo_t){.pid = (unsigned)procs[i].pid,
+        infos[i] = (nvmlProcessInfo_t){.pid = fg_visible_pid(procs[i].pid),
                                        .usedGpuMemory = procs[i].mem_used,
                                        .gpuInstanceId = 0xFFFFFFFFu,
                                        .computeInstanceId = 0xFFFFFFFFu};
@@ -131,6 +131,6 @@ FG_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, un
     if (n > 0 && !infos)
         return NVML_ERROR_INVALID_ARGUMENT;
     for (int i = 0; i < n; i++)
-        infos[i] = (nvmlProcessInfo_v1_t){.pid = (unsigned)procs[i].pid, .usedGpuMemory = procs[i].mem_used};
+        infos[i] = (nvmlProcessInfo_v1_t){.pid = fg_visible_pid(procs[i].pid), .usedGpuMemory = procs[i].mem_used};
     return NVML_SUCCESS;
 }
