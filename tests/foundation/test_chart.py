@@ -261,6 +261,7 @@ def test_image_values_reach_every_pod(repo_root: Path) -> None:
         "registry.example.com/gpu/tessera:9.9.9"
     }
     assert "priorityClassName" not in agent
+    assert agent["hostPID"] is True  # NVML's host pids, mapped to pods (docs/install.md)
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in agent["tolerations"]
     assert pods["tessera-scheduler"]["metadata"]["annotations"]["team"] == "ml"
     assert (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import fakegpu
+from sandbox import images
 from tests.hook.conftest import HOOK_LIBRARY, Clients, FakeGpus, Processes
 
 PROBE = Path(__file__).resolve().parent / "clients" / "rtld_next_probe.c"
@@ -28,49 +28,36 @@ def test_rtld_next_still_means_after_the_caller(
     assert processes.run([program], env).lines == ["2"]
 
 
-DLVSYM_ESCAPE = Path(__file__).resolve().parent / "clients" / "dlvsym_escape.c"
-DLVSYM_ATTEMPTS = [
+ROUTES = [
+    "dlsym-handle",
     "dlvsym-next-dlsym",
     "dlvsym-default-dlsym",
     "dlvsym-libc-dlsym",
     "dlvsym-next-alloc",
     "dlsym-libc-dlvsym",
     "dlsym-next-dlvsym",
+    "private-copy",
+    "dlmopen-dlsym",
+    "dlmopen-own-dlsym",
 ]
 
 
-def test_dlvsym_reaches_no_function_around_the_hook(
-    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
+def test_no_lookup_reaches_a_function_around_the_hook(
+    gpu: FakeGpus, processes: Processes, tmp_path: Path
 ) -> None:
     """glibc's dlvsym finds glibc's own dlsym (a versioned lookup skips the hook's unversioned one),
-    and through it the driver's own cuMemAlloc_v2: the hook answers dlvsym as it answers dlsym."""
-    program = tmp_path / "dlvsym_escape"
-    include = fakegpu.find_headers_dir("cuda.h")
-    subprocess.run(
-        [
-            "cc",
-            "-std=gnu11",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            f"-I{include}",
-            "-o",
-            str(program),
-            str(DLVSYM_ESCAPE),
-            "-ldl",
-        ],
-        check=True,
-        timeout=120,
-    )
-    result = processes.run([program], gpu.env(TESSERA_MEMORY_LIMIT="1g"))
-    found = {line.split()[0]: line.split()[1:] for line in result.lines}
-    assert found.pop("dlsym-handle") == ["hook", "held"], result.stdout
-    for attempt in DLVSYM_ATTEMPTS:
-        assert found.pop(attempt) == ["hook", "held"], (attempt, result.stdout)
-    # glibc finds no cuMemAlloc_v2 of a version in the driver (it has none): nothing to escape through.
-    assert found.pop("dlvsym-handle-alloc") in (["absent", "-"], ["hook", "held"]), result.stdout
-    assert found == {}
+    and through it the driver's own cuMemAlloc_v2; a private copy of libcuda, and libcuda and libc
+    loaded into a new link-map namespace (which has no preloaded library), have their own: the hook
+    answers dlvsym as it answers dlsym, and either, asked for a driver function or for dlsym on any
+    handle, gives its own. Each route gets the 1 GiB quota's four 256 MiB blocks. The same program
+    tries the same routes from inside a container (tests/sandbox/test_escapes.py)."""
+    program = images.compile_program(images.ESCAPE_SOURCE, tmp_path / "vgpu-escape")
+    result = processes.run([program, "routes"], gpu.env(TESSERA_MEMORY_LIMIT="1g"))
+    assert {line.split()[0]: line.split()[1:] for line in result.lines} == {
+        route: ["hook", "4"] for route in ROUTES
+    }, result.stdout
 
     # The control: without the hook, the same lookups reach glibc's functions and no quota applies.
-    unhooked = processes.run([program], gpu.env(hooked=False, TESSERA_MEMORY_LIMIT="1g"))
-    assert "dlvsym-libc-dlsym hook escaped" in unhooked.lines, unhooked.stdout
+    unhooked = processes.run([program, "routes"], gpu.env(hooked=False, TESSERA_MEMORY_LIMIT="1g"))
+    found = {line.split()[0]: line.split()[1:] for line in unhooked.lines}
+    assert int(found["dlvsym-libc-dlsym"][1]) > 4, unhooked.stdout

@@ -68,9 +68,10 @@ def test_layout_refuses_a_name_that_is_not_fully_qualified(name: str) -> None:
 
 
 def test_probe_image_holds_glibc_probe_and_the_driver_mount_target() -> None:
-    spec = images.probe_spec(b"bb", b"probe", {"lib/x86_64-linux-gnu/libc.so.6": b"libc"})
+    spec = images.probe_spec(b"bb", b"probe", {"lib/x86_64-linux-gnu/libc.so.6": b"libc"}, b"escape")
     paths = {e.path: e for e in spec.entries}
     assert paths[images.PROBE_PATH].data == b"probe"
+    assert paths[images.ESCAPE_PATH].data == b"escape"
     assert paths["lib/x86_64-linux-gnu/libc.so.6"].data == b"libc"
     assert paths[images.DRIVER_LIBRARY_DIR].data is None  # a directory
     assert spec.entrypoint == (images.PROBE_PATH,)

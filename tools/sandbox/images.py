@@ -25,6 +25,9 @@ PROBE_IMAGE = f"{IMAGE_PREFIX}/vgpu-probe:{IMAGE_TAG}"
 BUSYBOX = Path("/bin/busybox")
 PROBE_SOURCE = Path(__file__).with_name("vgpu_probe.c")
 PROBE_PATH = "/usr/local/bin/vgpu-probe"
+# The tenant's escapes of docs/security.md, tried from inside a container (tests/sandbox/test_escapes.py).
+ESCAPE_SOURCE = Path(__file__).with_name("vgpu_escape.c")
+ESCAPE_PATH = "/usr/local/bin/vgpu-escape"
 # Where Debian-based images keep shared libraries, and so where the NVIDIA container toolkit mounts
 # libcuda.so.1 and libnvidia-ml.so.1; the probe image has the directory so the mounts have a target.
 DRIVER_LIBRARY_DIR = "/usr/lib/x86_64-linux-gnu"
@@ -33,6 +36,9 @@ DRIVER_LIBRARY_DIR = "/usr/lib/x86_64-linux-gnu"
 # hook enters every process, is read by the dynamic loader only.
 GLIBC_RUNTIME = (
     Path("/lib64/ld-linux-x86-64.so.2"),
+    # Also where Debian keeps it: a library that names it as a dependency (libc does) is found there,
+    # e.g. by dlmopen into a new namespace.
+    Path("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
     Path("/lib/x86_64-linux-gnu/libc.so.6"),
     Path("/lib/x86_64-linux-gnu/libm.so.6"),
     Path("/lib/x86_64-linux-gnu/libdl.so.2"),
@@ -184,8 +190,9 @@ def pause_spec(busybox: bytes) -> ImageSpec:
     )
 
 
-def probe_spec(busybox: bytes, probe: bytes, glibc: dict[str, bytes]) -> ImageSpec:
-    """busybox, the glibc runtime (``glibc`` maps a path in the image to its bytes) and the probe."""
+def probe_spec(busybox: bytes, probe: bytes, glibc: dict[str, bytes], escape: bytes) -> ImageSpec:
+    """busybox, the glibc runtime (``glibc`` maps a path in the image to its bytes), the probe and
+    the escapes."""
     return ImageSpec(
         name=PROBE_IMAGE,
         entries=(
@@ -193,6 +200,7 @@ def probe_spec(busybox: bytes, probe: bytes, glibc: dict[str, bytes]) -> ImageSp
             *(Entry(path, data=data) for path, data in sorted(glibc.items())),
             Entry(DRIVER_LIBRARY_DIR),
             Entry(PROBE_PATH, data=probe),
+            Entry(ESCAPE_PATH, data=escape),
         ),
         entrypoint=(PROBE_PATH,),
     )
@@ -202,10 +210,11 @@ def probe_spec(busybox: bytes, probe: bytes, glibc: dict[str, bytes]) -> ImageSp
 # Adapters: host files and the C compiler.
 
 
-def compile_probe(out: Path) -> Path:
-    """Compile the probe with the host's C compiler (the image carries the host's glibc to match)."""
+def compile_program(source: Path, out: Path) -> Path:
+    """Compile a program of the probe image with the host's C compiler (the image carries the host's
+    glibc to match)."""
     subprocess.run(
-        ["cc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(PROBE_SOURCE), "-ldl"],
+        ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(source), "-ldl"],
         check=True,
         capture_output=True,
         text=True,
@@ -223,9 +232,10 @@ def write_images(directory: Path) -> dict[str, Path]:
     """Build both images into ``directory``; returns image name -> tarball path."""
     directory.mkdir(parents=True, exist_ok=True)
     busybox = BUSYBOX.read_bytes()
-    probe = compile_probe(directory / "vgpu-probe").read_bytes()
+    probe = compile_program(PROBE_SOURCE, directory / "vgpu-probe").read_bytes()
+    escape = compile_program(ESCAPE_SOURCE, directory / "vgpu-escape").read_bytes()
     written: dict[str, Path] = {}
-    for spec in (pause_spec(busybox), probe_spec(busybox, probe, _read_glibc())):
+    for spec in (pause_spec(busybox), probe_spec(busybox, probe, _read_glibc(), escape)):
         path = directory / (spec.name.rsplit("/", 1)[1].replace(":", "_") + ".oci.tar")
         path.write_bytes(build_layout(spec))
         written[spec.name] = path

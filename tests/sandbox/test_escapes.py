@@ -1,0 +1,229 @@
+"""docs/security.md's escapes, tried by a tenant from inside real containers on the sandbox's node,
+with Tessera installed by the chart: each "prevented" one leaves the quota held, each "detected"
+one is reported by the node agent from what the driver (NVML) says.
+
+The tenant's program is tools/sandbox/vgpu_escape.c, in the probe image. Every pod has a 1024 MiB
+quota: four 256 MiB blocks."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.stream import stream
+from prometheus_client.parser import text_string_to_metric_families
+
+from sandbox import install
+from sandbox.images import PROBE_IMAGE
+from tessera.contract import KEYS
+from tests.sandbox.conftest import Sandbox, running_sandbox
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.sandbox
+
+QUOTA_BLOCKS = 4  # 1024 MiB in 256 MiB blocks
+IDLE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+ESCAPE_ENV = {  # the standalone hook's variables: a managed hook reads none of them
+    "TESSERA_MEMORY_LIMIT": "100g",
+    "TESSERA_LIMITS_FILE": "/tmp/limits",
+    "TESSERA_REGION": "/tmp/region",
+}
+
+
+def _pod(name: str, command: list[str], seccomp: str = "RuntimeDefault") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": "tessera-scheduler",
+            "terminationGracePeriodSeconds": 1,
+            "restartPolicy": "Never",
+            "securityContext": {"seccompProfile": {"type": seccomp}},
+            "containers": [
+                {
+                    "name": "tenant",
+                    "image": PROBE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": command,
+                    "env": [{"name": k, "value": v} for k, v in ESCAPE_ENV.items()],
+                    "resources": {
+                        "limits": {KEYS.vgpu: "1", KEYS.vgpu_memory: "1024", KEYS.vgpu_cores: "30"}
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _results(text: str) -> dict[str, list[str]]:
+    """vgpu-escape's lines: attempt -> [what it found, blocks]."""
+    return {line.split()[0]: line.split()[1:] for line in text.splitlines() if len(line.split()) == 3}
+
+
+@pytest.fixture(scope="module")
+def sbx() -> Iterator[Sandbox]:
+    with running_sandbox("escapes") as (sandbox, _):
+        yield sandbox
+
+
+def _start(sbx: Sandbox, name: str, command: list[str], seccomp: str = "RuntimeDefault") -> None:
+    sbx.core.create_namespaced_pod("default", _pod(name, command, seccomp))
+    sbx.wait_pod(name, "Running", timeout=120)
+
+
+def _exec(sbx: Sandbox, pod: str, *command: str) -> str:
+    out: str = stream(
+        sbx.core.connect_get_namespaced_pod_exec,
+        pod,
+        "default",
+        command=list(command),
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+    )
+    return out
+
+
+def _delete(sbx: Sandbox, *names: str) -> None:
+    for name in names:
+        sbx.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    wait_for(
+        lambda: not {p.metadata.name for p in sbx.core.list_namespaced_pod("default").items} & set(names),
+        timeout=60,
+        what=f"pods {names} gone",
+    )
+
+
+def _agent_metrics(sbx: Sandbox) -> dict[tuple[str, str], float]:
+    """The node agent's per-pod memory cross-check: (metric, pod) -> value, scraped from its pod."""
+    (agent,) = install.agent_pods(sbx.api, sbx.state.node)
+    port = next(p.container_port for p in agent.spec.containers[0].ports if p.name == "metrics")
+    with urllib.request.urlopen(f"http://{agent.status.pod_ip}:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("tessera_pod_gpu_memory_"):
+                found[sample.name, sample.labels["pod"]] = sample.value
+    return found
+
+
+@pytest.fixture(scope="module")
+def tenant(sbx: Sandbox) -> Iterator[str]:
+    """An idle pod under RuntimeDefault seccomp, with the standalone variables set to ask for more."""
+    _start(sbx, "tenant", ["/bin/sh", "-c", IDLE])
+    yield "tenant"
+    _delete(sbx, "tenant")
+
+
+def test_the_environment_and_ld_preload_do_not_change_the_quota(sbx: Sandbox, tenant: str) -> None:
+    assert _results(_exec(sbx, tenant, "vgpu-escape", "blocks")) == {"blocks": ["hook", str(QUOTA_BLOCKS)]}
+    # /etc/ld.so.preload (mounted read-only) loads the hook whatever LD_PRELOAD says.
+    out = _exec(sbx, tenant, "vgpu-escape", "preload")
+    assert out.count(f"blocks hook {QUOTA_BLOCKS}") == 2, out
+
+
+def test_what_the_node_agent_mounted_cannot_be_written(sbx: Sandbox, tenant: str) -> None:
+    found = _results(_exec(sbx, tenant, "vgpu-escape", "write"))
+    assert found == {
+        "write-preload": ["EROFS", "-"],
+        "write-limits": ["EROFS", "-"],
+        "write-hook": ["EROFS", "-"],
+        "write-coordination": ["EROFS", "-"],
+    }
+
+
+def test_no_lookup_route_reaches_the_driver_around_the_hook(sbx: Sandbox, tenant: str) -> None:
+    out = _exec(sbx, tenant, "vgpu-escape", "routes")
+    found = _results(out)
+    assert len(found) == 10, out
+    assert {a: r for a, r in found.items() if r != ["hook", str(QUOTA_BLOCKS)]} == {}, out
+
+
+def test_hiding_the_limits_file_is_refused_by_seccomp_and_fails_closed_without_it(
+    sbx: Sandbox, tenant: str
+) -> None:
+    """RuntimeDefault seccomp refuses the user namespace a tenant needs to mount over the limits file
+    (the mitigation docs/security.md names); where it is allowed (Unconfined), the hook, finding no
+    limits file, fails closed: no device memory at all."""
+    assert _results(_exec(sbx, tenant, "vgpu-escape", "userns")) == {"userns": ["EPERM", "-"]}
+    _start(sbx, "unconfined", ["/bin/sh", "-c", IDLE], seccomp="Unconfined")
+    try:
+        out = _exec(sbx, "unconfined", "vgpu-escape", "userns")
+        if int(Path("/proc/sys/user/max_user_namespaces").read_text()) == 0:
+            # The node allows no user namespaces (the other mitigation): nothing to hide with.
+            assert _results(out) == {"userns": ["ENOSPC", "-"]}, out
+        else:
+            assert _results(out) == {"userns-tmpfs": ["mounted", "-"], "blocks": ["hook", "0"]}, out
+    finally:
+        _delete(sbx, "unconfined")
+
+
+@pytest.mark.parametrize(
+    ("escape", "over"),
+    [
+        # The driver's own cuMemAlloc_v2 from its symbol table: what a static binary or raw ioctls
+        # do; the hook never sees it, so it takes everything it asks for (16 blocks).
+        ("raw", {"raw": ["driver", "16"]}),
+        # Zeroing the accounting region, from a process the hook does not stop writing it: a
+        # second quota's worth.
+        ("zero", {"zero-before": ["hook", str(QUOTA_BLOCKS)], "zero-after": ["hook", str(QUOTA_BLOCKS)]}),
+    ],
+)
+def test_memory_taken_around_the_hook_is_detected_by_the_node_agent(
+    sbx: Sandbox, escape: str, over: dict[str, list[str]]
+) -> None:
+    """The escape works in the process (a user-space hook cannot stop it), and the node agent, in
+    the host's PID namespace, sees the pod's memory by NVML over its quota and reports it."""
+    name = f"escape-{escape}"
+    _start(sbx, name, ["vgpu-escape", escape, "hold"])
+    try:
+        log = sbx.logs(name, until="holding", timeout=60)
+        assert _results(log) == over, log
+        wait_for(
+            lambda: _agent_metrics(sbx).get(("tessera_pod_gpu_memory_over_quota", name)) == 1.0,
+            timeout=60,
+            what=f"the node agent reporting {name} over its quota",
+        )
+        held = _agent_metrics(sbx)["tessera_pod_gpu_memory_driver_bytes", name]
+        assert held == sum(int(blocks) for _, blocks in over.values()) * 256 * 2**20
+    finally:
+        _delete(sbx, name)
+    # Gone with the pod: no series left for it.
+    wait_for(
+        lambda: not {key for key in _agent_metrics(sbx) if key[1] == name},
+        timeout=60,
+        what=f"the node agent forgetting {name}",
+    )
+
+
+def test_a_pod_within_its_quota_is_not_reported(sbx: Sandbox) -> None:
+    _start(sbx, "honest", ["vgpu-escape", "blocks", "hold"])
+    try:
+        assert _results(sbx.logs("honest", until="holding", timeout=60)) == {
+            "blocks": ["hook", str(QUOTA_BLOCKS)]
+        }
+        wait_for(
+            lambda: ("tessera_pod_gpu_memory_driver_bytes", "honest") in _agent_metrics(sbx),
+            timeout=60,
+            what="the node agent attributing the honest pod's memory",
+        )
+        metrics = _agent_metrics(sbx)
+        assert metrics["tessera_pod_gpu_memory_driver_bytes", "honest"] == QUOTA_BLOCKS * 256 * 2**20
+        assert metrics["tessera_pod_gpu_memory_over_quota", "honest"] == 0.0
+    finally:
+        _delete(sbx, "honest")
+
+
+def test_a_region_made_a_fifo_does_not_hang_the_node_agents_metrics(sbx: Sandbox, tenant: str) -> None:
+    assert _results(_exec(sbx, tenant, "vgpu-escape", "fifo")) == {"fifo": ["made", "-"]}
+    started = time.monotonic()
+    metrics = _agent_metrics(sbx)  # answers (10 s timeout) instead of blocking on the FIFO
+    assert time.monotonic() - started < 10
+    assert ("tessera_pod_gpu_memory_over_quota", "tenant") in metrics
