@@ -227,3 +227,16 @@ def test_a_region_made_a_fifo_does_not_hang_the_node_agents_metrics(sbx: Sandbox
     metrics = _agent_metrics(sbx)  # answers (10 s timeout) instead of blocking on the FIFO
     assert time.monotonic() - started < 10
     assert ("tessera_pod_gpu_memory_over_quota", "tenant") in metrics
+
+
+def test_another_pod_reaches_the_extenders_health_port_but_not_its_verbs(sbx: Sandbox, tenant: str) -> None:
+    """The chart's extender serves filter, prioritize, preempt and bind on its pod's loopback only
+    (its kube-scheduler's); from a tenant's pod the health port answers, the verbs' port does not."""
+    pods = install.extender_pods(sbx.api)
+    assert pods
+    for pod in pods:
+        address = pod.status.pod_ip
+        health = _exec(sbx, tenant, "vgpu-escape", "connect", address, "8889")
+        assert _results(health) == {"connect": ["answered", "-"]}, health
+        verbs = _exec(sbx, tenant, "vgpu-escape", "connect", address, "8888")
+        assert _results(verbs) == {"connect": ["ECONNREFUSED", "-"]}, verbs

@@ -19,6 +19,7 @@
  *   vgpu-escape fifo                replace the accounting region by a FIFO (for whoever reads it)
  *   vgpu-escape userns              a new user and mount namespace, a tmpfs over the limits file,
  *                                   then blocks in a fresh process
+ *   vgpu-escape connect IP PORT     a TCP connection to a Tessera component (the extender's verbs)
  * With hold, the blocks stay allocated until the process is killed ("holding" is printed), so the
  * driver's view (NVML) can be watched from the node.
  */
@@ -26,6 +27,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <errno.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <link.h>
 #include <sched.h>
@@ -34,6 +36,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -279,6 +282,31 @@ static void try_coordination(void) {
     try_write("write-coordination", path, O_CREAT);
 }
 
+/* ---- the network ------------------------------------------------------------------------------ */
+
+/* "connect answered -" when something accepted the connection and answered a request, else why not. */
+static int try_connect(const char *address, const char *port) {
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port))};
+    struct timeval timeout = {.tv_sec = 5};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || inet_pton(AF_INET, address, &to.sin_addr) != 1) {
+        printf("connect bad-address -\n");
+        return 1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    const char request[] = "GET /healthz HTTP/1.0\r\n\r\n";
+    char answer[64];
+    if (connect(fd, (struct sockaddr *)&to, sizeof to) != 0)
+        printf("connect %s -\n", strerrorname_np(errno));
+    else if (write(fd, request, sizeof request - 1) < 0 || read(fd, answer, sizeof answer) <= 0)
+        printf("connect silent -\n");
+    else
+        printf("connect answered -\n");
+    close(fd);
+    return 0;
+}
+
 /* ---- main -------------------------------------------------------------------------------------- */
 
 static int rerun(char *self, const char *mode, char *const *env) {
@@ -303,6 +331,8 @@ int main(int argc, char **argv) {
         try_coordination();
         return 0;
     }
+    if (strcmp(mode, "connect") == 0 && argc == 4)
+        return try_connect(argv[2], argv[3]);
     if (strcmp(mode, "userns") == 0) {
         if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
             printf("userns %s -\n", strerrorname_np(errno));
@@ -372,7 +402,7 @@ int main(int argc, char **argv) {
         printf("zero-after hook %d\n", take(alloc, release, 1));
         hold_if(argc, argv);
     } else {
-        fprintf(stderr, "usage: vgpu-escape blocks|preload|write|routes|raw|zero|fifo|userns [hold]\n");
+        fprintf(stderr, "usage: vgpu-escape blocks|preload|write|routes|raw|zero|fifo|userns [hold] | connect IP PORT\n");
         return 2;
     }
     return 0;
