@@ -1,4 +1,4 @@
-"""The extender's verbs (filter, prioritize, bind) under generated requests, straight through its ASGI
+"""The extender's verbs (filter, prioritize, preempt, bind) under generated requests, straight through its ASGI
 application in-process: bodies from a generator that knows kube-scheduler's shapes (and puts the
 wrong type anywhere), and byte-level mutations of a real kube-scheduler filter body. No input gets a
 500, an internal failure in the Error field, or a hang; every 400 names what is wrong. Node
@@ -23,7 +23,7 @@ from extender.service import Extender
 from extender.state import ClusterState
 from tessera.contract import KEYS, JsonObject, format_time
 from tessera.placement import PlacementEngine, SpeedProfiles
-from tests.extender.helpers import gpu_pod, inventory, node_object
+from tests.extender.helpers import bound_to, gpu_pod, inventory, node_object
 from tests.fuzz.test_contract_fuzz import INVENTORY_TEXT, JSON, POD
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -53,6 +53,21 @@ class ApiStandIn:
         pass
 
 
+def _bound(name: str, node: str, gpu: int, memory: int, priority: int) -> JsonObject:
+    pod = bound_to(gpu_pod(name, memory=memory, cores=None, uid=f"uid-{name}"), node, gpu)
+    pod["spec"]["priority"] = priority
+    return pod
+
+
+# Pods preempt can choose from: the A100's first GPU full of low-priority pods, one more elsewhere.
+BOUND = [
+    *(_bound(f"low{i}", "a100", 0, 10240, 0) for i in range(4)),
+    _bound("high", "a100", 1, 20480, 1000),
+    _bound("t4-low", "t4", 0, 8192, 0),
+]
+UIDS = [pod["metadata"]["uid"] for pod in BOUND]
+
+
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[ExtenderApp, asyncio.AbstractEventLoop]]:
     state = ClusterState(
@@ -68,7 +83,7 @@ def served() -> Iterator[tuple[ExtenderApp, asyncio.AbstractEventLoop]]:
         ],
         NOW,
     )
-    state.replace_pods([])
+    state.replace_pods(BOUND)
     extender = Extender(
         state,
         ApiStandIn(),  # type: ignore[arg-type]
@@ -123,6 +138,9 @@ def check(path: str, status: int, content: bytes) -> None:
         assert isinstance(answer, list)
         return
     assert isinstance(answer, dict)
+    if verb == "preempt":  # ExtenderPreemptionResult has no error field; a failure is a 503 (above)
+        assert isinstance(answer["NodeNameToMetaVictims"], dict), answer
+        return
     # An unexpected exception inside is answered "tessera extender: <verb> failed: ...": a bug.
     assert f"{verb} failed" not in answer["Error"], answer["Error"]
 
@@ -185,6 +203,49 @@ def test_filter_and_prioritize(
     check(path, *call(served, path, encode(args)))
 
 
+def _victims() -> st.SearchStrategy[Any]:
+    """NodeNameToMetaVictims (UIDs, as kube-scheduler sends them with nodeCacheCapable) or
+    NodeNameToVictims (whole pods), mostly well formed, with wrong types anywhere."""
+    uid = st.sampled_from([*UIDS, "no-such-uid"]) | st.text(max_size=40) | JSON
+    meta = st.fixed_dictionaries(
+        {},
+        optional={
+            "Pods": st.lists(st.fixed_dictionaries({"UID": uid}) | JSON, max_size=5) | st.none(),
+            "NumPDBViolations": st.integers(-2, 5) | JSON,
+        },
+    )
+    whole = st.fixed_dictionaries(
+        {},
+        optional={
+            "Pods": st.lists(st.sampled_from(BOUND) | POD | JSON, max_size=3) | st.none(),
+            "NumPDBViolations": st.integers(0, 3),
+        },
+    )
+    node = st.sampled_from([*NODES, "unknown"]) | st.text(max_size=12)
+    return st.one_of(
+        st.fixed_dictionaries(
+            {"NodeNameToMetaVictims": st.dictionaries(node, meta | st.none() | JSON, max_size=4)}
+        ),
+        st.fixed_dictionaries(
+            {"NodeNameToVictims": st.dictionaries(node, whole | st.none() | JSON, max_size=3)}
+        ),
+        st.just({}),
+        JSON,
+    )
+
+
+@given(st.one_of(st.just(gpu_pod("big", uid="u-big", memory=30720)), POD.map(_with_name), JSON), _victims())
+def test_preempt(served: tuple[ExtenderApp, asyncio.AbstractEventLoop], pod: Any, victims: Any) -> None:
+    body = {"Pod": pod, **victims} if isinstance(victims, dict) else victims
+    status, content = call(served, "/preempt", encode(body))
+    check("/preempt", status, content)
+    if status == 200:  # only nodes kube-scheduler proposed, never more victims than it proposed
+        proposed = victims.get("NodeNameToMetaVictims") or victims.get("NodeNameToVictims") or {}
+        for node, chosen in json.loads(content)["NodeNameToMetaVictims"].items():
+            assert node in proposed, (node, content)
+            assert len(chosen["Pods"]) <= len((proposed[node] or {}).get("Pods") or []), (node, content)
+
+
 @given(BINDING)
 def test_bind(served: tuple[ExtenderApp, asyncio.AbstractEventLoop], args: Any) -> None:
     check("/bind", *call(served, "/bind", encode(args)))
@@ -237,7 +298,7 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(body)
 
 
-@given(st.sampled_from(["/filter", "/prioritize", "/bind"]), mutated())
+@given(st.sampled_from(["/filter", "/prioritize", "/preempt", "/bind"]), mutated())
 def test_mutated_kube_scheduler_bodies(
     served: tuple[ExtenderApp, asyncio.AbstractEventLoop], path: str, body: bytes
 ) -> None:
