@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import urllib3
 from kubernetes import client, config
@@ -66,6 +66,17 @@ def load_api(kubeconfig: Path | None) -> client.ApiClient:
         raise KubeConfigError(f"{where}: {e}") from None
     configuration.connection_pool_maxsize = CONNECTION_POOL
     return client.ApiClient(configuration)
+
+
+class EventTarget(Protocol):
+    """A pod an event is about (a PodView, a pod found over its quota)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
 
 
 def pod_view(pod: Mapping[str, Any], keys: ContractKeys) -> PodView:
@@ -201,7 +212,7 @@ class Kube:
             _request_timeout=(CONNECT_SECONDS, READ_SECONDS),
         )
 
-    def warn(self, pod: PodView, reason: str, message: str) -> None:
+    def warn(self, pod: EventTarget, reason: str, message: str) -> None:
         """A Warning event on the pod, as ``kubectl describe pod`` shows it."""
         moment = format_time(now())
         self._core.create_namespaced_event(

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
 from prometheus_client import start_http_server
@@ -18,7 +19,7 @@ from deviceplugin.agent import Agent
 from deviceplugin.config import Config, parse_config
 from deviceplugin.kube import Kube, KubeConfigError, load_api
 from deviceplugin.kubelet import run_registration
-from deviceplugin.metrics import AgentCollector, PluginMetrics
+from deviceplugin.metrics import OVER_QUOTA_REASON, AgentCollector, OverQuota, PluginMetrics
 from deviceplugin.nvml import GpuReading, Nvml, NvmlUnavailableError
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
@@ -75,8 +76,22 @@ def run(config: Config, stop: threading.Event) -> None:
     def reading(uuid: str) -> GpuReading | None:
         return nvml.reading(uuid) if nvml is not None else None
 
+    # Events go out on their own thread: a scrape never waits for the API server.
+    events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
+
+    def warn_over(over: OverQuota) -> None:
+        def send() -> None:
+            try:
+                kube.warn(over, OVER_QUOTA_REASON, over.message)
+            except Exception as e:
+                log.warning("pod %s/%s: cannot record event: %s", over.namespace, over.name, e)
+
+        events.submit(send)
+
     registry = CollectorRegistry()
-    registry.register(AgentCollector(config.node_name, agent.inventory, reading, state))
+    registry.register(
+        AgentCollector(config.node_name, agent.inventory, reading, state, report_over=warn_over)
+    )
     plugin_metrics = PluginMetrics(registry)
     metrics_server, _ = start_http_server(config.metrics_port, config.metrics_address, registry=registry)
     log.info("metrics on http://%s:%d/metrics", config.metrics_address, metrics_server.server_port)
@@ -108,6 +123,7 @@ def run(config: Config, stop: threading.Event) -> None:
         for thread in threads:
             thread.join()
         metrics_server.shutdown()
+        events.shutdown(wait=False, cancel_futures=True)
         kube.close()
         if nvml is not None:
             nvml.close()

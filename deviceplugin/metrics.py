@@ -52,6 +52,29 @@ PROC = Path("/proc")
 _POD_IN_CGROUP = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
 
+# The Warning event on a pod found over its quota (`kubectl describe pod` shows it).
+OVER_QUOTA_REASON = "TesseraGpuMemoryOverQuota"
+
+
+@dataclass(frozen=True, slots=True)
+class OverQuota:
+    """A pod whose processes hold more of a GPU's memory, by the driver, than its quotas allow."""
+
+    namespace: str
+    name: str
+    uid: str
+    gpu: str
+    used_mib: int
+    quota_mib: int
+
+    @property
+    def message(self) -> str:
+        return (
+            f"holds {self.used_mib} MiB on GPU {self.gpu} by NVML, over its quota of {self.quota_mib} MiB: "
+            "its accounting region was bypassed or forged"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
     """A process on a GPU as the driver reports it: host PID, device memory it holds."""
@@ -131,6 +154,7 @@ class AgentCollector(Collector):
         *,
         processes: Callable[[str], tuple[GpuProcess, ...] | None] = nvml_processes,
         pod_of_pid: Callable[[int], str | None] = pod_uid_of,
+        report_over: Callable[[OverQuota], None] = lambda _: None,
     ) -> None:
         self._node = node
         self._inventory = inventory
@@ -138,6 +162,7 @@ class AgentCollector(Collector):
         self._state = state
         self._processes = processes
         self._pod_of_pid = pod_of_pid
+        self._report_over = report_over  # told once when a pod goes over (an event on the pod)
         # (pod UID, GPU) found over quota at the last scrape: each is logged when it starts and ends.
         self._over: set[tuple[str, str]] = set()
 
@@ -308,15 +333,16 @@ class AgentCollector(Collector):
                 if exceeds:
                     now_over.add((pod_uid, gpu.uuid))
                     if (pod_uid, gpu.uuid) not in self._over:
-                        log.warning(
-                            "pod %s/%s holds %d MiB on GPU %s by NVML, over its quota of %d MiB: "
-                            "its accounting region was bypassed or forged",
+                        found_over = OverQuota(
                             namespace,
                             pod,
-                            used[pod_uid] // MIB,
+                            pod_uid,
                             gpu.uuid,
+                            used[pod_uid] // MIB,
                             quota[pod_uid, gpu.uuid] // MIB,
                         )
+                        log.warning("pod %s/%s %s", namespace, pod, found_over.message)
+                        self._report_over(found_over)
         for pod_uid, uuid in self._over - now_over:
             namespace, pod = names.get(pod_uid, ("?", pod_uid))
             log.info("pod %s/%s is back within its quota on GPU %s", namespace, pod, uuid)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.metrics import REGION_NAME, AgentCollector, GpuProcess, pod_uid_of
+from deviceplugin.metrics import REGION_NAME, AgentCollector, GpuProcess, OverQuota, pod_uid_of
 from deviceplugin.statedir import ServedRecord, StateDir
 from tessera.contract import GpuGrant, GpuInfo
 from tests.hook.conftest import GIB, Clients, FakeGpus
@@ -77,6 +77,7 @@ def test_a_pod_holding_more_than_its_quota_by_nvml_is_reported(
             split=4,
         ),
     )
+    reported: list[OverQuota] = []
     collector = AgentCollector(
         "node",
         lambda: inventory,
@@ -84,6 +85,7 @@ def test_a_pod_holding_more_than_its_quota_by_nvml_is_reported(
         state,
         processes=driver_view(gpu),
         pod_of_pid=owners.get,
+        report_over=reported.append,
     )
     with caplog.at_level(logging.INFO, logger="deviceplugin.metrics"):
         families = {family.name: family for family in collector.collect()}
@@ -95,6 +97,10 @@ def test_a_pod_holding_more_than_its_quota_by_nvml_is_reported(
     assert regions == {"greedy": 0, "honest": GIB}  # what the regions say: the greedy one looks idle
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "pod ns/greedy holds 3072 MiB on GPU" in warning and "over its quota of 1024 MiB" in warning
+    # and told once, for an event on the pod
+    assert reported == [OverQuota("ns", "greedy", "uid-greedy", gpu.uuids[0], 3072, 1024)]
+    list(collector.collect())
+    assert len(reported) == 1
 
     # Logged when it starts and when it ends, not at every scrape.
     caplog.clear()

@@ -17,6 +17,7 @@ import pytest
 from kubernetes.stream import stream
 from prometheus_client.parser import text_string_to_metric_families
 
+from deviceplugin.metrics import OVER_QUOTA_REASON
 from sandbox import install
 from sandbox.images import PROBE_IMAGE
 from tessera.contract import KEYS
@@ -193,6 +194,17 @@ def test_memory_taken_around_the_hook_is_detected_by_the_node_agent(
         )
         held = _agent_metrics(sbx)["tessera_pod_gpu_memory_driver_bytes", name]
         assert held == sum(int(blocks) for _, blocks in over.values()) * 256 * 2**20
+        # and a Warning event on the pod, as `kubectl describe pod` shows it
+        (event,) = wait_for(
+            lambda: (
+                sbx.core.list_namespaced_event(
+                    "default", field_selector=f"involvedObject.name={name},reason={OVER_QUOTA_REASON}"
+                ).items
+            ),
+            timeout=30,
+            what=f"the over-quota event on {name}",
+        )
+        assert f"holds {int(held) // 2**20} MiB on GPU" in event.message, event.message
     finally:
         _delete(sbx, name)
     # Gone with the pod: no series left for it.
