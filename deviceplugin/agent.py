@@ -323,8 +323,10 @@ class Agent:
         with the same GPU count has the matched container's key (however far the cache lags)."""
         keys = self.config.keys
         fields = (keys.allocation, keys.allocation_phase, keys.bind_time)
-        for pod in {p.uid: p for p in pods}.values():
-            fresh = self._reads.read_pod(pod.namespace, pod.name)
+        unique = {p.uid: p for p in pods}.values()
+        read = self._reads.read_pods([(p.namespace, p.name) for p in unique])
+        for pod in unique:
+            fresh = read[(pod.namespace, pod.name)]
             if (
                 fresh is None
                 or not fresh.pending

@@ -340,35 +340,45 @@ def test_without_the_api_preferred_spreads_and_allocate_says_why(tmp_path: Path)
 
 
 def test_fresh_reads_start_after_the_call_and_are_shared() -> None:
-    """Callers that ask while a read of the pod is under way get the next read (which started after
-    they asked), one read for all of them."""
-    started: list[int] = []
+    """Callers that ask while a read is under way get the next read (which started after they
+    asked), one read for all of them: a get for one pod, one list of the node's pods for several."""
+    started: list[str] = []
     release = [threading.Event(), threading.Event()]
-    pod = in_flight_pod("p", {"main": [("GPU-0", 1024, 10)]})
+    pods = {name: in_flight_pod(name, {"main": [("GPU-0", 1024, 10)]}) for name in ("p", "q", "r")}
 
     class SlowKube:
-        def read_pod(self, namespace: str, name: str) -> NodePod:
+        def _wait(self, what: str) -> int:
             number = len(started)
-            started.append(number)
+            started.append(what)
             release[number].wait(30)
-            return NodePod(dataclasses.replace(pod, name=f"read-{number}"), pending=True)
+            return number
+
+        def read_pod(self, namespace: str, name: str) -> NodePod:
+            number = self._wait(f"get {name}")
+            return NodePod(dataclasses.replace(pods[name], uid=f"read-{number}"), pending=True)
+
+        def node_pods(self) -> list[NodePod]:
+            number = self._wait("list")
+            return [
+                NodePod(dataclasses.replace(p, uid=f"read-{number}"), pending=True) for p in pods.values()
+            ]
 
     kube_any: Any = SlowKube()
     reads = FreshReads(kube_any)
     got: dict[str, str] = {}
 
-    def call(who: str) -> None:
-        result = reads.read_pod("ns", "p")
-        got[who] = result.view.name if result else ""
+    def call(who: str, name: str) -> None:
+        result = reads.read_pod("ns", name)
+        got[who] = result.view.uid if result else ""
 
-    first = threading.Thread(target=call, args=("first",))
+    first = threading.Thread(target=call, args=("first", "p"))
     first.start()
     while not started:
         time.sleep(0.01)
-    later = [threading.Thread(target=call, args=(f"later-{i}",)) for i in range(3)]
+    later = [threading.Thread(target=call, args=(f"later-{i}-{n}", n)) for i, n in enumerate("pqrp")]
     for t in later:
         t.start()
-    while reads._reads[("ns", "p")].callers < 4:  # all three wait while the first read is under way
+    while reads.waiting() < 5:  # all four wait while the first read is under way
         time.sleep(0.01)
     release[0].set()
     first.join(30)
@@ -377,8 +387,9 @@ def test_fresh_reads_start_after_the_call_and_are_shared() -> None:
     release[1].set()
     for t in later:
         t.join(30)
-    assert got == {"first": "read-0", "later-0": "read-1", "later-1": "read-1", "later-2": "read-1"}
-    assert started == [0, 1]
+    assert got == {"first": "read-0", **{f"later-{i}-{n}": "read-1" for i, n in enumerate("pqrp")}}
+    assert started == ["get p", "list"]
+    assert (reads.reads, reads.lists, reads.waiting()) == (1, 1, 0)
 
 
 class Kubelet:
