@@ -131,7 +131,9 @@ class Admissions:
             in_use = set(self.kubelet.in_use)
         return sorted(d for d, h in self.kubelet.devices().items() if h == "Healthy" and d not in in_use)
 
-    def admit(self) -> None:
+    def admit(self, name: str) -> None:
+        """Admit pod ``name``'s container; the stand-in's pod-resources API then names it as the
+        holder of the slice (the agent matched some pod of the same key: it learns which from there)."""
         start = time.perf_counter()
         preferred = self.kubelet.preferred(self.free(), [], 1)
         preferred_ms = (time.perf_counter() - start) * 1000
@@ -146,6 +148,7 @@ class Admissions:
         start = time.perf_counter()
         self.kubelet.allocate([slice_])
         allocate_ms = (time.perf_counter() - start) * 1000
+        self.kubelet.assign((NAMESPACE, name, "main"), [slice_])
         with self.lock:
             self.preferred_ms.append(preferred_ms)
             self.allocate_ms.append(allocate_ms)
@@ -207,6 +210,7 @@ def main() -> None:
                 f"--kubeconfig={plane.kubeconfig}",
                 f"--split={split}",
                 "--metrics-port=0",
+                f"--pod-resources-socket={kubelet.pod_resources_socket}",
                 f"--hook-library={hook_library}",
             ],
             work / "device-plugin.log",
@@ -229,12 +233,13 @@ def main() -> None:
                 # bound before it admits it: the creations' own work is not timed.
                 time.sleep(0.5)
                 meter.begin()
-                for future in [pool.submit(admissions.admit) for _ in names]:
+                for future in [pool.submit(admissions.admit, name) for name in names]:
                     future.result()
                 meter.end()
                 for name in names:
                     core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
                 kubelet.in_use.clear()
+                kubelet.forget_assignments()
         allocate_ms, preferred_ms = admissions.allocate_ms, admissions.preferred_ms
 
         reregister_ms: list[float] = []
