@@ -89,8 +89,10 @@ class Agent:
         self._version = 0
         # Guards matching, the served records and the reservations.
         self._lock = threading.Condition()
-        # What the records in the state dir say is served (read once, then kept with them).
-        self._served: set[ContainerRef] = state.served()
+        # The records in the state dir (read at start and by each clean-up, then kept with them),
+        # and what they say is served.
+        self._records: dict[ContainerDir, ServedRecord] = dict(state.records())
+        self._served: set[ContainerRef] = _refs(self._records)
         # Containers matched from the cache whose pods are being confirmed with the API.
         self._reserved: set[ContainerRef] = set()
         self._fallbacks_waiting = 0
@@ -313,6 +315,7 @@ class Agent:
         self._served |= {c.ref for c in chosen}
         served_at = time.monotonic()
         for c, answer in zip(chosen, answers, strict=True):
+            self._records[answer.where] = answer.record
             self._unconfirmed[answer.where] = (c.pod, served_at)
         return answers
 
@@ -421,7 +424,7 @@ class Agent:
             seen: list[tuple[ContainerDir, ServedRecord]] = []
             admitted: set[tuple[str, str]] = set()
             for where, (_, served_at) in unconfirmed:
-                record = self.state.record(where)
+                record = self._records.get(where)
                 owner = owners.get(frozenset(record.device_ids)) if record is not None else None
                 if record is not None and owner is not None and (owner.namespace, owner.pod) in known:
                     seen.append((where, record))
@@ -458,6 +461,7 @@ class Agent:
         changes = corrected_records(records, owners, uids)
         for where, old, new in changes:
             self.state.write_record(where, new)
+            self._records[where] = new
             log.info(
                 "%s: the kubelet gave its devices to %s container %s, not %s container %s",
                 where.root,
@@ -467,7 +471,7 @@ class Agent:
                 old.container,
             )
         if changes:
-            self._served = self.state.served()
+            self._served = _refs(self._records)
 
     def _submit_allocated(self, pods: Sequence[PodView]) -> None:
         for pod in pods:
@@ -511,11 +515,12 @@ class Agent:
             owners, asked = None, False
         with self._lock:
             if owners is not None:
-                self._correct_records(list(self.state.records()), owners, views)
+                self._correct_records(list(self._records.items()), owners, views)
             # Pods served since the list began are alive though the list may not show them.
             live = {p.uid for p in views} | {uid for uid, _ in self._served - served_before}
             removed = self.state.remove_containers_except(live)
-            self._served = self.state.served()
+            self._records = dict(self.state.records())
+            self._served = _refs(self._records)
             done = [p for p in views if asked and self._admitted(p, owners)]
         if removed:
             log.info("removed the state of %d container(s) whose pods are gone", len(removed))
@@ -549,3 +554,8 @@ class Agent:
         while not stop.wait(self.config.health_poll_seconds):
             for uuid in self.gpu_uuids:
                 self.record_presence(uuid, present(uuid))
+
+
+def _refs(records: dict[ContainerDir, ServedRecord]) -> set[ContainerRef]:
+    """The containers the records say are served."""
+    return {(r.pod_uid, r.container) for r in records.values()}
