@@ -410,10 +410,11 @@ class Agent:
                 done = [p for p in guessed.values() if self._admitted(p, None)]
             self._submit_allocated(done)
             return False
-        pods = self.cache.pending_pods() if self.cache is not None else None
+        # Every pod on the node: one admitted may be running already.
+        pods = self.cache.node_pods() if self.cache is not None else None
         if pods is None:
             try:
-                pods = self.kube.pending_pods()
+                pods = [p.view for p in self.kube.node_pods()]
             except KubeUnavailableError as e:
                 log.warning("cannot read the pods the kubelet admitted (asking again): %s", e)
                 return True

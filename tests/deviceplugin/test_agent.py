@@ -99,6 +99,9 @@ class LaggingCache:
     def pending_pods(self) -> list[PodView]:
         return list(self.pods)
 
+    def node_pods(self) -> list[PodView]:
+        return list(self.pods)
+
 
 def in_flight_pod(
     name: str,
