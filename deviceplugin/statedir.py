@@ -141,10 +141,6 @@ class StateDir:
         self.coordination.mkdir(mode=0o755, exist_ok=True)
         write_atomically(self.ld_so_preload, f"{CONTAINER_HOOK_LIBRARY}\n", mode=0o644)
 
-    def served(self) -> set[tuple[str, str]]:
-        """(pod UID, container) of every container that has a record."""
-        return {(r.pod_uid, r.container) for _, r in self.records()}
-
     def records(self) -> Iterator[tuple[ContainerDir, ServedRecord]]:
         for record_file in sorted(self.containers.glob("*/*/allocation.json")):
             record = self.record(ContainerDir(record_file.parent))
