@@ -32,9 +32,9 @@ from deviceplugin.matching import (
 )
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
-from deviceplugin.podresources import container_devices
+from deviceplugin.podresources import Owners, PodResourcesError, container_devices
 from deviceplugin.response import ContainerAnswer, answer_for
-from deviceplugin.statedir import StateDir
+from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
 from hook.limits import write_limits
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 FAILED_REASON = "TesseraAllocateFailed"
 # How often served records are checked against the kubelet and dead containers' state removed.
 TIDY_SECONDS = 5.0
+# After an Allocate, the kubelet's pod-resources API is asked which pod it admitted: first after
+# this pause, then after pauses doubling up to the last while it does not name the devices yet.
+CONFIRM_FIRST_PAUSE = 0.05
+CONFIRM_MAX_PAUSE = 1.0
 # The container's processes run as any user; the hook in each must create and map the region file.
 STATE_DIR_MODE = 0o777
 
@@ -66,10 +70,12 @@ class Agent:
         *,
         cache: PodCache | None = None,
         phases: PhaseWriter | None = None,
+        pod_resources: Callable[[], Owners | None] | None = None,
     ) -> None:
         """``cache``: the pods on the node, read by Allocate before the API (None: the API only).
-        ``phases``: writes the ``allocated`` phase after the answer; whoever runs the agent runs
-        its loop (``phases.run``), or drains it."""
+        ``phases``: writes the ``allocated`` phase once the kubelet admitted a pod; whoever runs the
+        agent runs its loop (``phases.run``), or drains it. ``pod_resources``: which container the
+        kubelet gave each device set to (default: its pod-resources API at the configured socket)."""
         self.config = config
         self.kube = kube
         self.state = state
@@ -83,11 +89,20 @@ class Agent:
         self._version = 0
         # Guards matching, the served records and the reservations.
         self._lock = threading.Condition()
-        # What the records in the state dir say is served (read once, then kept with them).
-        self._served: set[ContainerRef] = state.served()
+        # The records in the state dir (read at start and by each clean-up, then kept with them),
+        # and what they say is served.
+        self._records: dict[ContainerDir, ServedRecord] = dict(state.records())
+        self._served: set[ContainerRef] = _refs(self._records)
         # Containers matched from the cache whose pods are being confirmed with the API.
         self._reserved: set[ContainerRef] = set()
         self._fallbacks_waiting = 0
+        self._pod_resources = pod_resources or (
+            lambda: container_devices(config.pod_resources_socket, config.keys.vgpu)
+        )
+        # Containers served whose admission the kubelet has not confirmed yet: dir -> the pod
+        # matched (the guess) and when it was served (monotonic).
+        self._unconfirmed: dict[ContainerDir, tuple[PodView, float]] = {}
+        self._confirm_wanted = threading.Event()
         self._published_inventory: str | None = None
         # Allocate calls answered from the cache and from a fresh list; why the cache could not.
         self.cache_answers = 0
@@ -172,18 +187,13 @@ class Agent:
         cache"). Matching and the served records happen under one lock, and a container matched
         from the cache is reserved while its pod is confirmed, so two concurrent calls never pick
         the same container. The ``allocated`` phase of a pod served in full is written after the
-        answer, by :class:`deviceplugin.phases.PhaseWriter`.
+        answer, once the kubelet names the pod it admitted (:meth:`confirm_admissions`).
         """
         served = self._allocate_from_cache(requests)
         if served is None:
             served = self._allocate_from_api(requests)
         chosen, answers = served
-        with self._lock:
-            complete = [
-                p for p in {c.pod.uid: c.pod for c in chosen}.values() if pod_complete(p, self._served)
-            ]
-        for pod in complete:
-            self.phases.submit(pod, Phase.ALLOCATED)
+        self._confirm_wanted.set()
         for c in chosen:
             log.info(
                 "Allocate: pod %s container %s gets %s",
@@ -291,12 +301,22 @@ class Agent:
     def _serve(self, chosen: Sequence[InFlight], requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]:
         """Write the containers' files and records; under the lock."""
         answers = [
-            answer_for(c, ids, self.state, self.config.hook_library)
+            answer_for(
+                c,
+                ids,
+                self.state,
+                self.state.unused_container(c.pod.uid, c.container),
+                self.config.hook_library,
+            )
             for c, ids in zip(chosen, requests, strict=True)
         ]
         for answer in answers:
             self._write_files(answer)
         self._served |= {c.ref for c in chosen}
+        served_at = time.monotonic()
+        for c, answer in zip(chosen, answers, strict=True):
+            self._records[answer.where] = answer.record
+            self._unconfirmed[answer.where] = (c.pod, served_at)
         return answers
 
     def _confirmed(self, pods: Sequence[PodView]) -> bool:
@@ -306,8 +326,10 @@ class Agent:
         with the same GPU count has the matched container's key (however far the cache lags)."""
         keys = self.config.keys
         fields = (keys.allocation, keys.allocation_phase, keys.bind_time)
-        for pod in {p.uid: p for p in pods}.values():
-            fresh = self._reads.read_pod(pod.namespace, pod.name)
+        unique = {p.uid: p for p in pods}.values()
+        read = self._reads.read_pods([(p.namespace, p.name) for p in unique])
+        for pod in unique:
+            fresh = read[(pod.namespace, pod.name)]
             if (
                 fresh is None
                 or not fresh.pending
@@ -364,45 +386,146 @@ class Agent:
         self._published_inventory = inventory
         return True
 
+    def confirm_admissions(self) -> bool:
+        """Write the ``allocated`` phase of the pods the kubelet admitted in full since the last
+        call, and correct the records of the containers it served for another pod than the one
+        matched; True while a container served has not been named by the kubelet yet (ask again).
+
+        A pod is admitted once the kubelet's pod-resources API names each of its GPU containers as
+        holding devices (the kubelet records them as Allocate returns), not when its container was
+        matched: among in-flight pods of one key the match is a guess, and a pod marked ``allocated``
+        before the kubelet admitted it would let the extender bind another key beside it
+        (docs/deviceplugin.md "The allocated phase"). Without the API (its socket absent), the
+        matched pods are taken at their word.
+        """
+        try:
+            owners = self._pod_resources()
+        except PodResourcesError as e:
+            log.warning("cannot ask which pods the kubelet admitted (asking again): %s", e)
+            return True
+        if owners is None:
+            with self._lock:
+                guessed = {pod.uid: pod for pod, _ in self._unconfirmed.values()}
+                self._unconfirmed.clear()
+                done = [p for p in guessed.values() if self._admitted(p, None)]
+            self._submit_allocated(done)
+            return False
+        # Every pod on the node: one admitted may be running already.
+        pods = self.cache.node_pods() if self.cache is not None else None
+        if pods is None:
+            try:
+                pods = [p.view for p in self.kube.node_pods()]
+            except KubeUnavailableError as e:
+                log.warning("cannot read the pods the kubelet admitted (asking again): %s", e)
+                return True
+        known = {(p.namespace, p.name) for p in pods}
+        deadline = time.monotonic() - self.config.inflight_timeout.total_seconds()
+        with self._lock:
+            unconfirmed = list(self._unconfirmed.items())
+            seen: list[tuple[ContainerDir, ServedRecord]] = []
+            admitted: set[tuple[str, str]] = set()
+            for where, (_, served_at) in unconfirmed:
+                record = self._records.get(where)
+                owner = owners.get(frozenset(record.device_ids)) if record is not None else None
+                if record is not None and owner is not None and (owner.namespace, owner.pod) in known:
+                    seen.append((where, record))
+                    admitted.add((owner.namespace, owner.pod))
+                elif record is not None and served_at >= deadline:
+                    continue  # not named yet (or its pod not seen yet): ask again
+                # Named by the kubelet, removed by a clean-up, or not admitted within the timeout.
+                del self._unconfirmed[where]
+            self._correct_records(seen, owners, pods)
+            done = [p for p in pods if (p.namespace, p.name) in admitted and self._admitted(p, owners)]
+            pending = bool(self._unconfirmed)
+        self._submit_allocated(done)
+        return pending
+
+    def _admitted(self, pod: PodView, owners: Owners | None) -> bool:
+        """Every GPU container of the pod has its record and (unless ``owners`` is None: no
+        pod-resources API) holds devices for the kubelet, and its phase still says
+        ``allocating``; under the lock."""
+        held = {(o.namespace, o.pod, o.container) for o in owners.values()} if owners is not None else None
+        return (
+            bool(pod.gpu_containers)
+            and pod.request_error is None
+            and is_allocating(pod.annotations.get(self.config.keys.allocation_phase))
+            and (held is None or all((pod.namespace, pod.name, c.name) in held for c in pod.gpu_containers))
+            and pod_complete(pod, self._served)
+        )
+
+    def _correct_records(
+        self, records: Sequence[tuple[ContainerDir, ServedRecord]], owners: Owners, pods: Sequence[PodView]
+    ) -> None:
+        """Rewrite the records whose devices the kubelet gave to another pod or container than the
+        record names, and the served set with them; under the lock."""
+        uids = {(p.namespace, p.name): p.uid for p in pods}
+        changes = corrected_records(records, owners, uids)
+        for where, old, new in changes:
+            self.state.write_record(where, new)
+            self._records[where] = new
+            log.info(
+                "%s: the kubelet gave its devices to %s container %s, not %s container %s",
+                where.root,
+                pod_ref(new.namespace, new.pod),
+                new.container,
+                pod_ref(old.namespace, old.pod),
+                old.container,
+            )
+        if changes:
+            self._served = _refs(self._records)
+
+    def _submit_allocated(self, pods: Sequence[PodView]) -> None:
+        for pod in pods:
+            if self.phases.submit(pod, Phase.ALLOCATED):
+                log.info("pod %s: admitted by the kubelet, setting phase allocated", pod.ref)
+
+    def run_confirmations(self, stop: threading.Event) -> None:
+        """After each Allocate, ask the kubelet which pods it admitted (:meth:`confirm_admissions`),
+        again after growing pauses while it has not named every container served, until ``stop``."""
+        pause = CONFIRM_FIRST_PAUSE
+        while not stop.is_set():
+            if not self._confirm_wanted.wait(timeout=1.0):
+                continue
+            stop.wait(pause)
+            self._confirm_wanted.clear()
+            try:
+                pending = self.confirm_admissions()
+            except Exception as e:  # the loop must outlive any one failure; the next round retries
+                log.warning("confirming admissions failed (retrying): %s", e)
+                pending = True
+            if pending:
+                pause = min(CONFIRM_MAX_PAUSE, pause * 2)
+                self._confirm_wanted.set()
+            else:
+                pause = CONFIRM_FIRST_PAUSE
+
     def tidy_state(self) -> None:
         """Correct served records from the kubelet's pod-resources API, remove the state of
-        containers whose pods are gone, and ask again for the ``allocated`` phase of pods served
-        in full whose phase is still ``allocating`` (a write lost with a restart of the agent).
-        Under the Allocate lock: matching reads the records."""
+        containers whose pods are gone, and ask again for the ``allocated`` phase of pods the
+        kubelet admitted in full whose phase is still ``allocating`` (a write lost with a restart
+        of the agent). Under the Allocate lock: matching reads the records."""
         with self._lock:
             served_before = set(self._served)
         pods = self.kube.node_pods()
-        uids = {(p.view.namespace, p.view.name): p.view.uid for p in pods}
-        owners = container_devices(self.config.pod_resources_socket, self.config.keys.vgpu)
+        views = [p.view for p in pods]
+        asked = True
+        try:
+            owners = self._pod_resources()
+        except PodResourcesError as e:
+            log.warning("cannot ask the kubelet which pods hold which devices: %s", e)
+            owners, asked = None, False
         with self._lock:
             if owners is not None:
-                for where, old, new in corrected_records(list(self.state.records()), owners, uids):
-                    self.state.write_record(where, new)
-                    log.info(
-                        "%s: the kubelet gave its devices to %s container %s, not %s container %s",
-                        where.root,
-                        pod_ref(new.namespace, new.pod),
-                        new.container,
-                        pod_ref(old.namespace, old.pod),
-                        old.container,
-                    )
+                self._correct_records(list(self._records.items()), owners, views)
             # Pods served since the list began are alive though the list may not show them.
-            live = set(uids.values()) | {uid for uid, _ in self._served - served_before}
+            live = {p.uid for p in views} | {uid for uid, _ in self._served - served_before}
             removed = self.state.remove_containers_except(live)
-            self._served = self.state.served()
-            served = set(self._served)
+            self._records = dict(self.state.records())
+            self._served = _refs(self._records)
+            done = [p for p in views if asked and self._admitted(p, owners)]
         if removed:
             log.info("removed the state of %d container(s) whose pods are gone", len(removed))
-        for pod in pods:
-            view = pod.view
-            if (
-                view.gpu_containers
-                and view.request_error is None
-                and is_allocating(view.annotations.get(self.config.keys.allocation_phase))
-                and pod_complete(view, served)
-                and self.phases.submit(view, Phase.ALLOCATED)
-            ):
-                log.info("pod %s: served in full, phase still allocating: setting it", view.ref)
+        self._submit_allocated(done)
 
     def run_publisher(self, stop: threading.Event) -> None:
         """Publish at once, on every health change, and every heartbeat interval, until ``stop``."""
@@ -432,3 +555,8 @@ class Agent:
         while not stop.wait(self.config.health_poll_seconds):
             for uuid in self.gpu_uuids:
                 self.record_presence(uuid, present(uuid))
+
+
+def _refs(records: dict[ContainerDir, ServedRecord]) -> set[ContainerRef]:
+    """The containers the records say are served."""
+    return {(r.pod_uid, r.container) for r in records.values()}

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -247,59 +248,93 @@ class Kube:
         self._core.patch_node(self.node, {"metadata": {"annotations": dict(annotations)}})
 
 
-@dataclass
-class _Read:
-    started: int = 0  # reads of the pod started
-    finished: int = 0  # number of the last one finished
-    running: bool = False
-    callers: int = 0
-    result: NodePod | None = None
-    error: Exception | None = None
+PodKey = tuple[str, str]  # (namespace, name)
 
 
 class FreshReads:
-    """Reads of one pod that start after the caller asked, shared: callers asking for the same pod
-    while a read of it is under way wait for the next read (the one under way may have started
-    before they asked), and everyone waiting for it gets its answer."""
+    """Reads of pods that start after the caller asked, shared by the callers waiting at once.
+
+    One read at a time. A read covers every pod asked for before it started: a get when that is one
+    pod, else one list of the node's pods. A caller takes the first read that started after it asked
+    and covers its pods; callers asking while a read is under way (it may have started before they
+    asked) wait for the next one, which covers all of them. So concurrent admissions cost one list
+    instead of a get each (docs/deviceplugin.md "Allocate from the pod cache").
+    """
 
     def __init__(self, kube: Kube) -> None:
         self._kube = kube
         self._changed = threading.Condition()
-        self._reads: dict[tuple[str, str], _Read] = {}
+        self._asked: set[PodKey] = set()  # pods asked for and not in a read yet
+        self._started = 0  # reads started
+        self._running = False
+        self._callers: Counter[PodKey] = Counter()
+        # Per pod: the number of the last read that covered it, and its answer.
+        self._results: dict[PodKey, tuple[int, NodePod | None, Exception | None]] = {}
+        self.reads = 0
+        self.lists = 0
+
+    def waiting(self) -> int:
+        """Callers waiting for a read."""
+        with self._changed:
+            return sum(self._callers.values())
 
     def read_pod(self, namespace: str, name: str) -> NodePod | None:
         """As :meth:`Kube.read_pod`, from a read that started after this call did."""
-        key = (namespace, name)
+        return self.read_pods([(namespace, name)])[(namespace, name)]
+
+    def read_pods(self, pods: Collection[PodKey]) -> dict[PodKey, NodePod | None]:
+        """Each pod as the API shows it (None: gone, or not on this node), from a read that started
+        after this call did. Raises :class:`KubeUnavailableError` when that read failed."""
+        wanted = set(pods)
         with self._changed:
-            read = self._reads.setdefault(key, _Read())
-            wanted = read.started + 1
-            read.callers += 1
+            after = self._started
+            self._asked |= wanted
+            self._callers.update(wanted)
             try:
-                while read.finished < wanted:
-                    if read.running:
+                while not all(self._results.get(p, (0, None, None))[0] > after for p in wanted):
+                    if self._running:
                         self._changed.wait()
                         continue
-                    read.running = True
-                    read.started += 1
-                    number = read.started
-                    self._changed.release()
-                    try:
-                        result, error = self._kube.read_pod(namespace, name), None
-                    except Exception as e:  # handed to every caller of this read
-                        result, error = None, e
-                    finally:
-                        self._changed.acquire()
-                    read.running = False
-                    read.finished, read.result, read.error = number, result, error
-                    self._changed.notify_all()
-                result, error = read.result, read.error
+                    self._read_asked()
+                answers = {p: self._results[p] for p in wanted}
             finally:
-                read.callers -= 1
-                if not read.callers and not read.running:
-                    del self._reads[key]
-        if error is not None:
-            raise error
-        return result
+                self._callers.subtract(wanted)
+                for p in wanted:
+                    if self._callers[p] <= 0:
+                        del self._callers[p]
+                        self._results.pop(p, None)
+        for _, _, error in answers.values():
+            if error is not None:
+                raise error
+        return {p: pod for p, (_, pod, _) in answers.items()}
+
+    def _read_asked(self) -> None:
+        """One read of the pods asked for; called and returns with the lock held, reads without."""
+        batch, self._asked = self._asked, set()
+        self._running = True
+        self._started += 1
+        number = self._started
+        self._changed.release()
+        found: dict[PodKey, NodePod | None] = {}
+        error: Exception | None = None
+        try:
+            if len(batch) == 1:
+                [(namespace, name)] = batch
+                found[(namespace, name)] = self._kube.read_pod(namespace, name)
+                self.reads += 1
+            else:
+                listed = {(p.view.namespace, p.view.name): p for p in self._kube.node_pods()}
+                found = {p: listed.get(p) for p in batch}
+                self.lists += 1
+        except Exception as e:  # handed to every caller of this read
+            error = e
+        finally:
+            self._changed.acquire()
+        for p in batch:
+            if p in self._callers:
+                self._results[p] = (number, found.get(p), error)
+        self._running = False
+        self._changed.notify_all()
 
 
 def watch_events(response: Any) -> Iterator[dict[str, Any]]:

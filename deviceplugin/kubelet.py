@@ -27,8 +27,10 @@ from tessera.contract import DEVICE_PLUGIN_API_VERSION, HEALTHY, UNHEALTHY
 
 log = logging.getLogger(__name__)
 
-# Enough threads that GetDevicePluginOptions is served while ListAndWatch streams stay open.
-SERVER_THREADS = 16
+# Enough threads that GetDevicePluginOptions is served while ListAndWatch streams stay open, and
+# that a burst of calls (20 admissions at once in bench/deviceplugin_latency.py) waits for the same
+# shared pod read (deviceplugin.kube.FreshReads) instead of queueing for a thread behind it.
+SERVER_THREADS = 32
 REGISTER_TIMEOUT_SECONDS = 10.0
 REGISTER_RETRY_SECONDS = 1.0
 # How often the plugin dir is checked for a restarted kubelet or a deleted socket.

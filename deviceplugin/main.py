@@ -101,6 +101,7 @@ def run(config: Config, stop: threading.Event) -> None:
         threading.Thread(target=phases.run, args=(stop,), name="phases"),
         threading.Thread(target=run_registration, args=(agent, config, plugin_metrics, stop), name="kubelet"),
         threading.Thread(target=agent.run_publisher, args=(stop,), name="publisher"),
+        threading.Thread(target=agent.run_confirmations, args=(stop,), name="admissions"),
     ]
     if nvml is not None and gpus:
         threads.append(

@@ -11,11 +11,13 @@ allocates a pod's containers in).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tessera.contract import (
+    Allocation,
     ContainerAllocation,
     ContainerRequest,
     ContractError,
@@ -100,6 +102,17 @@ class NodeSnapshot:
     broken: tuple[BrokenPod, ...]
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed_allocation(text: str, pod: str) -> Allocation | str:
+    """The allocation annotation's text parsed, or why it cannot be. Every kubelet call reads the
+    allocations of all the pods in flight, which stay as they are from bind to admission: each text
+    is parsed once (the model is frozen, so sharing it is safe)."""
+    try:
+        return parse_allocation(text, pod=pod)
+    except ContractError as e:
+        return str(e)
+
+
 def _check_allocation(
     pod: PodView, keys: ContractKeys, node: str, node_gpus: Collection[str]
 ) -> tuple[QosClass, list[tuple[ContainerRequest, ContainerAllocation]]] | str:
@@ -108,10 +121,9 @@ def _check_allocation(
     text = pod.annotations.get(keys.allocation)
     if text is None:
         return f"annotation {keys.allocation} is missing"
-    try:
-        allocation = parse_allocation(text, pod=pod.ref)
-    except ContractError as e:
-        return str(e)
+    allocation = _parsed_allocation(text, pod.ref)
+    if isinstance(allocation, str):
+        return allocation
     if allocation.node != node:
         return f"annotation {keys.allocation} is for node {allocation.node!r}, not this node {node!r}"
     pairs = []

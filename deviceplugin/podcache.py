@@ -73,6 +73,13 @@ class PodCache:
         with self._lock:
             return [p.view for p in self._pods.values() if p.pending]
 
+    def node_pods(self) -> list[PodView] | None:
+        """Every pod on the node, as last seen (running ones too); None before the first list."""
+        if not self._synced.is_set():
+            return None
+        with self._lock:
+            return [p.view for p in self._pods.values()]
+
     def pod(self, uid: str) -> NodePod | None:
         with self._lock:
             return self._pods.get(uid)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import grpc
@@ -11,14 +10,20 @@ from deviceplugin.identity import ContainerRef
 from proto.podresources.v1 import api_pb2 as pb
 from proto.podresources.v1 import api_pb2_grpc as pb_grpc
 
-log = logging.getLogger(__name__)
-
 LIST_TIMEOUT_SECONDS = 5.0
 
+# Device set -> the container the kubelet gave it to.
+Owners = dict[frozenset[str], ContainerRef]
 
-def container_devices(socket: Path, resource: str) -> dict[frozenset[str], ContainerRef] | None:
+
+class PodResourcesError(RuntimeError):
+    """The kubelet's pod-resources socket is there but did not answer."""
+
+
+def container_devices(socket: Path, resource: str) -> Owners | None:
     """Device set -> container, for the containers holding ``resource``; None when the kubelet's
-    socket is absent or does not answer (the caller keeps its records as they are)."""
+    socket is absent (a kubelet without the API: nothing can be asked). Raises
+    :class:`PodResourcesError` naming the socket when it does not answer (ask again later)."""
     if not socket.exists():
         return None
     try:
@@ -27,9 +32,8 @@ def container_devices(socket: Path, resource: str) -> dict[frozenset[str], Conta
                 pb.ListPodResourcesRequest(), timeout=LIST_TIMEOUT_SECONDS
             )
     except grpc.RpcError as e:
-        log.warning("pod-resources List on %s failed: %s", socket, e)
-        return None
-    owners: dict[frozenset[str], ContainerRef] = {}
+        raise PodResourcesError(f"pod-resources List on {socket} failed: {e}") from None
+    owners: Owners = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             for devices in container.devices:

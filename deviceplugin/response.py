@@ -43,12 +43,12 @@ class ContainerAnswer:
 
 
 def answer_for(
-    container: InFlight, device_ids: Sequence[str], state: StateDir, hook_library: Path
+    container: InFlight, device_ids: Sequence[str], state: StateDir, where: ContainerDir, hook_library: Path
 ) -> ContainerAnswer:
-    where = state.container(container.pod.uid, container.container)
+    """The answer for ``container``, its files in ``where`` (:meth:`StateDir.unused_container`)."""
     uuids = [g.uuid for g in container.grants]
     slots = tuple(
-        state.coordination_slot(uuid, container.qos, container.pod.uid, container.container) for uuid in uuids
+        state.coordination_slot(uuid, container.qos, container.pod.uid, where.root.name) for uuid in uuids
     )
     # Each GPU's coordination area read-only (every container's slot on it, by class: no container
     # can move its own to another class), and the container's own slot writable.

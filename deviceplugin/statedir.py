@@ -99,6 +99,18 @@ class StateDir:
         _check_names(("pod UID", pod_uid), ("container name", container))
         return ContainerDir(self.containers / pod_uid / container)
 
+    def unused_container(self, pod_uid: str, container: str) -> ContainerDir:
+        """A dir for a container about to be served: ``<pod UID>/<container>``, or when that is
+        taken ``<pod UID>/<container>.<n>`` (a container name has no dot). Taken it is when the
+        kubelet gave that dir to another pod than the one matched (deviceplugin/identity.py): the
+        pod matched then is served again later, into a dir of its own."""
+        where = self.container(pod_uid, container)
+        n = 0
+        while where.root.exists():
+            n += 1
+            where = self.container(pod_uid, f"{container}.{n}")
+        return where
+
     def coordination_area(self, gpu_uuid: str) -> Path:
         """The GPU's coordination area: one directory per class, holding its containers' slots."""
         _check_names(("GPU UUID", gpu_uuid))
@@ -129,17 +141,19 @@ class StateDir:
         self.coordination.mkdir(mode=0o755, exist_ok=True)
         write_atomically(self.ld_so_preload, f"{CONTAINER_HOOK_LIBRARY}\n", mode=0o644)
 
-    def served(self) -> set[tuple[str, str]]:
-        """(pod UID, container) of every container that has a record."""
-        return {(r.pod_uid, r.container) for _, r in self.records()}
-
     def records(self) -> Iterator[tuple[ContainerDir, ServedRecord]]:
         for record_file in sorted(self.containers.glob("*/*/allocation.json")):
-            try:
-                record = ServedRecord.model_validate_json(record_file.read_text())
-            except (OSError, ValidationError):
-                continue  # half-removed by a concurrent clean-up, or not ours
-            yield ContainerDir(record_file.parent), record
+            record = self.record(ContainerDir(record_file.parent))
+            if record is not None:
+                yield ContainerDir(record_file.parent), record
+
+    @staticmethod
+    def record(where: ContainerDir) -> ServedRecord | None:
+        """The container's record; None when it has none (removed by a clean-up, or not ours)."""
+        try:
+            return ServedRecord.model_validate_json(where.record.read_text())
+        except (OSError, ValidationError):
+            return None
 
     def write_record(self, where: ContainerDir, record: ServedRecord) -> None:
         write_atomically(where.record, record.model_dump_json(), mode=0o644)

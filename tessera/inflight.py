@@ -2,8 +2,10 @@
 
 Pure: no I/O. The words are the glossary's (docs/glossary.md); both sides import them from here.
 
-* **In flight**: a pod bound with its allocation written, phase ``allocating``, not yet served by the
-  device plugin, whose bind time (annotation ``<domain>/bind-time``, :func:`read_bind_time`) is within
+* **In flight**: a pod bound with its allocation written, phase ``allocating``, not yet admitted by
+  the kubelet (the device plugin writes ``allocated`` once the kubelet's pod-resources API names the
+  pod, not when it matched one: among pods of one key the match is a guess), whose bind time
+  (annotation ``<domain>/bind-time``, :func:`read_bind_time`) is within
   the in-flight timeout (:func:`stale`; :data:`DEFAULT_INFLIGHT_TIMEOUT`, flag ``--inflight-timeout``
   on both binaries). A pod bound longer ago is *stale*: the extender no longer holds other pods back
   for it, so a lost pod never blocks a node for long.

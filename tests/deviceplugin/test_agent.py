@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,8 +15,10 @@ import pytest
 
 from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
+from deviceplugin.identity import ContainerRef as IdentityRef
 from deviceplugin.kube import FreshReads, KubeUnavailableError, NodePod
 from deviceplugin.matching import AllocationError, PodView
+from deviceplugin.podresources import Owners, PodResourcesError
 from deviceplugin.statedir import StateDir
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
@@ -35,7 +37,9 @@ from tessera.contract import (
     QosClass,
     dump_allocation,
     format_time,
+    parse_allocation,
 )
+from tessera.inflight import inflight_conflict
 
 NODE = "n1"
 GPUS = tuple(
@@ -95,6 +99,9 @@ class LaggingCache:
     def pending_pods(self) -> list[PodView]:
         return list(self.pods)
 
+    def node_pods(self) -> list[PodView]:
+        return list(self.pods)
+
 
 def in_flight_pod(
     name: str,
@@ -125,7 +132,14 @@ def in_flight_pod(
     )
 
 
-def make_agent(tmp_path: Path, pods: list[PodView], cache: bool = False) -> tuple[Agent, MemoryKube]:
+def make_agent(
+    tmp_path: Path,
+    pods: list[PodView],
+    cache: bool = False,
+    pod_resources: Callable[[], Owners | None] = lambda: None,
+) -> tuple[Agent, MemoryKube]:
+    """The agent on ``pods``; ``pod_resources`` stands in for the kubelet's pod-resources API (by
+    default a kubelet without it: the pods matched are taken as admitted)."""
     config = parse_config(
         [f"--node-name={NODE}", f"--state-dir={tmp_path}", "--hook-library=/opt/libvgpu.so"], environ={}
     )
@@ -134,7 +148,18 @@ def make_agent(tmp_path: Path, pods: list[PodView], cache: bool = False) -> tupl
     kube = MemoryKube(pods)
     kube_any: Any = kube
     cache_any: Any = LaggingCache(pods) if cache else None
-    return Agent(config, GPUS, kube_any, state, cache=cache_any), kube
+    return Agent(config, GPUS, kube_any, state, cache=cache_any, pod_resources=pod_resources), kube
+
+
+def served_on_disk(agent: Agent) -> set[tuple[str, str]]:
+    """(pod UID, container) of every container whose record is in the state dir."""
+    return {(r.pod_uid, r.container) for _, r in agent.state.records()}
+
+
+def write_phases(agent: Agent) -> None:
+    """What the agent's loops do after Allocate: ask which pods were admitted, write their phases."""
+    agent.confirm_admissions()
+    agent.phases.drain()
 
 
 def test_allocate_answers_and_writes_the_containers_files(tmp_path: Path) -> None:
@@ -157,7 +182,7 @@ def test_allocate_answers_and_writes_the_containers_files(tmp_path: Path) -> Non
     assert (where / "limits").stat().st_mode & 0o777 == 0o444
     assert (tmp_path / "ld.so.preload").read_text() == f"{CONTAINER_HOOK_LIBRARY}\n"
     assert kube.phases == {}  # written after the answer
-    agent.phases.drain()
+    write_phases(agent)
     assert kube.phases == {"uid-p": Phase.ALLOCATED}
     # Served: the same call again finds no container (a restart of the agent reads the same records).
     with pytest.raises(AllocationError):
@@ -219,7 +244,7 @@ def test_concurrent_allocates_of_equal_keys_serve_each_container_once(tmp_path: 
     assert sorted(served) == sorted(
         [(f"r{i}", "main") for i in range(12)] + [(f"d{i}", "a") for i in range(8)]
     )
-    agent.phases.drain()
+    write_phases(agent)
     assert set(kube.phases.values()) == {Phase.ALLOCATED} and len(kube.phases) == 20
 
 
@@ -255,7 +280,7 @@ def test_concurrent_allocates_from_a_lagging_cache_serve_each_container_once(tmp
     assert not errors
     assert sorted(served) == sorted(f"r{i}" for i in range(20))
     assert agent.cache_answers == 20 and agent.api_answers == 0 and kube.reads == 20
-    agent.phases.drain()
+    write_phases(agent)
     assert len(kube.phases) == 20
     # All served: the cache still offers them, the records do not.
     with pytest.raises(AllocationError):
@@ -268,11 +293,11 @@ def test_multi_container_pod_is_allocated_after_its_last_container(tmp_path: Pat
         tmp_path, [in_flight_pod("p", {"x": [("GPU-0", 1024, 10)], "y": [("GPU-1", 2048, 50)]})]
     )
     agent.allocate([["GPU-0::0"]])
-    agent.phases.drain()
+    write_phases(agent)
     assert kube.phases == {}
     (answer,) = agent.allocate([["GPU-1::3"]])
     assert answer.record.container == "y" and answer.record.gpus[0].memory_mib == 2048
-    agent.phases.drain()
+    write_phases(agent)
     assert kube.phases == {"uid-p": Phase.ALLOCATED}
 
 
@@ -307,7 +332,7 @@ def test_state_of_containers_whose_pods_are_gone_is_removed(tmp_path: Path) -> N
     kube.pods = [p for p in pods if p.name != "b"]
     agent.tidy_state()  # no kubelet pod-resources socket here: records stay as they are
     assert sorted(p.name for p in containers.iterdir()) == ["uid-a", "uid-c"]
-    assert agent.state.served() == {("uid-a", "main"), ("uid-c", "main")}
+    assert served_on_disk(agent) == {("uid-a", "main"), ("uid-c", "main")}
 
 
 def test_without_the_api_preferred_spreads_and_allocate_says_why(tmp_path: Path) -> None:
@@ -323,35 +348,45 @@ def test_without_the_api_preferred_spreads_and_allocate_says_why(tmp_path: Path)
 
 
 def test_fresh_reads_start_after_the_call_and_are_shared() -> None:
-    """Callers that ask while a read of the pod is under way get the next read (which started after
-    they asked), one read for all of them."""
-    started: list[int] = []
+    """Callers that ask while a read is under way get the next read (which started after they
+    asked), one read for all of them: a get for one pod, one list of the node's pods for several."""
+    started: list[str] = []
     release = [threading.Event(), threading.Event()]
-    pod = in_flight_pod("p", {"main": [("GPU-0", 1024, 10)]})
+    pods = {name: in_flight_pod(name, {"main": [("GPU-0", 1024, 10)]}) for name in ("p", "q", "r")}
 
     class SlowKube:
-        def read_pod(self, namespace: str, name: str) -> NodePod:
+        def _wait(self, what: str) -> int:
             number = len(started)
-            started.append(number)
+            started.append(what)
             release[number].wait(30)
-            return NodePod(dataclasses.replace(pod, name=f"read-{number}"), pending=True)
+            return number
+
+        def read_pod(self, namespace: str, name: str) -> NodePod:
+            number = self._wait(f"get {name}")
+            return NodePod(dataclasses.replace(pods[name], uid=f"read-{number}"), pending=True)
+
+        def node_pods(self) -> list[NodePod]:
+            number = self._wait("list")
+            return [
+                NodePod(dataclasses.replace(p, uid=f"read-{number}"), pending=True) for p in pods.values()
+            ]
 
     kube_any: Any = SlowKube()
     reads = FreshReads(kube_any)
     got: dict[str, str] = {}
 
-    def call(who: str) -> None:
-        result = reads.read_pod("ns", "p")
-        got[who] = result.view.name if result else ""
+    def call(who: str, name: str) -> None:
+        result = reads.read_pod("ns", name)
+        got[who] = result.view.uid if result else ""
 
-    first = threading.Thread(target=call, args=("first",))
+    first = threading.Thread(target=call, args=("first", "p"))
     first.start()
     while not started:
         time.sleep(0.01)
-    later = [threading.Thread(target=call, args=(f"later-{i}",)) for i in range(3)]
+    later = [threading.Thread(target=call, args=(f"later-{i}-{n}", n)) for i, n in enumerate("pqrp")]
     for t in later:
         t.start()
-    while reads._reads[("ns", "p")].callers < 4:  # all three wait while the first read is under way
+    while reads.waiting() < 5:  # all four wait while the first read is under way
         time.sleep(0.01)
     release[0].set()
     first.join(30)
@@ -360,5 +395,105 @@ def test_fresh_reads_start_after_the_call_and_are_shared() -> None:
     release[1].set()
     for t in later:
         t.join(30)
-    assert got == {"first": "read-0", "later-0": "read-1", "later-1": "read-1", "later-2": "read-1"}
-    assert started == [0, 1]
+    assert got == {"first": "read-0", **{f"later-{i}-{n}": "read-1" for i, n in enumerate("pqrp")}}
+    assert started == ["get p", "list"]
+    assert (reads.reads, reads.lists, reads.waiting()) == (1, 1, 0)
+
+
+class Kubelet:
+    """The kubelet's side of admitting pods, as the agent sees it: GetPreferredAllocation among the
+    free slices, Allocate of the slices it steered to, and its pod-resources API naming the
+    container each device set went to (recorded as Allocate returns)."""
+
+    def __init__(self) -> None:
+        self.agent: Agent | None = None
+        self.owners: Owners = {}
+
+    def pod_resources(self) -> Owners:
+        return dict(self.owners)
+
+    def admit(self, pod: PodView) -> None:
+        assert self.agent is not None
+        used = {d for devices in self.owners for d in devices}
+        free = [f"{g.uuid}::{i}" for g in GPUS for i in range(10) if f"{g.uuid}::{i}" not in used]
+        for container in pod.gpu_containers:
+            picks = self.agent.preferred(free, [], container.gpu_count)
+            self.agent.allocate([picks])
+            self.owners[frozenset(picks)] = IdentityRef(pod.namespace, pod.name, container.name)
+
+
+def bind(kube: MemoryKube, pod: PodView) -> bool:
+    """The extender's bind as far as the in-flight rule goes (tessera/inflight.py): refused while a
+    pod with another key of the same GPU count is in flight (phase allocating, as the API says)."""
+    inflight = {
+        p.ref: parse_allocation(p.annotations[KEYS.allocation]) for p in kube.pods if p.uid not in kube.phases
+    }
+    if inflight_conflict(parse_allocation(pod.annotations[KEYS.allocation]), inflight) is not None:
+        return False
+    kube.pods.append(pod)
+    return True
+
+
+def test_the_allocated_phase_is_for_the_pod_the_kubelet_admitted(tmp_path: Path) -> None:
+    """A burst of equal pods spilling from one GPU onto the next (the chart's failover test): the
+    kubelet admits b before a, the agent's match is a (the older bind; the same answer). Only b may
+    read as allocated: were it a, the extender would let the next GPU's key into flight while a
+    still waits for admission, and a would be steered onto the next GPU and served a pod's
+    container it does not belong to, leaving that pod with "no in-flight container asks for"."""
+    a = in_flight_pod("a", {"main": [("GPU-0", 512, 2)]}, bind=0)
+    b = in_flight_pod("b", {"main": [("GPU-0", 512, 2)]}, bind=1)
+    c = in_flight_pod("c", {"main": [("GPU-1", 512, 2)]}, bind=2)
+    kubelet = Kubelet()
+    agent, kube = make_agent(tmp_path, [a, b], pod_resources=kubelet.pod_resources)
+    kubelet.agent = agent
+
+    kubelet.admit(b)
+    assert served_on_disk(agent) == {("uid-a", "main")}  # the guess
+    write_phases(agent)
+    assert kube.phases == {"uid-b": Phase.ALLOCATED}
+    assert served_on_disk(agent) == {("uid-b", "main")}  # corrected by what the kubelet says
+    assert not bind(kube, c), "the extender must keep the A100's key out while a is in flight"
+
+    kubelet.admit(a)
+    write_phases(agent)
+    assert kube.phases == {"uid-a": Phase.ALLOCATED, "uid-b": Phase.ALLOCATED}
+    assert bind(kube, c)
+    kubelet.admit(c)
+    write_phases(agent)
+    assert set(kube.phases) == {"uid-a", "uid-b", "uid-c"}
+    held = {(r.pod, frozenset(r.device_ids), r.gpus[0].uuid) for _, r in agent.state.records()}
+    assert held == {
+        (o.pod, devices, next(iter(devices)).split("::")[0]) for devices, o in kubelet.owners.items()
+    }
+
+
+def test_a_pod_is_allocated_only_once_the_kubelet_names_it(tmp_path: Path) -> None:
+    """Served but not yet named by the pod-resources API: no phase, asked again; a failing API is
+    asked again too, and never taken as an answer."""
+    p = in_flight_pod("p", {"x": [("GPU-0", 1024, 10)], "y": [("GPU-1", 2048, 50)]})
+    owners: Owners = {}
+    failing = [False]
+
+    def pod_resources() -> Owners:
+        if failing[0]:
+            raise PodResourcesError("pod-resources List on /k.sock failed: connection refused")
+        return dict(owners)
+
+    agent, kube = make_agent(tmp_path, [p], pod_resources=pod_resources)
+    agent.allocate([["GPU-0::0"]])
+    assert agent.confirm_admissions()  # the kubelet has not named it yet: ask again
+    owners[frozenset({"GPU-0::0"})] = IdentityRef("ns", "p", "x")
+    assert not agent.confirm_admissions()
+    agent.phases.drain()
+    assert kube.phases == {}  # y is not admitted yet
+    agent.allocate([["GPU-1::0"]])
+    owners[frozenset({"GPU-1::0"})] = IdentityRef("ns", "p", "y")
+    failing[0] = True
+    assert agent.confirm_admissions()
+    agent.tidy_state()
+    agent.phases.drain()
+    assert kube.phases == {}
+    failing[0] = False
+    assert not agent.confirm_admissions()
+    agent.phases.drain()
+    assert kube.phases == {"uid-p": Phase.ALLOCATED}

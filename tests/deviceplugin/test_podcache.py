@@ -166,6 +166,7 @@ def test_a_bind_the_cache_has_not_seen_is_served_from_the_api(
     assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[2], 4096, 30)]
     assert (agent.cache_answers, agent.api_answers) == (0, 1)
     assert agent.api_reasons["no match in the cache"] == 1
+    agent.confirm_admissions()  # no pod-resources socket here: the pod matched is taken as admitted
     agent.phases.drain()
     assert phase_of(core, namespace, "just-bound") == Phase.ALLOCATED
 

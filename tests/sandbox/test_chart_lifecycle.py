@@ -114,14 +114,6 @@ def test_upgrade_changing_the_policy_rolls_the_scheduler_and_keeps_running_pods(
     assert grant(sbx, "under-spread") == (a100, 1024, 10)
 
 
-# A known bug, found by the failover test below (2026-11-25), not yet fixed: when a burst of identical
-# pods spills from one GPU onto the next, the node agent writes the `allocated` phase for the pod it
-# matched, which among same-key pods need not be the pod the kubelet admitted (docs/deviceplugin.md,
-# Known limits); a few pods then fail admission with this message. The test reports an expected
-# failure when that, and only that, is what kept pods from running; every other check stays strict.
-KNOWN_BUG = ("UnexpectedAdmissionError", "no in-flight container asks for")
-
-
 def leader_pod(sbx: Sandbox) -> str:
     lease = client.CoordinationV1Api(sbx.api).read_namespaced_lease(SCHEDULER, install.NAMESPACE)
     holder = lease.spec.holder_identity or ""
@@ -189,12 +181,7 @@ def test_losing_the_leading_scheduler_pod_loses_no_scheduling(sbx: Sandbox) -> N
     try:
         wait_for(lambda: not not_running(), timeout=300, what="all 50 pods Running")
     except AssertionError as e:
-        left = not_running()
-        if left and all(all(part in line for part in KNOWN_BUG) for line in left):
-            for name in names:
-                sbx.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
-            pytest.xfail(f"the known bug of docs/deviceplugin.md (Known limits): {left}")
-        raise AssertionError(f"{e}: {left[:10]}") from None
+        raise AssertionError(f"{e}: {not_running()[:10]}") from None
     assert overcommitted(sbx) == []
     wait_for(lambda: rolled_out(sbx), timeout=180, what="the Deployment back to its replicas")
     for name in names:

@@ -226,6 +226,16 @@ class KubeletStandIn:
         response = self.allocate(chosen)
         with self._changed:
             self.in_use.update(chosen)
-            if owner is not None:
-                self.assigned[owner] = chosen
+        if owner is not None:
+            self.assign(owner, chosen)
         return chosen, response
+
+    def assign(self, owner: tuple[str, str, str], devices: list[str]) -> None:
+        """Name ``owner`` (namespace, pod, container) as the holder of ``devices`` in the
+        pod-resources API, as the kubelet does once Allocate returned."""
+        with self._changed:
+            self.assigned[owner] = devices
+
+    def forget_assignments(self) -> None:
+        with self._changed:
+            self.assigned.clear()
