@@ -23,8 +23,13 @@ native: $(STAMP)
 proto: $(STAMP)
 	$(MAKE) -C proto PYTHON=$(abspath $(BIN)/python)
 
+# Two Kubernetes versions: the pinned one, and the newest, which the DRA path needs (docs/dra.md);
+# its version is tools/sandbox/controlplane.py's DRA_K8S_VERSION.
+DRA_K8S_VERSION := $(shell sed -nE 's/^DRA_K8S_VERSION = "(v[0-9.]+)"$$/\1/p' tools/sandbox/controlplane.py)
+
 k8s-binaries:
 	hack/k8s-binaries.sh
+	K8S_VERSION=$(DRA_K8S_VERSION) hack/k8s-binaries.sh
 
 # Prometheus and promtool with Kubernetes discovery, from Go modules (Go comes with k8s-binaries).
 prometheus-binaries: k8s-binaries

@@ -1,0 +1,212 @@
+"""The DRA path on a real Kubernetes 1.37 control plane: kube-scheduler allocates shares of the fake
+GPUs as consumable capacity from the driver's ResourceSlice; the driver prepares the claims for a
+kubelet stand-in over its real sockets; the hook, run as a container with the claim's CDI edits,
+holds each claim to its share."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from deviceplugin.response import MountSpec
+from tessera.contract import KEYS
+from tests.deviceplugin.conftest import CUCLIENT
+from tests.deviceplugin.test_plugin import run_in_container
+from tests.draplugin.conftest import NODE, Cluster, DriverProcess, wait_published
+
+pytestmark = pytest.mark.k8s
+
+GIB = 2**30
+A100 = 'device.attributes["tessera.io"].model == "A100"'
+T4 = 'device.attributes["tessera.io"].model == "T4"'
+
+
+class Container:
+    """What a container runtime makes of a claim's CDI device: its mounts and environment."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        [device] = spec["devices"]
+        edits = device["containerEdits"]
+        self.mounts = [
+            MountSpec(m["containerPath"], m["hostPath"], read_only=m["options"][0] == "ro")
+            for m in edits["mounts"]
+        ]
+        self.envs = dict(e.split("=", 1) for e in edits["env"])
+
+
+def hook_view(
+    driver: DriverProcess, claim_uid: str, env: dict[str, str], block: str, blocks: int
+) -> tuple[int, list[str]]:
+    """The GPU memory the hook reports inside the claim's container, and the results of ``blocks``
+    allocations of ``block`` followed by one more of 1 MiB."""
+    out = run_in_container(
+        Container(driver.cdi_spec(claim_uid)),
+        [str(CUCLIENT), "info", "alloc", "mem", block, str(blocks), "alloc", "mem", "1m", "1"],
+        env,
+    )
+    total = re.search(r"total=(\d+)", out)
+    assert total, out
+    return int(total.group(1)), re.findall(r"^alloc kind=mem size=\d+ index=\d+ result=(\S+)$", out, re.M)
+
+
+def test_the_slice_as_the_api_server_keeps_it(cluster: Cluster, start_driver: Any) -> None:
+    driver = start_driver()
+    published = wait_published(driver, cluster.api)
+    assert published["spec"]["pool"]["name"] == NODE
+    a100, t4 = published["spec"]["devices"]
+    assert a100["allowMultipleAllocations"] is True
+    assert a100["attributes"]["model"] == {"string": "A100"}
+    assert t4["attributes"]["model"] == {"string": "T4"}
+    assert a100["attributes"]["numaNode"] == {"int": 0}
+    assert a100["capacity"]["memory"]["value"] == "40Gi"
+    assert t4["capacity"]["cores"]["requestPolicy"]["validRange"]["max"] == "100"
+
+
+def test_two_claims_share_the_a100_each_held_to_its_own_share(
+    cluster: Cluster, start_driver: Any, fake_gpus: Any
+) -> None:
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    cluster.create_claim("small", {"memory": "1Gi", "cores": "30"}, A100)
+    cluster.create_claim("large", {"memory": "3Gi", "cores": "50"}, A100)
+    cluster.create_pod("small", "small")
+    cluster.create_pod("large", "large")
+    small, large = cluster.allocated("small"), cluster.allocated("large")
+    assert (small["device"], large["device"]) == ("gpu-0", "gpu-0")
+    assert small["consumedCapacity"] == {"memory": "1Gi", "cores": "30"}
+    assert large["consumedCapacity"] == {"memory": "3Gi", "cores": "50"}
+    assert small["shareID"] != large["shareID"]
+
+    kubelet = driver.register()
+    refs = [cluster.claim_ref("small"), cluster.claim_ref("large")]
+    answer = kubelet.prepare(*refs)
+    for ref, result in zip(refs, (small, large), strict=True):
+        entry = answer.claims[ref.uid]
+        assert entry.error == ""
+        [device] = entry.devices
+        assert (device.pool_name, device.device_name) == (NODE, "gpu-0")
+        assert device.share_id == result["shareID"]
+        assert list(device.cdi_device_ids) == [f"{KEYS.cdi_kind}={ref.uid}"]
+    env = fake_gpus.env()
+    assert hook_view(driver, refs[0].uid, env, "256m", 4) == (
+        GIB,
+        ["CUDA_SUCCESS"] * 4 + ["CUDA_ERROR_OUT_OF_MEMORY"],
+    )
+    assert hook_view(driver, refs[1].uid, env, "1g", 3) == (
+        3 * GIB,
+        ["CUDA_SUCCESS"] * 3 + ["CUDA_ERROR_OUT_OF_MEMORY"],
+    )
+
+
+def test_a_claim_no_gpu_fits_stays_pending_with_the_schedulers_reason(
+    cluster: Cluster, start_driver: Any
+) -> None:
+    wait_published(start_driver(), cluster.api)
+    cluster.create_claim("huge", {"memory": "48Gi"})
+    cluster.create_pod("huge", "huge")
+    assert "cannot allocate all claims" in cluster.unschedulable("huge")
+    assert not (cluster.claim("huge").get("status") or {}).get("allocation")
+
+
+def test_a_cel_model_selector_lands_on_that_model(cluster: Cluster, start_driver: Any) -> None:
+    wait_published(start_driver(), cluster.api)
+    cluster.create_claim("t4", {"memory": "2Gi"}, T4)
+    cluster.create_pod("t4", "t4")
+    assert cluster.allocated("t4")["device"] == "gpu-1"
+    cluster.create_claim("numa0", {"memory": "2Gi"}, 'device.attributes["tessera.io"].numaNode == 0')
+    cluster.create_pod("numa0", "numa0")
+    assert cluster.allocated("numa0")["device"] == "gpu-0"
+
+
+def test_three_15g_claims_on_the_40g_gpu_two_fit_and_deleting_a_pod_frees_its_share(
+    cluster: Cluster, start_driver: Any
+) -> None:
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    for n in (1, 2):
+        cluster.create_claim(f"c{n}", {"memory": "15Gi"}, A100)
+        cluster.create_pod(f"p{n}", f"c{n}")
+        assert cluster.allocated(f"c{n}")["device"] == "gpu-0"
+    cluster.create_claim("c3", {"memory": "15Gi"}, A100)
+    cluster.create_pod("p3", "c3")
+    assert "cannot allocate all claims" in cluster.unschedulable("p3")
+
+    kubelet = driver.register()
+    first = cluster.claim_ref("c1")
+    assert kubelet.prepare(first).claims[first.uid].error == ""
+    assert any(first.uid in f for f in driver.files())
+    # The pod goes: the kubelet unprepares its claim, and the claim's share is free again.
+    cluster.delete_pod("p1")
+    assert kubelet.unprepare(first).claims[first.uid].error == ""
+    assert not any(first.uid in f for f in driver.files())
+    cluster.objects.delete_namespaced_custom_object(
+        "resource.k8s.io", "v1", cluster.namespace, "resourceclaims", "c1"
+    )
+    assert cluster.allocated("c3", timeout=120)["device"] == "gpu-0"
+
+
+def test_driver_restarts_before_and_after_prepare_lose_nothing(
+    cluster: Cluster, start_driver: Any, fake_gpus: Any
+) -> None:
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    cluster.create_claim("share", {"memory": "1Gi", "cores": "30"}, A100)
+    cluster.create_pod("share", "share")
+    cluster.allocated("share")
+    ref = cluster.claim_ref("share")
+
+    # Between allocation and prepare.
+    driver.stop()
+    driver = start_driver()
+    first = driver.register().prepare(ref).claims[ref.uid]
+    assert first.error == ""
+    files = {f: (driver.state_dir.parent / f).read_bytes() for f in driver.files()}
+
+    # After prepare: the kubelet asks again (it retries until it has an answer) and gets the same.
+    driver.stop()
+    driver = start_driver()
+    again = driver.register().prepare(ref).claims[ref.uid]
+    assert again == first
+    assert {f: (driver.state_dir.parent / f).read_bytes() for f in driver.files()} == files
+    assert hook_view(driver, ref.uid, fake_gpus.env(), "256m", 4)[0] == GIB
+
+
+def test_bad_claims_are_refused_clearly_with_nothing_written(cluster: Cluster, start_driver: Any) -> None:
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    kubelet = driver.register()
+
+    # More than the request policy allows: no device can take it.
+    cluster.create_claim("greedy", {"cores": "150"}, A100)
+    cluster.create_pod("greedy", "greedy")
+    assert "cannot allocate all claims" in cluster.unschedulable("greedy")
+
+    # A capacity name the API does not accept: refused at creation, naming the field.
+    with pytest.raises(Exception, match=r"capacity\.requests.*Invalid value"):
+        cluster.create_claim("misnamed", {"Memory!": "1Gi"})
+
+    # An attribute no device has: the selector cannot be evaluated.
+    cluster.create_claim("colour", {"memory": "1Gi"}, 'device.attributes["tessera.io"].colour == "red"')
+    cluster.create_pod("colour", "colour")
+    assert "colour" in cluster.unschedulable("colour")
+
+    # A malformed opaque config: allocated (the API server checks only that it is JSON), refused at
+    # prepare with the field named, nothing written on the node.
+    cluster.create_claim(
+        "configured",
+        {"memory": "1Gi"},
+        A100,
+        {"apiVersion": KEYS.dra_config_api_version, "kind": "GpuShareConfig", "elastic": "yes"},
+    )
+    cluster.create_pod("configured", "configured")
+    cluster.allocated("configured")
+    ref = cluster.claim_ref("configured")
+    refused = kubelet.prepare(ref).claims[ref.uid]
+    assert list(refused.devices) == []
+    assert refused.error == (
+        f"claim {cluster.namespace}/configured ({ref.uid}): status.allocation.devices.config[0].opaque.parameters: "
+        'elastic: Input should be a valid boolean (got "yes")'
+    )
+    assert driver.files() == []
