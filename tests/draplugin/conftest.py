@@ -72,7 +72,11 @@ def dra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
             status = body.pop("status")
             core.create_node(body)
             core.patch_node_status(NODE, {"status": status})
-            [device_class] = yaml.safe_load_all((ROOT / "deploy" / "dra" / "deviceclass.yaml").read_text())
+            [device_class] = [
+                d
+                for d in yaml.safe_load_all((ROOT / "deploy" / "dra-driver.yaml").read_text())
+                if d["kind"] == "DeviceClass"
+            ]
             client.CustomObjectsApi(api).create_cluster_custom_object(
                 GROUP, VERSION, "deviceclasses", device_class
             )
@@ -129,21 +133,25 @@ class Cluster:
         )
         return found
 
-    def create_pod(self, name: str, claim: str) -> None:
+    def create_pod(self, name: str, claim: str, scheduler: str = "default-scheduler") -> None:
+        self._create_pod(
+            name,
+            {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+            {"claims": [{"name": "gpu"}]},
+            scheduler,
+        )
+
+    def create_plain_pod(self, name: str, limits: dict[str, str], scheduler: str) -> None:
+        """A pod without claims, with these resource limits."""
+        self._create_pod(name, {}, {"limits": limits}, scheduler)
+
+    def _create_pod(self, name: str, spec: dict[str, Any], resources: dict[str, Any], scheduler: str) -> None:
+        container = {"name": "main", "image": "example.invalid/none", "resources": resources}
         self.core.create_namespaced_pod(
             self.namespace,
             {
                 "metadata": {"name": name},
-                "spec": {
-                    "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "example.invalid/none",
-                            "resources": {"claims": [{"name": "gpu"}]},
-                        }
-                    ],
-                },
+                "spec": {**spec, "schedulerName": scheduler, "containers": [container]},
             },
         )
 

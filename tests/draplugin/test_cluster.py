@@ -5,16 +5,21 @@ holds each claim to its share."""
 
 from __future__ import annotations
 
+import json
 import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from deviceplugin.response import MountSpec
+from sandbox.controlplane import ControlPlane
 from tessera.contract import KEYS
 from tests.deviceplugin.conftest import CUCLIENT
 from tests.deviceplugin.test_plugin import run_in_container
 from tests.draplugin.conftest import NODE, Cluster, DriverProcess, wait_published
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -210,3 +215,69 @@ def test_bad_claims_are_refused_clearly_with_nothing_written(cluster: Cluster, s
         'elastic: Input should be a valid boolean (got "yes")'
     )
     assert driver.files() == []
+
+
+class RecordingExtender:
+    """A scheduler extender that passes every node and records which pods it was asked about."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                args = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                recorder.asked.append(args["pod"]["metadata"]["name"])
+                body = json.dumps({"nodeNames": args.get("nodenames") or [], "failedNodes": {}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_extender_is_not_asked_about_dra_pods(
+    cluster: Cluster, start_driver: Any, dra_cluster: ControlPlane
+) -> None:
+    """kube-scheduler calls an extender with managedResources only for pods that request one of
+    them: Tessera's extender never sees a DRA pod, so its placement does not apply to claims."""
+    wait_published(start_driver(), cluster.api)
+    extender = RecordingExtender()
+    config = (
+        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
+        "clientConnection:\n  kubeconfig: {kubeconfig}\n"
+        "profiles:\n  - schedulerName: tessera-scheduler\n"
+        f"extenders:\n  - urlPrefix: {extender.url}\n    filterVerb: filter\n    nodeCacheCapable: true\n"
+        f"    managedResources:\n      - name: {KEYS.vgpu}\n        ignoredByScheduler: true\n"
+    )
+    scheduler = dra_cluster.start_scheduler(config, name="kube-scheduler-extender")
+    try:
+        cluster.create_claim("share", {"memory": "1Gi"}, A100)
+        cluster.create_pod("dra", "share", scheduler="tessera-scheduler")
+        cluster.create_plain_pod("vgpu", {KEYS.vgpu: "1"}, scheduler="tessera-scheduler")
+        wait_for(lambda: "vgpu" in extender.asked, 90.0, "the extender asked about the vgpu pod")
+        assert cluster.allocated("share")["device"] == "gpu-0"
+        wait_for(
+            lambda: cluster.core.read_namespaced_pod("dra", cluster.namespace).spec.node_name,
+            60.0,
+            "dra bound",
+        )
+        assert "dra" not in extender.asked
+    finally:
+        dra_cluster.stop_process(scheduler)
+        extender.stop()
