@@ -124,11 +124,14 @@ class Servers:
     dra: grpc.Server
     registration: grpc.Server
     status: RegistrationService
+    sockets: tuple[Path, Path]  # registration, DRA
 
     def stop(self, grace: float = 2.0) -> None:
-        """The registration socket first: the kubelet then stops sending new calls."""
+        """The registration socket first: its removal tells the kubelet the plugin is gone."""
         self.registration.stop(grace).wait()
         self.dra.stop(grace).wait()
+        for socket in self.sockets:
+            socket.unlink(missing_ok=True)
 
 
 def serve_driver(driver: Driver, dra_socket: Path, registration_socket: Path) -> Servers:
@@ -138,4 +141,6 @@ def serve_driver(driver: Driver, dra_socket: Path, registration_socket: Path) ->
     registration = serve(
         registration_socket, lambda s: reg_grpc.add_RegistrationServicer_to_server(status, s)
     )
-    return Servers(dra=dra_server, registration=registration, status=status)
+    return Servers(
+        dra=dra_server, registration=registration, status=status, sockets=(registration_socket, dra_socket)
+    )

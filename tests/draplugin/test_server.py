@@ -79,6 +79,8 @@ def test_prepare_answers_each_claim_and_errors_stay_per_claim(tmp_path: Path, so
     finally:
         kubelet.close()
         servers.stop()
+    # Both sockets go with the driver: the kubelet's plugin watcher sees it leave.
+    assert list(sockets.rglob("*.sock")) == []
 
 
 def test_an_api_server_that_cannot_answer_fails_the_claim_not_the_call(tmp_path: Path, sockets: Path) -> None:
