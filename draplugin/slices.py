@@ -143,6 +143,6 @@ def resource_slice(
 
 
 def devices_digest(devices: object) -> str:
-    """A digest of what a slice says about its devices: the API server rewrites quantities into
-    its own canonical form, so the publisher compares this annotation, not the devices."""
+    """A digest of what a slice says about its devices: the publisher compares this annotation of
+    what it wrote, not the stored devices, which the API server may default or reformat."""
     return hashlib.sha256(json.dumps(devices, sort_keys=True).encode()).hexdigest()[:32]

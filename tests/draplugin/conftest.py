@@ -169,22 +169,25 @@ class Cluster:
         found: dict[str, Any] = wait_for(result, timeout, f"claim {name} allocated")
         return found
 
-    def unschedulable(self, pod: str, timeout: float = 90.0) -> str:
-        """The message of the pod's PodScheduled=False condition, once kube-scheduler gave up on it."""
+    def not_scheduled(self, pod: str, timeout: float = 90.0) -> tuple[str, str]:
+        """The reason and message of the pod's PodScheduled=False condition, once kube-scheduler
+        has given up on it (``Unschedulable``) or failed on it (``SchedulerError``)."""
 
-        def message() -> str | None:
+        def condition() -> tuple[str, str] | None:
             status = self.core.read_namespaced_pod(pod, self.namespace).status
-            for condition in status.conditions or []:
-                if (
-                    condition.type == "PodScheduled"
-                    and condition.status == "False"
-                    and condition.reason == "Unschedulable"
-                ):
-                    return str(condition.message)
+            for found in status.conditions or []:
+                if found.type == "PodScheduled" and found.status == "False" and found.reason:
+                    return str(found.reason), str(found.message)
             return None
 
-        found: str = wait_for(message, timeout, f"pod {pod} unschedulable")
+        found: tuple[str, str] = wait_for(condition, timeout, f"pod {pod} not scheduled")
         return found
+
+    def unschedulable(self, pod: str, timeout: float = 90.0) -> str:
+        """The message of the pod's PodScheduled=False condition with reason Unschedulable."""
+        reason, message = self.not_scheduled(pod, timeout)
+        assert reason == "Unschedulable", (reason, message)
+        return message
 
     def claim_ref(self, name: str) -> Any:
         """The claim as the kubelet names it to the driver."""

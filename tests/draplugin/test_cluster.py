@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from deviceplugin.response import MountSpec
 from sandbox.controlplane import ControlPlane
 from tessera.contract import KEYS
 from tests.deviceplugin.conftest import CUCLIENT
 from tests.deviceplugin.test_plugin import run_in_container
-from tests.draplugin.conftest import NODE, Cluster, DriverProcess, wait_published
+from tests.draplugin.conftest import NODE, ROOT, Cluster, DriverProcess, wait_published
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
@@ -65,7 +67,7 @@ def test_the_slice_as_the_api_server_keeps_it(cluster: Cluster, start_driver: An
     assert a100["attributes"]["model"] == {"string": "A100"}
     assert t4["attributes"]["model"] == {"string": "T4"}
     assert a100["attributes"]["numaNode"] == {"int": 0}
-    assert a100["capacity"]["memory"]["value"] == "40Gi"
+    assert a100["capacity"]["memory"]["value"] == str(40 * GIB)
     assert t4["capacity"]["cores"]["requestPolicy"]["validRange"]["max"] == "100"
 
 
@@ -80,8 +82,8 @@ def test_two_claims_share_the_a100_each_held_to_its_own_share(
     cluster.create_pod("large", "large")
     small, large = cluster.allocated("small"), cluster.allocated("large")
     assert (small["device"], large["device"]) == ("gpu-0", "gpu-0")
-    assert small["consumedCapacity"] == {"memory": "1Gi", "cores": "30"}
-    assert large["consumedCapacity"] == {"memory": "3Gi", "cores": "50"}
+    assert small["consumedCapacity"] == {"memory": str(GIB), "cores": "30"}
+    assert large["consumedCapacity"] == {"memory": str(3 * GIB), "cores": "50"}
     assert small["shareID"] != large["shareID"]
 
     kubelet = driver.register()
@@ -188,14 +190,21 @@ def test_bad_claims_are_refused_clearly_with_nothing_written(cluster: Cluster, s
     cluster.create_pod("greedy", "greedy")
     assert "cannot allocate all claims" in cluster.unschedulable("greedy")
 
-    # A capacity name the API does not accept: refused at creation, naming the field.
-    with pytest.raises(Exception, match=r"capacity\.requests.*Invalid value"):
-        cluster.create_claim("misnamed", {"Memory!": "1Gi"})
+    # A capacity the devices do not have: no device can take it either.
+    cluster.create_claim("bandwidth", {"bandwidth": "1"}, A100)
+    cluster.create_pod("bandwidth", "bandwidth")
+    assert "cannot allocate all claims" in cluster.unschedulable("bandwidth")
 
-    # An attribute no device has: the selector cannot be evaluated.
+    # Opaque parameters that are no JSON object: refused at creation, naming the field.
+    with pytest.raises(client.ApiException, match=r"opaque\.parameters"):
+        cluster.create_claim("unparsable", {"memory": "1Gi"}, A100, "not an object")
+
+    # An attribute no device has: the selector cannot be evaluated (kube-scheduler retries it).
     cluster.create_claim("colour", {"memory": "1Gi"}, 'device.attributes["tessera.io"].colour == "red"')
     cluster.create_pod("colour", "colour")
-    assert "colour" in cluster.unschedulable("colour")
+    reason, message = cluster.not_scheduled("colour")
+    assert reason == "SchedulerError"
+    assert "CEL runtime error: no such key: colour" in message
 
     # A malformed opaque config: allocated (the API server checks only that it is JSON), refused at
     # prepare with the field named, nothing written on the node.
@@ -227,8 +236,8 @@ class RecordingExtender:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 args = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                recorder.asked.append(args["pod"]["metadata"]["name"])
-                body = json.dumps({"nodeNames": args.get("nodenames") or [], "failedNodes": {}}).encode()
+                recorder.asked.append(args["Pod"]["metadata"]["name"])
+                body = json.dumps({"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -281,3 +290,25 @@ def test_the_extender_is_not_asked_about_dra_pods(
     finally:
         dra_cluster.stop_process(scheduler)
         extender.stop()
+
+
+def test_the_dra_manifests_are_accepted_by_the_api_server(dra_cluster: ControlPlane) -> None:
+    """deploy/dra-driver.yaml (the chart in DRA mode) as the API server validates it (dry run)."""
+    kubectl = dra_cluster.bin_dir / "kubectl"
+    applied = subprocess.run(
+        [
+            str(kubectl),
+            f"--kubeconfig={dra_cluster.kubeconfig}",
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--force-conflicts",
+            "-f",
+            str(ROOT / "deploy" / "dra-driver.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert applied.returncode == 0, applied.stderr
+    assert "daemonset.apps/tessera-dra serverside-applied (server dry run)" in applied.stdout

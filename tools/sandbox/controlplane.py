@@ -284,6 +284,7 @@ class ControlPlane:
                 "--authorization-mode=RBAC",
                 "--allow-privileged=true",
                 *self._admission(),
+                *self._endpoint_reconciler(),
                 "--kubelet-preferred-address-types=Hostname,InternalIP",
                 "--v=1",
             ],
@@ -300,6 +301,11 @@ class ControlPlane:
         if self.service_accounts:
             return ["--disable-admission-plugins=TaintNodesByCondition"]
         return ["--disable-admission-plugins=ServiceAccount,TaintNodesByCondition"]
+
+    def _endpoint_reconciler(self) -> list[str]:
+        # The `kubernetes` Service's endpoint is the advertised address; 1.37 refuses a loopback one
+        # ("may not be in the loopback range"), and no pod could reach it there anyway.
+        return ["--endpoint-reconciler-type=none"] if self.address == LOOPBACK else []
 
     def restart_apiserver(self, timeout: float = 90.0) -> None:
         """Stop kube-apiserver and start it again on the same port, with the same certificates and
