@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from deviceplugin.response import MountSpec
@@ -312,3 +313,24 @@ def test_the_dra_manifests_are_accepted_by_the_api_server(dra_cluster: ControlPl
     )
     assert applied.returncode == 0, applied.stderr
     assert "daemonset.apps/tessera-dra serverside-applied (server dry run)" in applied.stdout
+
+
+def test_the_example_claim_template_gets_its_share(cluster: Cluster, start_driver: Any) -> None:
+    """deploy/examples/dra-shared-gpu.yaml as a user applies it: the ResourceClaim controller makes
+    the pod's claim from the template, kube-scheduler gives it 4 GiB and 30% of the A100."""
+    wait_published(start_driver(), cluster.api)
+    template, pod = yaml.safe_load_all((ROOT / "deploy" / "examples" / "dra-shared-gpu.yaml").read_text())
+    cluster.objects.create_namespaced_custom_object(
+        "resource.k8s.io", "v1", cluster.namespace, "resourceclaimtemplates", template
+    )
+    cluster.core.create_namespaced_pod(cluster.namespace, pod)
+
+    def claim_name() -> str | None:
+        statuses = cluster.core.read_namespaced_pod(pod["metadata"]["name"], cluster.namespace).status
+        names = [s.resource_claim_name for s in statuses.resource_claim_statuses or []]
+        return names[0] if names and names[0] else None
+
+    name = wait_for(claim_name, 60.0, "the claim made from the template")
+    result = cluster.allocated(name)
+    assert result["device"] == "gpu-0"
+    assert result["consumedCapacity"] == {"memory": str(4 * GIB), "cores": "30"}
