@@ -97,6 +97,12 @@ def test_two_claims_share_the_a100_each_held_to_its_own_share(
         assert (device.pool_name, device.device_name) == (NODE, "gpu-0")
         assert device.share_id == result["shareID"]
         assert list(device.cdi_device_ids) == [f"{KEYS.cdi_kind}={ref.uid}"]
+    # The compute shares go to the hook as its own tests exercise them (tests/hook/test_compute.py).
+    gpu = fake_gpus.uuids[0]
+    for ref, line in zip(
+        refs, (f"device {gpu} memory {GIB} cores 30", f"device {gpu} memory {3 * GIB} cores 50"), strict=True
+    ):
+        assert line in (driver.state_dir / "claims" / ref.uid / "limits").read_text().splitlines()
     env = fake_gpus.env()
     assert hook_view(driver, refs[0].uid, env, "256m", 4) == (
         GIB,
