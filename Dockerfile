@@ -1,4 +1,4 @@
-# One image for Tessera's node agent (tessera-device-plugin, with libvgpu.so) and the scheduler
+# One image for Tessera's node agent (tessera-device-plugin or tessera-dra, with libvgpu.so) and the scheduler
 # extender (tessera-extender). Build: docker build -t tessera:0.1.0 .
 # The hook is compiled against the CUDA and NVML headers that NVIDIA publishes on PyPI; the image
 # carries no CUDA driver: on a GPU node the NVIDIA container toolkit provides it. Only the product is
@@ -17,6 +17,7 @@ COPY pyproject.toml README.md ./
 COPY tessera tessera
 COPY extender extender
 COPY deviceplugin deviceplugin
+COPY draplugin draplugin
 COPY hook hook
 COPY proto proto
 RUN pip install --no-cache-dir "nvidia-cuda-runtime>=12.6,<14" "nvidia-nvml-dev>=12.6,<14" \

@@ -23,8 +23,13 @@ native: $(STAMP)
 proto: $(STAMP)
 	$(MAKE) -C proto PYTHON=$(abspath $(BIN)/python)
 
+# Two Kubernetes versions: the pinned one, and the newest, which the DRA path needs (docs/dra.md);
+# its version is tools/sandbox/controlplane.py's DRA_K8S_VERSION.
+DRA_K8S_VERSION := $(shell sed -nE 's/^DRA_K8S_VERSION = "(v[0-9.]+)"$$/\1/p' tools/sandbox/controlplane.py)
+
 k8s-binaries:
 	hack/k8s-binaries.sh
+	K8S_VERSION=$(DRA_K8S_VERSION) hack/k8s-binaries.sh
 
 # Prometheus and promtool with Kubernetes discovery, from Go modules (Go comes with k8s-binaries).
 prometheus-binaries: k8s-binaries
@@ -45,8 +50,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Then the device plugin path on the newest Kubernetes too: its integration tests against that
+# version's kube-apiserver (the DRA path's tests run on it in the first run).
 test: $(STAMP) native k8s-binaries prometheus-binaries sandbox-deps images lint
 	$(BIN)/pytest
+	TESSERA_K8S_BIN="$$(K8S_VERSION=$(DRA_K8S_VERSION) hack/k8s-binaries.sh)" $(BIN)/pytest tests/deviceplugin/test_plugin.py
 
 # The main job: the whole path on a local sandbox cluster (root) with Tessera installed by its Helm
 # chart from the images built here: pods share a fake GPU, quotas hold.

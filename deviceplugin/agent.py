@@ -8,7 +8,6 @@ per-container files and reports results to the API. Decisions are made by the pu
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import Counter
@@ -34,7 +33,7 @@ from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
 from deviceplugin.podresources import Owners, PodResourcesError, container_devices
 from deviceplugin.response import ContainerAnswer, answer_for
-from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
+from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir, create_state_dir
 from hook.limits import write_limits
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
@@ -56,8 +55,6 @@ TIDY_SECONDS = 5.0
 # this pause, then after pauses doubling up to the last while it does not name the devices yet.
 CONFIRM_FIRST_PAUSE = 0.05
 CONFIRM_MAX_PAUSE = 1.0
-# The container's processes run as any user; the hook in each must create and map the region file.
-STATE_DIR_MODE = 0o777
 
 
 class Agent:
@@ -343,8 +340,7 @@ class Agent:
         return True
 
     def _write_files(self, answer: ContainerAnswer) -> None:
-        answer.where.state.mkdir(parents=True, exist_ok=True)
-        os.chmod(answer.where.state, STATE_DIR_MODE)
+        create_state_dir(answer.where)
         for slot in answer.slots:
             self.state.create_slot(slot)
         write_limits(

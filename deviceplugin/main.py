@@ -20,46 +20,13 @@ from deviceplugin.config import Config, parse_config
 from deviceplugin.kube import Kube, KubeConfigError, load_api
 from deviceplugin.kubelet import run_registration
 from deviceplugin.metrics import OVER_QUOTA_REASON, AgentCollector, OverQuota, PluginMetrics
-from deviceplugin.nvml import GpuReading, Nvml, NvmlUnavailableError
+from deviceplugin.nvml import GpuReading, discover_gpus
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
 from deviceplugin.statedir import StateDir
 from hook._library import LIBRARY_ENV
-from tessera.contract import GpuInfo
 
 log = logging.getLogger("tessera-device-plugin")
-
-
-def _discover(config: Config) -> tuple[Nvml | None, tuple[GpuInfo, ...]]:
-    """The node's GPUs; none, with one log line saying why, when NVML is missing or finds none."""
-    try:
-        nvml = Nvml()
-    except NvmlUnavailableError as e:
-        log.warning("no GPUs advertised: %s", e)
-        return None, ()
-    try:
-        gpus = nvml.discover(config.split)
-    except NvmlUnavailableError as e:
-        log.warning("no GPUs advertised: %s", e)
-        nvml.close()
-        return None, ()
-    if not gpus:
-        log.warning("no GPUs advertised: NVML reports 0 GPUs on this node")
-    for gpu in gpus:
-        log.info(
-            "GPU %d %s: %s, %d MiB, %d SMs, compute %s, PCI %s, NUMA %s, NVLink peers %s, %d slices",
-            gpu.index,
-            gpu.uuid,
-            gpu.model,
-            gpu.memory_mib,
-            gpu.sm_count,
-            gpu.compute_capability,
-            gpu.pci_bus_id or "-",
-            gpu.numa_node if gpu.numa_node is not None else "-",
-            ",".join(gpu.nvlink_peers) or "-",
-            gpu.split,
-        )
-    return nvml, gpus
 
 
 def run(config: Config, stop: threading.Event) -> None:
@@ -68,7 +35,7 @@ def run(config: Config, stop: threading.Event) -> None:
     kube = Kube(load_api(config.kubeconfig), config.node_name, config.keys)
     state = StateDir(config.state_dir)
     state.prepare()
-    nvml, gpus = _discover(config)
+    nvml, gpus = discover_gpus(config.split)
     cache = PodCache(kube)
     phases = PhaseWriter(kube)
     agent = Agent(config, gpus, kube, state, cache=cache, phases=phases)

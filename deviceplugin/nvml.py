@@ -195,3 +195,35 @@ class Nvml:
                     on_xid(uuid, int(event.eventData))
         finally:
             pynvml.nvmlEventSetFree(events)
+
+
+def discover_gpus(split: int) -> tuple[Nvml | None, tuple[GpuInfo, ...]]:
+    """The node's GPUs; none, with one log line saying why, when NVML is missing or finds none."""
+    try:
+        nvml = Nvml()
+    except NvmlUnavailableError as e:
+        log.warning("no GPUs advertised: %s", e)
+        return None, ()
+    try:
+        gpus = nvml.discover(split)
+    except NvmlUnavailableError as e:
+        log.warning("no GPUs advertised: %s", e)
+        nvml.close()
+        return None, ()
+    if not gpus:
+        log.warning("no GPUs advertised: NVML reports 0 GPUs on this node")
+    for gpu in gpus:
+        log.info(
+            "GPU %d %s: %s, %d MiB, %d SMs, compute %s, PCI %s, NUMA %s, NVLink peers %s, %d slices",
+            gpu.index,
+            gpu.uuid,
+            gpu.model,
+            gpu.memory_mib,
+            gpu.sm_count,
+            gpu.compute_capability,
+            gpu.pci_bus_id or "-",
+            gpu.numa_node if gpu.numa_node is not None else "-",
+            ",".join(gpu.nvlink_peers) or "-",
+            gpu.split,
+        )
+    return nvml, gpus

@@ -42,6 +42,18 @@ class ContainerAnswer:
     record: ServedRecord
 
 
+def hook_mounts(where: ContainerDir, state: StateDir, hook_library: Path) -> tuple[MountSpec, ...]:
+    """What every container with a GPU share gets: its limits (read-only), its accounting state,
+    the hook and the preload entry that loads it. The device plugin and the DRA driver both mount
+    these."""
+    return (
+        MountSpec(CONTAINER_LIMITS_FILE, str(where.limits), read_only=True),
+        MountSpec(CONTAINER_STATE_DIR, str(where.state), read_only=False),
+        MountSpec(CONTAINER_HOOK_LIBRARY, str(hook_library), read_only=True),
+        MountSpec(CONTAINER_LD_SO_PRELOAD, str(state.ld_so_preload), read_only=True),
+    )
+
+
 def answer_for(
     container: InFlight, device_ids: Sequence[str], state: StateDir, where: ContainerDir, hook_library: Path
 ) -> ContainerAnswer:
@@ -66,13 +78,7 @@ def answer_for(
     ]
     return ContainerAnswer(
         envs={VISIBLE_DEVICES_ENV: ",".join(uuids)},
-        mounts=(
-            MountSpec(CONTAINER_LIMITS_FILE, str(where.limits), read_only=True),
-            MountSpec(CONTAINER_STATE_DIR, str(where.state), read_only=False),
-            MountSpec(CONTAINER_HOOK_LIBRARY, str(hook_library), read_only=True),
-            MountSpec(CONTAINER_LD_SO_PRELOAD, str(state.ld_so_preload), read_only=True),
-            *coordination,
-        ),
+        mounts=(*hook_mounts(where, state, hook_library), *coordination),
         where=where,
         limits=tuple(DeviceLimit.from_grant(g) for g in container.grants),
         qos=container.qos,

@@ -40,6 +40,8 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _SLOT_SEPARATOR = "_"
 # A slot is written by the container's user, whoever that is, through the one writable mount of it.
 SLOT_MODE = 0o666
+# The container's processes run as any user; the hook in each must create and map the region file.
+STATE_DIR_MODE = 0o777
 
 
 def _check_names(*named: tuple[str, str]) -> None:
@@ -94,6 +96,15 @@ class StateDir:
     @property
     def coordination(self) -> Path:
         return self.root / "coordination"
+
+    @property
+    def claims(self) -> Path:
+        return self.root / "claims"
+
+    def claim(self, claim_uid: str) -> ContainerDir:
+        """The files of one prepared DRA claim: its containers share one limits file and state."""
+        _check_names(("claim UID", claim_uid))
+        return ContainerDir(self.claims / claim_uid)
 
     def container(self, pod_uid: str, container: str) -> ContainerDir:
         _check_names(("pod UID", pod_uid), ("container name", container))
@@ -182,6 +193,12 @@ class StateDir:
                 slot.unlink(missing_ok=True)
                 removed.append(slot)
         return removed
+
+
+def create_state_dir(where: ContainerDir) -> None:
+    """The hook's accounting directory, writable by whichever user the container runs as."""
+    where.state.mkdir(parents=True, exist_ok=True)
+    os.chmod(where.state, STATE_DIR_MODE)
 
 
 def write_atomically(path: Path, text: str, *, mode: int) -> None:

@@ -47,15 +47,18 @@ build_kubernetes() {
   local mod="$cache/src/kubernetes"
   mkdir -p "$mod"
   if [ ! -f "$mod/go.mod" ]; then
+    # The staging modules, the go directive and the godebug default differ between minors (1.37 adds
+    # cri-streaming and streaming, says go 1.26.0): take them from the pinned Kubernetes go.mod.
+    local upstream go_directive godebug m
+    upstream="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -nE 's/^\t"GoMod": "(.*)",$/\1/p')"
+    [ -f "$upstream" ] || { log "no go.mod for k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
+    go_directive="$(sed -nE 's/^go ([0-9.]+)$/\1/p' "$upstream")"
+    godebug="$(sed -nE 's/^godebug (default=go[0-9.]+)$/\1/p' "$upstream")"
     (cd "$mod" && go mod init example.local/k8sbuild >/dev/null 2>&1 &&
-      go mod edit -go=1.24.0 -godebug=default=go1.24 -require="k8s.io/kubernetes@$K8S_VERSION")
-    local m
-    for m in api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider \
-      cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api \
-      cri-client csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms \
-      kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics \
-      mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller; do
-      (cd "$mod" && go mod edit -replace="k8s.io/$m=k8s.io/$m@$staging_version")
+      go mod edit -go="$go_directive" -godebug="${godebug:-default=go$go_directive}" \
+        -require="k8s.io/kubernetes@$K8S_VERSION")
+    for m in $(sed -nE 's#^\s*(k8s\.io/[a-z0-9-]+) => \./staging/.*#\1#p' "$upstream"); do
+      (cd "$mod" && go mod edit -replace="$m=$m@$staging_version")
     done
     printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n\t_ "k8s.io/kubernetes/cmd/kube-proxy"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' >"$mod/tools.go"
     sed -i '1s/^/\/\/go:build tools\n\n/' "$mod/tools.go"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Render the plain manifests under deploy/ from the Helm chart, the one source of both: the node agent
 # and the standalone extender (scheduler.enabled=false) that deploy/scheduler-config.yaml calls.
-#   hack/render-manifests.sh          write deploy/device-plugin.yaml and deploy/extender.yaml
+#   hack/render-manifests.sh          write deploy/device-plugin.yaml, deploy/extender.yaml and
+#                                     deploy/dra-driver.yaml (the node agent in DRA mode, docs/dra.md)
 #   hack/render-manifests.sh --check  exit 1 if they differ from what the chart renders
 # The extender's Service gets the fixed ClusterIP that deploy/scheduler-config.yaml calls: a
 # kube-scheduler on the host network cannot resolve cluster DNS names, but kube-proxy makes
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 helm="${HELM:-$(hack/k8s-binaries.sh 2>/dev/null)/helm}"
 status=0
-for part in device-plugin extender; do
+for part in device-plugin extender dra-driver; do
   rendered="$(mktemp)"
   {
     echo "# Rendered from charts/tessera (templates/$part.yaml) by hack/render-manifests.sh: edit the chart."
@@ -20,6 +21,7 @@ for part in device-plugin extender; do
     "$helm" template tessera charts/tessera --namespace kube-system \
       --set scheduler.enabled=false \
       --set "extender.service.clusterIP=$EXTENDER_CLUSTER_IP" \
+      $([ "$part" = dra-driver ] && echo --set mode=dra) \
       --show-only "templates/$part.yaml" 2>/dev/null
   } >"$rendered"
   if [ "${1:-}" = "--check" ]; then

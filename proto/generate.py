@@ -16,6 +16,8 @@ REPO_ROOT = PROTO_DIR.parent
 PROTO_FILES = (
     PROTO_DIR / "deviceplugin" / "v1beta1" / "api.proto",
     PROTO_DIR / "podresources" / "v1" / "api.proto",
+    PROTO_DIR / "dra" / "v1" / "api.proto",
+    PROTO_DIR / "pluginregistration" / "v1" / "api.proto",
 )
 
 

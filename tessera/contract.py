@@ -220,6 +220,31 @@ class ContractKeys:
         )
 
     @property
+    def dra_driver(self) -> str:
+        """The DRA driver's name: in its ResourceSlices, claim results, attributes and capacities."""
+        return self.domain
+
+    @property
+    def dra_device_class(self) -> str:
+        """The DeviceClass users' claims name to get a share of a GPU."""
+        return f"gpu-share.{self.domain}"
+
+    @property
+    def dra_config_api_version(self) -> str:
+        """``apiVersion`` of the opaque per-claim configuration (:class:`GpuShareConfig`)."""
+        return f"{self.domain}/v1alpha1"
+
+    @property
+    def dra_slice_digest(self) -> str:
+        """On the DRA driver's ResourceSlice: a digest of the devices it last published."""
+        return f"{self.domain}/devices-digest"
+
+    @property
+    def cdi_kind(self) -> str:
+        """The CDI ``vendor/class`` of the devices the DRA driver prepares."""
+        return f"{self.domain}/gpu-share"
+
+    @property
     def placement_annotations(self) -> tuple[str, str, str]:
         """The annotations only Tessera writes on a pod: the decision and its progress."""
         return (self.allocation, self.allocation_phase, self.bind_time)
@@ -236,6 +261,40 @@ def keys_for(domain: str) -> ContractKeys:
 
 
 KEYS = keys_for(os.environ.get(DOMAIN_ENV, DEFAULT_DOMAIN))
+
+
+# --------------------------------------------------------------------------------------------------
+# DRA (docs/dra.md): the names a ResourceSlice and a claim share with the DRA driver.
+
+DRA_MEMORY_CAPACITY = "memory"  # bytes
+DRA_CORES_CAPACITY = "cores"  # percent of the GPU's time; 0 = no compute quota
+GPU_SHARE_CONFIG_KIND = "GpuShareConfig"
+
+
+class GpuShareConfig(BaseModel):
+    """A claim's opaque configuration for the DRA driver (``spec.devices.config[].opaque.parameters``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    apiVersion: str  # noqa: N815 (the Kubernetes spelling)
+    kind: Literal["GpuShareConfig"]
+    # The hook lets the claim's containers use idle GPU time beyond their cores (docs/hook.md).
+    elastic: bool = False
+
+
+def parse_gpu_share_config(parameters: object, *, where: str, keys: ContractKeys = KEYS) -> GpuShareConfig:
+    """The opaque parameters of one config entry; a :class:`ContractError` naming the field."""
+    if not isinstance(parameters, Mapping):
+        raise ContractError(f"{where}: expected an object, got {_kind(parameters)}")
+    try:
+        parsed = GpuShareConfig.model_validate(parameters, strict=True)
+    except ValidationError as e:
+        raise ContractError(f"{where}: {_first_error(e)}") from None
+    if parsed.apiVersion != keys.dra_config_api_version:
+        raise ContractError(
+            f"{where}.apiVersion: {parsed.apiVersion!r} is not {keys.dra_config_api_version!r}"
+        )
+    return parsed
 
 
 # --------------------------------------------------------------------------------------------------

@@ -94,9 +94,17 @@ class SpeedProfiles:
         keys = set(self.models).union(*(set(t) for t in self.workloads.values()))
         return {key: _model_pattern(key) for key in keys}
 
-    def _lookup(self, table: Mapping[str, float], model: str) -> float | None:
+    def _key(self, table: Mapping[str, float], model: str) -> str | None:
         matches = [key for key in table if self._patterns[key].search(model)]
-        return table[max(matches, key=len)] if matches else None
+        return max(matches, key=len) if matches else None
+
+    def _lookup(self, table: Mapping[str, float], model: str) -> float | None:
+        key = self._key(table, model)
+        return None if key is None else table[key]
+
+    def model_key(self, model: str) -> str | None:
+        """The general profile's key that matches ``model`` (``A100`` for ``NVIDIA A100-SXM4-40GB``)."""
+        return self._key(self.models, model)
 
     def has_workload(self, workload: str | None) -> bool:
         return workload is not None and workload in self.workloads

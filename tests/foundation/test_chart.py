@@ -289,6 +289,8 @@ def test_image_values_reach_every_pod(repo_root: Path) -> None:
         ("extender.polcy=spread", "polcy"),
         ("inflightTimeout=0", "/inflightTimeout"),
         ("extender.port=70000", "/extender/port"),
+        ("mode=both", "/mode"),
+        ("dra.resyncSeconds=0", "/dra/resyncSeconds"),
     ],
 )
 def test_bad_values_fail_at_install_naming_the_value(

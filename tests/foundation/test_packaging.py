@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-PRODUCT = ("tessera", "extender", "deviceplugin", "hook", "proto")
+PRODUCT = ("tessera", "extender", "deviceplugin", "draplugin", "hook", "proto")
 TOOLS = ("simulator", "sandbox", "fakegpu")
 # Libraries only a tool needs; none may be a requirement of the product without an extra.
 TOOL_ONLY_LIBRARIES = ("matplotlib", "tqdm", "rich")

@@ -32,6 +32,10 @@ def test_shipped_profiles_parse_and_match_nvml_names() -> None:
     assert profiles.speed("NVIDIA L40S") == 1.0  # no entry: default_speed
     assert profiles.speed("Tesla T4", "llm-training") == 0.25
     assert profiles.speed("Tesla V100-SXM2-16GB", "llm-training") == 1.0  # falls back to models
+    # The key that matched: the DRA driver's model attribute (docs/dra.md).
+    assert profiles.model_key("NVIDIA A100-SXM4-40GB") == "A100"
+    assert profiles.model_key("NVIDIA A10") == "A10"
+    assert profiles.model_key("NVIDIA L40S") is None
 
 
 def test_gain_is_workload_speed_over_general_speed() -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from proto import generate
 from proto.deviceplugin.v1beta1 import api_pb2 as dp
+from proto.dra.v1 import api_pb2 as dra
+from proto.pluginregistration.v1 import api_pb2 as reg
 from proto.podresources.v1 import api_pb2 as pr
 
 # Lines that name the generator's version, not the API: a newer grpcio-tools may differ only there.
@@ -45,6 +47,16 @@ def test_method_paths_are_the_kubelets() -> None:
         "/v1.PodResourcesLister/GetAllocatableResources",
         "/v1.PodResourcesLister/Get",
     }
+    driver = dra.DESCRIPTOR.services_by_name["DRAPlugin"]
+    assert {f"/{driver.full_name}/{m.name}" for m in driver.methods} == {
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
+    }
+    registration = reg.DESCRIPTOR.services_by_name["Registration"]
+    assert {f"/{registration.full_name}/{m.name}" for m in registration.methods} == {
+        "/pluginregistration.Registration/GetInfo",
+        "/pluginregistration.Registration/NotifyRegistrationStatus",
+    }
 
 
 def test_wire_field_numbers() -> None:
@@ -75,3 +87,26 @@ def test_wire_field_numbers() -> None:
         "cpu_ids": 4,
         "memory": 5,
     }
+
+
+def test_dra_wire_field_numbers() -> None:
+    def numbers(message: object) -> dict[str, int]:
+        return {f.name: f.number for f in message.DESCRIPTOR.fields}  # type: ignore[attr-defined]
+
+    assert numbers(dra.Claim) == {"namespace": 1, "uid": 2, "name": 3}
+    assert numbers(dra.NodePrepareResourcesRequest) == {"claims": 1}
+    assert numbers(dra.NodePrepareResourcesResponse) == {"claims": 1}
+    assert numbers(dra.NodePrepareResourceResponse) == {"devices": 1, "error": 2}
+    assert numbers(dra.Device) == {
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+        "share_id": 5,
+    }
+    assert numbers(dra.NodeUnprepareResourcesRequest) == {"claims": 1}
+    assert numbers(dra.NodeUnprepareResourceResponse) == {"error": 1}
+    assert numbers(reg.PluginInfo) == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
+    assert numbers(reg.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
+    assert numbers(reg.InfoRequest) == {}
+    assert numbers(reg.RegistrationStatusResponse) == {}

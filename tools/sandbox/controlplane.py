@@ -24,8 +24,11 @@ from pathlib import Path
 
 from sandbox.layout import SERVICE_CIDR
 
-# The one Kubernetes version everything is built at (hack/k8s-binaries.sh has the same default).
+# The Kubernetes version everything is built at (hack/k8s-binaries.sh has the same default).
 K8S_VERSION = "v1.34.10"
+# The newest Kubernetes, which the DRA path needs (consumable capacity, on by default since 1.36):
+# built by K8S_VERSION=v1.37.2 hack/k8s-binaries.sh.
+DRA_K8S_VERSION = "v1.37.2"
 BIN_ENV = "TESSERA_K8S_BIN"
 CACHE_ENV = "TESSERA_K8S_CACHE"
 ADMIN_TOKEN = "tessera-admin-token"
@@ -61,11 +64,17 @@ class ControlPlaneError(RuntimeError):
     """A control-plane process could not be started or did not become ready."""
 
 
+def bin_dir_for(version: str) -> Path:
+    """Where hack/k8s-binaries.sh puts a version's binaries by default (K8S_VERSION=<version>)."""
+    return Path.home() / ".cache" / "tessera" / f"k8s-{version}" / "bin"
+
+
 def default_bin_dir() -> Path:
     if os.environ.get(BIN_ENV):
         return Path(os.environ[BIN_ENV])
-    cache = os.environ.get(CACHE_ENV) or str(Path.home() / ".cache" / "tessera" / f"k8s-{K8S_VERSION}")
-    return Path(cache) / "bin"
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]) / "bin"
+    return bin_dir_for(K8S_VERSION)
 
 
 def find_binaries(bin_dir: Path | None = None, names: Sequence[str] = REQUIRED_BINARIES) -> Path:
@@ -275,6 +284,7 @@ class ControlPlane:
                 "--authorization-mode=RBAC",
                 "--allow-privileged=true",
                 *self._admission(),
+                *self._endpoint_reconciler(),
                 "--kubelet-preferred-address-types=Hostname,InternalIP",
                 "--v=1",
             ],
@@ -291,6 +301,11 @@ class ControlPlane:
         if self.service_accounts:
             return ["--disable-admission-plugins=TaintNodesByCondition"]
         return ["--disable-admission-plugins=ServiceAccount,TaintNodesByCondition"]
+
+    def _endpoint_reconciler(self) -> list[str]:
+        # The `kubernetes` Service's endpoint is the advertised address; 1.37 refuses a loopback one
+        # ("may not be in the loopback range"), and no pod could reach it there anyway.
+        return ["--endpoint-reconciler-type=none"] if self.address == LOOPBACK else []
 
     def restart_apiserver(self, timeout: float = 90.0) -> None:
         """Stop kube-apiserver and start it again on the same port, with the same certificates and
@@ -328,9 +343,11 @@ class ControlPlane:
             raise
         return scheduler
 
-    def start_controller_manager(self, timeout: float = 60.0) -> ManagedProcess:
-        """Start kube-controller-manager with the controllers a Helm chart's workloads need; returns
-        once its health endpoint answers."""
+    def start_controller_manager(
+        self, timeout: float = 60.0, controllers: Sequence[str] = CONTROLLERS
+    ) -> ManagedProcess:
+        """Start kube-controller-manager with ``controllers`` (by default those a Helm chart's
+        workloads need); returns once its health endpoint answers."""
         find_binaries(self.bin_dir, ("kube-controller-manager",))
         certs = self.work_dir / "pki"
         port = free_port()
@@ -345,7 +362,7 @@ class ControlPlane:
                 f"--bind-address={LOOPBACK}",
                 f"--cert-dir={certs / 'controller-manager'}",
                 "--leader-elect=false",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(controllers)}",
                 # Tokens signed with the key whose public half kube-apiserver verifies
                 # (--service-account-key-file), and the CA pods use to verify kube-apiserver.
                 f"--service-account-private-key-file={certs / 'sa.key'}",

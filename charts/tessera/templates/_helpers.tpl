@@ -126,3 +126,23 @@ tolerations:
     - {name: tls, mountPath: /etc/tessera-tls, readOnly: true}
     {{- end }}
 {{- end -}}
+
+{{/* The node agent's init container (both modes): installs the hook on the host where containers
+     mount it from. A rename, not an overwrite: running containers keep the library they mapped. */}}
+{{- define "tessera.installHook" -}}
+# Install the hook on the host where containers mount it from. A rename, not an overwrite:
+# running containers keep the library they mapped.
+- name: install-hook
+  image: {{ include "tessera.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  # The image's user is not root; the host's hook dir is root's (docs/install.md).
+  securityContext:
+    runAsUser: 0
+  command:
+    - sh
+    - -c
+    - cp /usr/local/tessera/libvgpu.so /host-hook/.libvgpu.so.new && mv -f /host-hook/.libvgpu.so.new /host-hook/libvgpu.so
+  volumeMounts:
+    - name: hook
+      mountPath: /host-hook
+{{- end -}}

@@ -1,0 +1,164 @@
+"""Pure logic: what one allocated ResourceClaim gives its containers on this node.
+
+The claim's allocation (``status.allocation.devices``) lists, per request, the device kube-scheduler
+chose and, with consumable capacity, how much of its ``memory`` and ``cores`` the claim consumes.
+A result without ``consumedCapacity`` (consumable capacity off) consumes what the request policy's
+defaults say. The opaque config entries for this driver (``GpuShareConfig``) apply to the whole
+claim: its containers share one limits file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from draplugin.slices import defaults_for, device_name
+from hook.limits import DeviceLimit
+from tessera.contract import (
+    DRA_CORES_CAPACITY,
+    DRA_MEMORY_CAPACITY,
+    ContractError,
+    ContractKeys,
+    GpuInfo,
+    parse_gpu_share_config,
+    parse_integer_quantity,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepareResources."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"claim {self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One result of the claim's allocation that this driver serves on this node."""
+
+    request: str
+    pool: str
+    device: str
+    share_id: str | None
+    uuid: str
+    memory_bytes: int
+    cores: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlan:
+    ref: ClaimRef
+    devices: tuple[AllocatedDevice, ...]
+    limits: tuple[DeviceLimit, ...]
+    elastic: bool
+
+
+def _object(value: object, field: str) -> Mapping[str, object]:
+    if not isinstance(value, Mapping):
+        raise ContractError(f"{field}: expected an object, got {value!r}")
+    return value
+
+
+def _list(value: object, field: str) -> Sequence[object]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ContractError(f"{field}: expected a list, got {value!r}")
+    return value
+
+
+def _consumed(result: Mapping[str, object], gpu: GpuInfo, where: str) -> tuple[int, int]:
+    consumed = _object(result.get("consumedCapacity") or {}, f"{where}.consumedCapacity")
+    defaults = defaults_for(gpu)
+    memory, cores = defaults.memory_bytes, defaults.cores
+    if DRA_MEMORY_CAPACITY in consumed:
+        memory = parse_integer_quantity(
+            consumed[DRA_MEMORY_CAPACITY], field=f"{where}.consumedCapacity.{DRA_MEMORY_CAPACITY}"
+        )
+    if DRA_CORES_CAPACITY in consumed:
+        cores = parse_integer_quantity(
+            consumed[DRA_CORES_CAPACITY], field=f"{where}.consumedCapacity.{DRA_CORES_CAPACITY}"
+        )
+    return memory, cores
+
+
+def _elastic(allocation: Mapping[str, object], keys: ContractKeys) -> bool:
+    """The claim's GpuShareConfig; entries later in the list (the claim's own, after its class's)
+    override earlier ones."""
+    elastic = False
+    for n, entry in enumerate(_list(allocation.get("config"), "status.allocation.devices.config")):
+        where = f"status.allocation.devices.config[{n}]"
+        opaque = _object(entry, where).get("opaque")
+        if opaque is None:
+            continue
+        opaque = _object(opaque, f"{where}.opaque")
+        if opaque.get("driver") != keys.dra_driver:
+            continue
+        elastic = parse_gpu_share_config(opaque.get("parameters"), where=f"{where}.opaque.parameters").elastic
+    return elastic
+
+
+def plan_claim(
+    claim: Mapping[str, object], ref: ClaimRef, node: str, gpus: Sequence[GpuInfo], keys: ContractKeys
+) -> ClaimPlan:
+    """The limits of ``claim`` on this node; a :class:`ContractError` naming the field when the claim
+    cannot be prepared here (nothing is written before this succeeds)."""
+    metadata = _object(claim.get("metadata"), f"{ref}: metadata")
+    if metadata.get("uid") != ref.uid:
+        raise ContractError(f"{ref}: the API server has uid {metadata.get('uid')!r} for it (a newer claim)")
+    status = _object(claim.get("status") or {}, f"{ref}: status")
+    if not status.get("allocation"):
+        raise ContractError(f"{ref}: status.allocation is empty: the claim is not allocated")
+    allocation = _object(
+        _object(status["allocation"], f"{ref}: status.allocation").get("devices") or {},
+        f"{ref}: status.allocation.devices",
+    )
+    by_name = {device_name(g): g for g in gpus}
+    devices: list[AllocatedDevice] = []
+    for n, raw in enumerate(_list(allocation.get("results"), "status.allocation.devices.results")):
+        where = f"{ref}: status.allocation.devices.results[{n}]"
+        result = _object(raw, where)
+        if result.get("driver") != keys.dra_driver:
+            continue
+        if result.get("pool") != node:
+            raise ContractError(f"{where}.pool: {result.get('pool')!r} is not this node's pool {node!r}")
+        name = str(result.get("device"))
+        gpu = by_name.get(name)
+        if gpu is None:
+            raise ContractError(f"{where}.device: {name!r} is not a GPU of node {node!r}")
+        memory, cores = _consumed(result, gpu, where)
+        share_id = result.get("shareID")
+        devices.append(
+            AllocatedDevice(
+                request=str(result.get("request")),
+                pool=node,
+                device=name,
+                share_id=str(share_id) if share_id is not None else None,
+                uuid=gpu.uuid,
+                memory_bytes=memory,
+                cores=cores,
+            )
+        )
+    if not devices:
+        raise ContractError(f"{ref}: no device of driver {keys.dra_driver!r} is allocated to it")
+    try:
+        elastic = _elastic(allocation, keys)
+    except ContractError as e:
+        raise ContractError(f"{ref}: {e}") from None
+    # Two requests of the claim on one GPU: its containers share one limits entry for that GPU.
+    per_gpu: dict[str, DeviceLimit] = {}
+    for d in devices:
+        before = per_gpu.get(d.uuid, DeviceLimit(d.uuid, 0, 0))
+        per_gpu[d.uuid] = DeviceLimit(d.uuid, before.memory_bytes + d.memory_bytes, before.cores + d.cores)
+    limits = tuple(per_gpu.values())
+    for limit in limits:
+        try:
+            limit.validate()
+        except ContractError as e:
+            raise ContractError(f"{ref}: {e}") from None
+    return ClaimPlan(ref=ref, devices=tuple(devices), limits=limits, elastic=elastic)

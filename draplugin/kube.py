@@ -1,0 +1,116 @@
+"""Kubernetes API adapter of the DRA driver: reads ResourceClaims, publishes the node's ResourceSlice.
+
+Plain JSON through the client's generic object calls (resource.k8s.io/v1 has no client models in
+the Python client this project pins).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import urllib3
+from kubernetes import client
+
+from tessera.contract import ContractKeys, JsonObject
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
+TIMEOUT = (10.0, 30.0)
+
+
+class ResourceApi:
+    def __init__(self, api: client.ApiClient) -> None:
+        self._objects = client.CustomObjectsApi(api)
+
+    def read_claim(self, namespace: str, name: str) -> Mapping[str, object] | None:
+        try:
+            response = self._objects.get_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                "resourceclaims",
+                name,
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
+            )
+        except client.ApiException as e:
+            if e.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        claim: dict[str, Any] = json.loads(response.data)
+        return claim
+
+    def read_slice(self, name: str) -> JsonObject | None:
+        try:
+            response = self._objects.get_cluster_custom_object(
+                GROUP, VERSION, "resourceslices", name, _preload_content=False, _request_timeout=TIMEOUT
+            )
+        except client.ApiException as e:
+            if e.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        found: JsonObject = json.loads(response.data)
+        return found
+
+    def create_slice(self, body: JsonObject) -> None:
+        self._objects.create_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", body, _request_timeout=TIMEOUT
+        )
+
+    def replace_slice(self, body: JsonObject) -> None:
+        self._objects.replace_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", body["metadata"]["name"], body, _request_timeout=TIMEOUT
+        )
+
+
+def _generation(found: Mapping[str, Any]) -> int:
+    pool = (found.get("spec") or {}).get("pool") or {}
+    generation = pool.get("generation", 0)
+    return generation if isinstance(generation, int) else 0
+
+
+class SlicePublisher:
+    """Keeps the node's ResourceSlice what ``render(generation)`` says: creates it when missing (a
+    kubelet wipes a driver's slices some time after the driver's socket goes away), replaces it
+    with the next generation when the devices changed."""
+
+    def __init__(self, api: ResourceApi, keys: ContractKeys, render: Callable[[int], JsonObject]) -> None:
+        self._api = api
+        self._keys = keys
+        self._render = render
+
+    def sync(self) -> bool:
+        """One pass; True when the slice was written. Raises the client's errors."""
+        wanted = self._render(1)
+        name = wanted["metadata"]["name"]
+        digest = wanted["metadata"]["annotations"][self._keys.dra_slice_digest]
+        found = self._api.read_slice(name)
+        if found is None:
+            self._api.create_slice(wanted)
+            log.info("ResourceSlice %s created (%d devices)", name, len(wanted["spec"]["devices"]))
+            return True
+        if (found.get("metadata", {}).get("annotations") or {}).get(self._keys.dra_slice_digest) == digest:
+            return False
+        body = self._render(_generation(found) + 1)
+        body["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
+        self._api.replace_slice(body)
+        log.info("ResourceSlice %s replaced (generation %d)", name, body["spec"]["pool"]["generation"])
+        return True
+
+    def run(self, stop: threading.Event, every: float) -> None:
+        while not stop.is_set():
+            try:
+                self.sync()
+            except client.ApiException as e:
+                if e.status != HTTP_CONFLICT:  # a concurrent writer: the next pass sees its version
+                    log.warning("publishing the ResourceSlice failed: HTTP %s %s", e.status, e.reason)
+            except (OSError, urllib3.exceptions.HTTPError) as e:
+                log.warning("publishing the ResourceSlice failed: %s", e)
+            stop.wait(every)

@@ -1,0 +1,196 @@
+"""``tessera-dra``: the DRA driver. Discovers the GPUs through NVML, publishes them as the node's
+ResourceSlice, registers with the kubelet and serves NodePrepareResources / NodeUnprepareResources
+until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from deviceplugin.config import DEFAULT_HOOK_LIBRARY, DEFAULT_STATE_DIR
+from deviceplugin.kube import KubeConfigError, load_api
+from deviceplugin.nvml import discover_gpus
+from deviceplugin.statedir import StateDir
+from draplugin.driver import Driver
+from draplugin.kube import ResourceApi, SlicePublisher
+from draplugin.server import serve_driver
+from draplugin.slices import resource_slice
+from tessera.cliargs import seconds
+from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, ContractError, ContractKeys, keys_for
+from tessera.placement.speed import SpeedProfiles
+
+log = logging.getLogger("tessera-dra")
+
+DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet")
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    node_name: str
+    keys: ContractKeys
+    kubelet_dir: Path
+    cdi_dir: Path
+    hook_library: Path
+    state_dir: Path
+    kubeconfig: Path | None
+    profiles: SpeedProfiles
+    resync_seconds: float
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.kubelet_dir / "plugins" / self.keys.dra_driver / "dra.sock"
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.kubelet_dir / "plugins_registry" / f"{self.keys.dra_driver}-reg.sock"
+
+
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Settings from flags, environment variables as defaults; exits naming the flag on bad input."""
+    env = (os.environ if environ is None else environ).get
+    p = argparse.ArgumentParser(
+        prog="tessera-dra",
+        description="Tessera DRA driver: GPUs as devices whose memory and compute several claims share, "
+        "each claim's share enforced by the hook.",
+    )
+    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    p.add_argument(
+        "--domain", default=env(DOMAIN_ENV, DEFAULT_DOMAIN), help=f"driver name (env {DOMAIN_ENV})"
+    )
+    p.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        default=Path(env("TESSERA_KUBELET_DIR", str(DEFAULT_KUBELET_DIR))),
+        help="the kubelet's root dir, holding plugins/ and plugins_registry/ (env TESSERA_KUBELET_DIR)",
+    )
+    p.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=Path(env("TESSERA_CDI_DIR", str(DEFAULT_CDI_DIR))),
+        help="where the container runtime reads CDI specs (env TESSERA_CDI_DIR, default /var/run/cdi)",
+    )
+    p.add_argument(
+        "--hook-library",
+        type=Path,
+        default=Path(env("TESSERA_HOOK_LIBRARY", str(DEFAULT_HOOK_LIBRARY))),
+        help="host path of libvgpu.so (env TESSERA_HOOK_LIBRARY)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(env("TESSERA_STATE_DIR", str(DEFAULT_STATE_DIR))),
+        help="host dir for per-claim limits, accounting state and records (env TESSERA_STATE_DIR)",
+    )
+    p.add_argument("--kubeconfig", type=Path, default=env("KUBECONFIG") or None, help="in-cluster when unset")
+    p.add_argument(
+        "--speed-profiles",
+        type=Path,
+        default=env("TESSERA_SPEED_PROFILES") or None,
+        help="speed profiles YAML: each GPU's model and speedMilli attributes (env TESSERA_SPEED_PROFILES)",
+    )
+    p.add_argument(
+        "--resync-seconds",
+        type=seconds,
+        default=env("TESSERA_RESYNC_SECONDS", "30"),
+        help="how often the ResourceSlice is checked and repaired (default 30)",
+    )
+    args = p.parse_args(argv)
+    if not args.node_name:
+        p.error("--node-name (or env NODE_NAME) is required")
+    try:
+        keys = keys_for(args.domain)
+    except ContractError as e:
+        p.error(f"--domain: {e}")
+    profiles = SpeedProfiles()
+    if args.speed_profiles is not None:
+        try:
+            profiles = SpeedProfiles.from_yaml(args.speed_profiles.read_text())
+        except (OSError, ContractError) as e:
+            p.error(f"--speed-profiles: {e}")
+    return Config(
+        node_name=args.node_name,
+        keys=keys,
+        kubelet_dir=args.kubelet_dir,
+        cdi_dir=args.cdi_dir,
+        hook_library=args.hook_library,
+        state_dir=args.state_dir,
+        kubeconfig=args.kubeconfig,
+        profiles=profiles,
+        resync_seconds=args.resync_seconds,
+    )
+
+
+def run(config: Config, stop: threading.Event) -> None:
+    state = StateDir(config.state_dir)
+    state.prepare()
+    nvml, gpus = discover_gpus(1)
+    if nvml is not None:
+        nvml.close()  # the inventory is read once; health monitoring is the device plugin path's
+    resources = ResourceApi(load_api(config.kubeconfig))
+    driver = Driver(
+        keys=config.keys,
+        node=config.node_name,
+        gpus=gpus,
+        state=state,
+        cdi_dir=config.cdi_dir,
+        hook_library=config.hook_library,
+        claims=resources,
+    )
+    publisher = SlicePublisher(
+        resources,
+        config.keys,
+        lambda generation: resource_slice(config.node_name, gpus, config.profiles, generation, config.keys),
+    )
+    servers = serve_driver(driver, config.dra_socket, config.registration_socket)
+    log.info(
+        "serving %s on %s, registration on %s",
+        config.keys.dra_driver,
+        config.dra_socket,
+        config.registration_socket,
+    )
+    publishing = threading.Thread(target=publisher.run, args=(stop, config.resync_seconds), name="slices")
+    publishing.start()
+    try:
+        stop.wait()
+    finally:
+        stop.set()
+        publishing.join()
+        servers.stop()
+        log.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=os.environ.get("TESSERA_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    config = parse_config(argv)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        run(config, stop)
+    except (KubeConfigError, OSError) as e:
+        log.error("%s", e)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

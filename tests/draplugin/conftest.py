@@ -1,0 +1,336 @@
+"""Fixtures for the DRA driver's cluster tests: a real Kubernetes 1.37 control plane (etcd,
+kube-apiserver, kube-scheduler with its DRA allocator, kube-controller-manager's ResourceClaim
+controller), a node without a kubelet, fake GPUs, the real ``tessera-dra`` as a child process, and a
+kubelet stand-in that registers and prepares claims over the driver's real sockets, as the kubelet
+does."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+import fakegpu
+from sandbox.controlplane import (
+    CONTROLLERS,
+    DRA_K8S_VERSION,
+    ControlPlane,
+    ManagedProcess,
+    bin_dir_for,
+    fake_node_body,
+)
+from sandbox.dra_standin import RegisteredDriver, claim, register
+from tessera.contract import KEYS
+from tests.deviceplugin.conftest import HOOK_LIBRARY, FakeGpus
+from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER_SCRIPT = Path(sys.executable).parent / "tessera-dra"
+NODE = "dra-node"
+GROUP, VERSION = "resource.k8s.io", "v1"
+SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: {kubeconfig}
+"""
+
+
+def gpus() -> list[fakegpu.FakeGpuSpec]:
+    """The sandbox's two GPUs: an A100 with 40 GiB and a T4 with 16 GiB, on two NUMA nodes."""
+    return [
+        fakegpu.example_gpu(0, model="NVIDIA A100-SXM4-40GB", memory_mib=40960, numa_node=0),
+        fakegpu.example_gpu(
+            1, model="Tesla T4", memory_mib=15360, sm_count=40, compute_capability="7.5", numa_node=1
+        ),
+    ]
+
+
+@pytest.fixture(scope="module")
+def dra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(work_dir=tmp_path_factory.mktemp("dra-plane"), bin_dir=bin_dir_for(DRA_K8S_VERSION))
+    plane.start()
+    try:
+        plane.start_scheduler(SCHEDULER_CONFIG)
+        # The ResourceClaim controller takes a deleted pod off its claims' reservedFor and frees
+        # the claims nobody uses any more; the garbage collector deletes claims made from templates.
+        plane.start_controller_manager(controllers=(*CONTROLLERS, "resourceclaim-controller"))
+        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
+        try:
+            core = client.CoreV1Api(api)
+            body = fake_node_body(NODE, {"cpu": "8", "memory": "32Gi", "pods": "110"})
+            status = body.pop("status")
+            core.create_node(body)
+            core.patch_node_status(NODE, {"status": status})
+            [device_class] = [
+                d
+                for d in yaml.safe_load_all((ROOT / "deploy" / "dra-driver.yaml").read_text())
+                if d["kind"] == "DeviceClass"
+            ]
+            client.CustomObjectsApi(api).create_cluster_custom_object(
+                GROUP, VERSION, "deviceclasses", device_class
+            )
+        finally:
+            api.close()
+        yield plane
+    finally:
+        plane.stop()
+
+
+@dataclass
+class Cluster:
+    """The admin's view of the DRA cluster, in a fresh namespace."""
+
+    api: client.ApiClient
+    namespace: str
+    core: client.CoreV1Api = field(init=False)
+    objects: client.CustomObjectsApi = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.core = client.CoreV1Api(self.api)
+        self.objects = client.CustomObjectsApi(self.api)
+
+    def create_claim(
+        self,
+        name: str,
+        capacity: dict[str, str] | None = None,
+        selector: str | None = None,
+        parameters: object = None,
+    ) -> dict[str, Any]:
+        """A claim of one share (request ``gpu``); ``parameters``: its opaque config for the driver."""
+        request: dict[str, Any] = {"deviceClassName": KEYS.dra_device_class}
+        if capacity is not None:
+            request["capacity"] = {"requests": capacity}
+        if selector is not None:
+            request["selectors"] = [{"cel": {"expression": selector}}]
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+        }
+        if parameters is not None:
+            opaque = {"driver": KEYS.dra_driver, "parameters": parameters}
+            body["spec"]["devices"]["config"] = [{"requests": ["gpu"], "opaque": opaque}]  # type: ignore[index]
+        created: dict[str, Any] = self.objects.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "resourceclaims", body
+        )
+        return created
+
+    def claim(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.objects.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "resourceclaims", name
+        )
+        return found
+
+    def create_pod(self, name: str, claim: str, scheduler: str = "default-scheduler") -> None:
+        self._create_pod(
+            name,
+            {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+            {"claims": [{"name": "gpu"}]},
+            scheduler,
+        )
+
+    def create_plain_pod(self, name: str, limits: dict[str, str], scheduler: str) -> None:
+        """A pod without claims, with these resource limits."""
+        self._create_pod(name, {}, {"limits": limits}, scheduler)
+
+    def _create_pod(self, name: str, spec: dict[str, Any], resources: dict[str, Any], scheduler: str) -> None:
+        container = {"name": "main", "image": "example.invalid/none", "resources": resources}
+        self.core.create_namespaced_pod(
+            self.namespace,
+            {
+                "metadata": {"name": name},
+                "spec": {**spec, "schedulerName": scheduler, "containers": [container]},
+            },
+        )
+
+    def delete_pod(self, name: str) -> None:
+        # No kubelet: nothing would confirm a graceful deletion.
+        self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+
+    def allocated(self, name: str, timeout: float = 90.0) -> dict[str, Any]:
+        """The claim's one result, once kube-scheduler has allocated it."""
+
+        def result() -> dict[str, Any] | None:
+            allocation = (self.claim(name).get("status") or {}).get("allocation")
+            return allocation["devices"]["results"][0] if allocation else None
+
+        found: dict[str, Any] = wait_for(result, timeout, f"claim {name} allocated")
+        return found
+
+    def not_scheduled(self, pod: str, timeout: float = 90.0) -> tuple[str, str]:
+        """The reason and message of the pod's PodScheduled=False condition, once kube-scheduler
+        has given up on it (``Unschedulable``) or failed on it (``SchedulerError``)."""
+
+        def condition() -> tuple[str, str] | None:
+            status = self.core.read_namespaced_pod(pod, self.namespace).status
+            for found in status.conditions or []:
+                if found.type == "PodScheduled" and found.status == "False" and found.reason:
+                    return str(found.reason), str(found.message)
+            return None
+
+        found: tuple[str, str] = wait_for(condition, timeout, f"pod {pod} not scheduled")
+        return found
+
+    def unschedulable(self, pod: str, timeout: float = 90.0) -> str:
+        """The message of the pod's PodScheduled=False condition with reason Unschedulable."""
+        reason, message = self.not_scheduled(pod, timeout)
+        assert reason == "Unschedulable", (reason, message)
+        return message
+
+    def claim_ref(self, name: str) -> Any:
+        """The claim as the kubelet names it to the driver."""
+        return claim(self.namespace, name, self.claim(name)["metadata"]["uid"])
+
+
+@pytest.fixture
+def cluster(dra_cluster: ControlPlane) -> Iterator[Cluster]:
+    api = config.new_client_from_config(config_file=str(dra_cluster.kubeconfig))
+    namespace = f"dra-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    view = Cluster(api, namespace)
+    try:
+        yield view
+    finally:
+        # Pods first: their claims are then no longer reserved, and the capacity is free for the next
+        # test once the ResourceClaim controller has taken the claims' allocations back.
+        for pod in view.core.list_namespaced_pod(namespace).items:
+            with contextlib.suppress(client.ApiException):
+                view.delete_pod(pod.metadata.name)
+        for claim in view.objects.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")[
+            "items"
+        ]:
+            with contextlib.suppress(client.ApiException):
+                view.objects.delete_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "resourceclaims", claim["metadata"]["name"]
+                )
+
+        def gone() -> bool:
+            left = view.objects.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")
+            return not left["items"]
+
+        wait_for(gone, 60.0, f"the claims of {namespace} deleted")
+        api.close()
+
+
+@dataclass
+class DriverProcess:
+    """``tessera-dra`` for the node, with its dirs; :meth:`register` does the kubelet's part."""
+
+    process: ManagedProcess
+    kubelet_dir: Path
+    state_dir: Path
+    cdi_dir: Path
+    registered: list[RegisteredDriver] = field(default_factory=list)
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.kubelet_dir / "plugins_registry" / f"{KEYS.dra_driver}-reg.sock"
+
+    def register(self) -> RegisteredDriver:
+        """The kubelet's part: registers the driver (the stand-in checks what GetInfo says)."""
+        assert self.process.running, f"tessera-dra exited:\n{self.process.log_tail()}"
+        registered = register(self.registration_socket, KEYS.dra_driver)
+        self.registered.append(registered)
+        return registered
+
+    def slice(self, api: client.ApiClient) -> dict[str, Any] | None:
+        with contextlib.suppress(client.ApiException):
+            found: dict[str, Any] = client.CustomObjectsApi(api).get_cluster_custom_object(
+                GROUP, VERSION, "resourceslices", f"{NODE}-{KEYS.dra_driver}"
+            )
+            return found
+        return None
+
+    def files(self) -> list[str]:
+        """Every file the driver wrote for claims: their dirs and CDI specs."""
+        return sorted(
+            str(p.relative_to(self.state_dir.parent))
+            for root in (self.state_dir / "claims", self.cdi_dir)
+            for p in root.rglob("*")
+            if p.is_file()
+        )
+
+    def cdi_spec(self, claim_uid: str) -> dict[str, Any]:
+        [path] = self.cdi_dir.glob(f"*_{claim_uid}.json")
+        spec: dict[str, Any] = json.loads(path.read_text())
+        return spec
+
+    def stop(self) -> None:
+        for registered in self.registered:
+            registered.close()
+        self.registered.clear()
+        self.process.stop()
+
+
+@pytest.fixture
+def fake_gpus(tmp_path: Path) -> FakeGpus:
+    fakegpu.build()
+    fakegpu.build_hook()
+    specs = gpus()
+    config_file = fakegpu.write_config(tmp_path / "gpus.conf", specs)
+    state = tmp_path / "fakegpu-state"
+    state.mkdir()
+    return FakeGpus(config=config_file, state=state, specs=specs)
+
+
+@pytest.fixture
+def start_driver(
+    dra_cluster: ControlPlane, fake_gpus: FakeGpus, tmp_path: Path
+) -> Iterator[Callable[[], DriverProcess]]:
+    """Starts ``tessera-dra`` for the node; a second call (after stopping the first) restarts it
+    on the same dirs."""
+    # Unix socket paths are limited to 108 bytes: a short dir, not pytest's long tmp_path.
+    kubelet_dir = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    started: list[DriverProcess] = []
+
+    def start() -> DriverProcess:
+        n = len(started)
+        process = ManagedProcess(
+            f"tessera-dra-{n}",
+            [
+                str(DRIVER_SCRIPT),
+                f"--node-name={NODE}",
+                f"--kubeconfig={dra_cluster.kubeconfig}",
+                f"--kubelet-dir={kubelet_dir}",
+                f"--cdi-dir={tmp_path / 'cdi'}",
+                f"--state-dir={tmp_path / 'state'}",
+                f"--hook-library={HOOK_LIBRARY}",
+                f"--speed-profiles={ROOT / 'deploy' / 'speed-profiles.yaml'}",
+                "--resync-seconds=1",
+            ],
+            tmp_path / f"tessera-dra-{n}.log",
+            env=fake_gpus.env(),
+        )
+        driver = DriverProcess(process, kubelet_dir, tmp_path / "state", tmp_path / "cdi")
+        started.append(driver)
+        process.start()
+        return driver
+
+    try:
+        yield start
+    finally:
+        for driver in started:
+            driver.stop()
+        shutil.rmtree(kubelet_dir, ignore_errors=True)
+
+
+def wait_published(driver: DriverProcess, api: client.ApiClient, devices: int = 2) -> dict[str, Any]:
+    def published() -> dict[str, Any] | None:
+        assert driver.process.running, f"tessera-dra exited:\n{driver.process.log_tail()}"
+        found = driver.slice(api)
+        return found if found and len(found["spec"]["devices"]) == devices else None
+
+    found: dict[str, Any] = wait_for(published, 60.0, "the node's ResourceSlice")
+    return found

@@ -1,0 +1,68 @@
+"""The chart's node agent in DRA mode: the driver instead of the device plugin, its DeviceClass, and
+nothing more than the verbs it uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tessera.contract import KEYS, keys_for
+from tests.foundation.test_chart import helm
+
+pytestmark = pytest.mark.k8s
+
+
+def rendered(repo_root: Path, *values: str) -> list[dict[str, Any]]:
+    args = [a for v in values for a in ("--set", v)]
+    return [
+        d
+        for d in yaml.safe_load_all(helm("template", "t", str(repo_root / "charts" / "tessera"), *args))
+        if d
+    ]
+
+
+def test_dra_mode_runs_the_driver_instead_of_the_device_plugin(repo_root: Path) -> None:
+    docs = rendered(repo_root, "mode=dra")
+    workloads = {d["metadata"]["name"]: d for d in docs if d["kind"] in ("DaemonSet", "Deployment")}
+    assert set(workloads) == {"tessera-dra", "tessera-scheduler"}
+    pod = workloads["tessera-dra"]["spec"]["template"]["spec"]
+    [driver] = pod["containers"]
+    assert driver["command"] == ["tessera-dra"]
+    assert "--kubelet-dir=/var/lib/kubelet" in driver["args"]
+    assert "--cdi-dir=/var/run/cdi" in driver["args"]
+    assert "--state-dir=/var/lib/tessera" in driver["args"]
+    assert "--hook-library=/usr/local/tessera/libvgpu.so" in driver["args"]
+    assert [c["name"] for c in pod["initContainers"]] == ["install-hook"]
+    mounts = {m["mountPath"] for m in driver["volumeMounts"]}
+    assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"} <= mounts
+    [device_class] = [d for d in docs if d["kind"] == "DeviceClass"]
+    assert device_class["metadata"]["name"] == KEYS.dra_device_class
+    assert device_class["spec"]["selectors"] == [
+        {"cel": {"expression": f'device.driver == "{KEYS.dra_driver}"'}}
+    ]
+    [role] = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "t-dra"]
+    assert role["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices"],
+            "verbs": ["get", "create", "update"],
+        },
+    ]
+    default = rendered(repo_root)
+    assert not [d for d in default if d["kind"] == "DeviceClass" or d["metadata"]["name"] == "tessera-dra"]
+
+
+def test_dra_mode_follows_the_domain(repo_root: Path) -> None:
+    keys = keys_for("gpu.example.com")
+    docs = rendered(repo_root, "mode=dra", f"domain={keys.domain}")
+    [device_class] = [d for d in docs if d["kind"] == "DeviceClass"]
+    assert device_class["metadata"]["name"] == keys.dra_device_class
+    assert (
+        device_class["spec"]["selectors"][0]["cel"]["expression"] == f'device.driver == "{keys.dra_driver}"'
+    )
+    [daemonset] = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert f"--domain={keys.domain}" in daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
