@@ -5,6 +5,9 @@
 #
 #   hack/k8s-binaries.sh            build what is missing, print the bin directory
 #   TESSERA_K8S_CACHE=/dir ...      choose the cache (default ~/.cache/tessera/k8s-<version>)
+#   TESSERA_TOOLS_CACHE=/dir ...    where etcd and CoreDNS are built (default ~/.cache/tessera): they
+#                                   do not depend on the Kubernetes version, so each version's bin
+#                                   directory links the same build
 #
 # Why a scratch module: k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them
 # with in-tree paths, which `go install pkg@version` refuses; a main module that replaces every
@@ -21,6 +24,7 @@ staging_version="v0.${K8S_VERSION#v1.}"
 k8s_minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
 cache="${TESSERA_K8S_CACHE:-$HOME/.cache/tessera/k8s-$K8S_VERSION}"
 bin="$cache/bin"
+tools="${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}"
 mkdir -p "$bin" "$cache/src"
 
 log() { echo "k8s-binaries: $*" >&2; }
@@ -41,6 +45,14 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 ensure_go
 
 have_all() { for b in "$@"; do [ -x "$bin/$b" ] || return 1; done; }
+
+# Link a version-independent tool built at $2 (by the function $3 when missing) into the bin dir.
+link_tool() {
+  local name="$1" built="$2" build="$3"
+  have_all "$name" && return 0
+  [ -x "$built" ] || "$build" "$built"
+  ln -sf "$built" "$bin/$name"
+}
 
 build_kubernetes() {
   have_all kube-apiserver kube-scheduler kubelet kubectl kube-controller-manager kube-proxy && return 0
@@ -77,8 +89,8 @@ build_kubernetes() {
 }
 
 build_etcd() {
-  have_all etcd && return 0
-  local mod="$cache/src/etcd"
+  local out="$1" mod
+  mod="$(dirname "$out")/src"
   mkdir -p "$mod"
   if [ ! -f "$mod/go.mod" ]; then
     (cd "$mod" && go mod init example.local/etcdbuild >/dev/null 2>&1 &&
@@ -88,7 +100,7 @@ build_etcd() {
   log "building etcd $ETCD_VERSION"
   (cd "$mod" && go build -trimpath \
     -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
-    -o "$bin/etcd" go.etcd.io/etcd/server/v3)
+    -o "$out" go.etcd.io/etcd/server/v3)
 }
 
 build_helm() {
@@ -106,8 +118,8 @@ build_helm() {
 # (tessera-extender.<namespace>.svc). A main package with only the plugins a cluster DNS needs
 # (upstream's coredns.go links all ~60, with cloud SDKs), registered in upstream's plugin.cfg order.
 build_coredns() {
-  have_all coredns && return 0
-  local mod="$cache/src/coredns"
+  local out="$1" mod
+  mod="$(dirname "$out")/src"
   mkdir -p "$mod"
   if [ ! -f "$mod/go.mod" ]; then
     (cd "$mod" && go mod init example.local/corednsbuild >/dev/null 2>&1 &&
@@ -140,11 +152,11 @@ GO
   log "building CoreDNS $COREDNS_VERSION"
   (cd "$mod" && go build -trimpath \
     -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
-    -o "$bin/coredns" .)
+    -o "$out" .)
 }
 
-build_etcd
+link_tool etcd "$tools/etcd-$ETCD_VERSION/etcd" build_etcd
 build_helm
 build_kubernetes
-build_coredns
+link_tool coredns "$tools/coredns-$COREDNS_VERSION/coredns" build_coredns
 echo "$bin"
