@@ -275,7 +275,7 @@ static int take_spare(CUcontext ctx, CUevent *start, CUevent *end) {
 
 /* Records the start event of a measured launch, in a spare pair of ctx or a new one; 0 or -1. */
 static int start_measurement(CUcontext ctx, CUstream stream, CUevent *start, CUevent *end) {
-    if (ctx && take_spare(ctx, start, end)) {
+    if (take_spare(ctx, start, end)) {
         if (REAL(cuEventRecord)(*start, stream) == CUDA_SUCCESS) return 0;
         REAL(cuEventDestroy_v2)(*start); /* its context ended unseen: a new pair below */
         REAL(cuEventDestroy_v2)(*end);
@@ -342,7 +342,6 @@ static inline __attribute__((always_inline)) void admit_classed(struct vgpu_regi
 
 /* One launch that is measured, from its admission to its end event. */
 struct launch {
-    struct vgpu_region *r;
     const struct vgpu_device *d;
     struct signature *sig;
     uint64_t estimate;
@@ -401,7 +400,7 @@ static inline __attribute__((always_inline)) int admit(uint64_t fn, unsigned gx,
     if (__builtin_expect(d->qos, 0)) admit_classed(r, d, estimate);
     else wait_for_tokens(r, d, estimate);
     if (!must_measure) return 0;
-    admitted = (struct launch){r, d, sig, estimate, unknown, NULL, NULL, NULL};
+    admitted = (struct launch){d, sig, estimate, unknown, NULL, NULL, NULL};
     return 1;
 }
 

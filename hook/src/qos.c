@@ -245,6 +245,8 @@ void vgpu_qos_refresh(void) {
     }
 }
 
+/* On every launch of a publishing container: inline, so that link-time optimisation puts it into
+ * the launch path (docs/benchmarks.md). */
 inline void vgpu_qos_launched(struct vgpu_region *r, int rdev, uint64_t estimate_ns) {
     struct slot *own = gpus[rdev].own;
     uint64_t now = vgpu_now_ns();
@@ -253,8 +255,12 @@ inline void vgpu_qos_launched(struct vgpu_region *r, int rdev, uint64_t estimate
     if (s.busy_until_ns < now || s.busy_until_ns - now > MAX_AHEAD_NS || s.busy_since_ns > s.busy_until_ns)
         s.busy_since_ns = s.busy_until_ns = now;
     s.busy_until_ns += estimate_ns;
-    if (__builtin_expect(s.due_ns != 0, 0)) __atomic_store_n(&own->due_ns, s.due_ns = 0, __ATOMIC_RELAXED);
-    /* Only the span's words change (the others are as read, under the same lock). */
+    if (__builtin_expect(s.due_ns != 0, 0)) {
+        s.due_ns = 0;
+        __atomic_store_n(&own->due_ns, 0, __ATOMIC_RELAXED);
+    }
+    /* Only the span's words change (the others are as read, under the same lock: see struct slot
+     * for the order of the stores and how readers take them). */
     __atomic_store_n(&own->busy_since_ns, s.busy_since_ns, __ATOMIC_RELAXED);
     __atomic_store_n(&own->busy_until_ns, s.busy_until_ns, __ATOMIC_RELAXED);
     __atomic_store_n(&own->check, check_of(&s), __ATOMIC_RELEASE);
