@@ -1,6 +1,7 @@
 """Instructions the hook adds per call, counted by callgrind (valgrind) on the fake GPU: a
 zero-length kernel launch without a compute quota, the same with a compute quota and nothing to
-wait for, and a 1 MiB cuMemAlloc_v2/cuMemFree_v2 pair under a memory quota.
+wait for (without a class, then in each QoS class on a GPU with a coordination area), and a 1 MiB
+cuMemAlloc_v2/cuMemFree_v2 pair under a memory quota.
 
     .venv/bin/python bench/hook_callgrind.py [--small 200] [--large 2000] [--json]
 
@@ -10,7 +11,14 @@ measured loop is counted, every instruction of it (the hook, the driver calls th
 fake driver's own work), in the calling thread only (not the hook's monitor thread). Per call:
 ((hooked - unhooked) at N=large - (hooked - unhooked) at N=small) / (large - small), so that what
 the first calls cost once (resolving symbols, joining the region) cancels. Counts are deterministic
-for a given build of the hook, the fake driver and glibc.
+for a given build of the hook, the fake driver and glibc, but for how many launches are measured
+(one in 64, or after 1 ms of estimated work: under valgrind a zero-length kernel's events time the
+slowed launch itself, about 18 us, so the work bound comes first, a little sooner or later from run
+to run): a few instructions per launch.
+
+The compute quota is 90%: the same slowed timing makes each launch's estimate about half of its
+period under valgrind, so at 50% the launches would wait for the bucket, which is not the case
+counted here ("nothing to wait for").
 
 Prints a Markdown table (the one in docs/benchmarks.md), or with --json one object
 {case: instructions per call}."""
@@ -47,16 +55,37 @@ CASES = (
     Case("launch", "cuLaunchKernel, zero-length (no compute quota)", "count-launch", {}),
     Case(
         "launch_quota",
-        "cuLaunchKernel, zero-length (compute quota 50%, nothing to wait for)",
+        "cuLaunchKernel, zero-length (compute quota 90%, nothing to wait for)",
         "count-launch",
-        {"TESSERA_CORES": "50"},
+        {"TESSERA_CORES": "90"},
     ),
     Case("alloc_free", "cuMemAlloc_v2 + cuMemFree_v2, 1 MiB (memory quota)", "count-alloc", {}),
     Case(
-        "launch_latency_critical",
-        "cuLaunchKernel, zero-length (compute quota 50%, latency-critical: publishes its span)",
+        "launch_standard",
+        "cuLaunchKernel, zero-length (compute quota, standard with a coordination area: publishes its span)",
         "count-launch",
-        {"TESSERA_CORES": "50", "TESSERA_QOS": "latency-critical"},
+        {"TESSERA_CORES": "90"},
+        coordinated=True,
+    ),
+    Case(
+        "launch_latency_critical",
+        "cuLaunchKernel, zero-length (compute quota, latency-critical: publishes its span)",
+        "count-launch",
+        {"TESSERA_CORES": "90", "TESSERA_QOS": "latency-critical"},
+        coordinated=True,
+    ),
+    Case(
+        "launch_best_effort",
+        "cuLaunchKernel, zero-length (best-effort, no higher class on the GPU: nothing to wait for)",
+        "count-launch",
+        {"TESSERA_CORES": "90", "TESSERA_QOS": "best-effort"},
+        coordinated=True,
+    ),
+    Case(
+        "launch_elastic",
+        "cuLaunchKernel, zero-length (compute quota, elastic standard with a coordination area)",
+        "count-launch",
+        {"TESSERA_CORES": "90", "TESSERA_ELASTIC": "1"},
         coordinated=True,
     ),
 )

@@ -20,8 +20,13 @@
 #include "vgpu.h"
 #include "wrappers.h"
 
-#define SAMPLE_EVERY_LAUNCHES 16
-#define SAMPLE_EVERY_NS 1000000ull /* or after this much estimated work */
+/* A signature is measured once every SAMPLE_EVERY_LAUNCHES launches or after SAMPLE_EVERY_NS of
+ * estimated work, whichever comes first: at most 1 ms of work between two measurements for any
+ * kernel, as with one in 16 for kernels over 62 us (the bound is the work: a kernel over 16 us
+ * reaches it first). A measurement costs about a thousand instructions (four driver calls and
+ * settling it), so one in 64 rather than 16 takes about 50 off every launch of a short kernel. */
+#define SAMPLE_EVERY_LAUNCHES 64
+#define SAMPLE_EVERY_NS 1000000ull
 #define SAMPLES_KEPT 16
 #define MAX_SIGNATURES 4096
 #define MAX_PENDING 8
@@ -110,24 +115,29 @@ static __thread __attribute__((tls_model("initial-exec"))) struct {
     unsigned epoch;
 } last_signature;
 
-static inline int same_key(const struct launch_key *a, const struct launch_key *b) {
-    return a->fn == b->fn && a->grid[0] == b->grid[0] && a->grid[1] == b->grid[1] && a->grid[2] == b->grid[2] &&
-           a->block[0] == b->block[0] && a->block[1] == b->block[1] && a->block[2] == b->block[2] &&
-           a->shmem == b->shmem;
-}
-
 static struct signature *signature_lookup(const struct launch_key *key);
 
-/* Lock held. */
-static inline struct signature *signature_of(const struct launch_key *key) {
-    struct signature *s = last_signature.sig;
-    if (s && last_signature.epoch == signatures_epoch && same_key(&s->key, key)) return s;
-    s = signature_lookup(key);
+/* Out of line: a miss is rare, and its hashing is not to be hoisted into the hit's path. */
+__attribute__((noinline)) static struct signature *signature_miss(uint64_t fn, unsigned gx, unsigned gy, unsigned gz,
+                                                                  unsigned bx, unsigned by, unsigned bz, unsigned shmem) {
+    const struct launch_key key = {fn, {gx, gy, gz}, {bx, by, bz}, shmem};
+    struct signature *s = signature_lookup(&key);
     if (s != &overflow_signature) {
         last_signature.sig = s;
         last_signature.epoch = signatures_epoch;
     }
     return s;
+}
+
+/* Lock held. The key comes in parts, so that the common case, a hit, builds no key. */
+static inline struct signature *signature_of(uint64_t fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                             unsigned by, unsigned bz, unsigned shmem) {
+    struct signature *s = last_signature.sig;
+    if (s && last_signature.epoch == signatures_epoch && s->key.fn == fn && s->key.grid[0] == gx &&
+        s->key.grid[1] == gy && s->key.grid[2] == gz && s->key.block[0] == bx && s->key.block[1] == by &&
+        s->key.block[2] == bz && s->key.shmem == shmem)
+        return s;
+    return signature_miss(fn, gx, gy, gz, bx, by, bz, shmem);
 }
 
 static struct signature *signature_lookup(const struct launch_key *key) {
@@ -265,7 +275,7 @@ static int take_spare(CUcontext ctx, CUevent *start, CUevent *end) {
 
 /* Records the start event of a measured launch, in a spare pair of ctx or a new one; 0 or -1. */
 static int start_measurement(CUcontext ctx, CUstream stream, CUevent *start, CUevent *end) {
-    if (ctx && take_spare(ctx, start, end)) {
+    if (take_spare(ctx, start, end)) {
         if (REAL(cuEventRecord)(*start, stream) == CUDA_SUCCESS) return 0;
         REAL(cuEventDestroy_v2)(*start); /* its context ended unseen: a new pair below */
         REAL(cuEventDestroy_v2)(*end);
@@ -321,23 +331,48 @@ static void collect(struct vgpu_region *r, int oldest, const struct signature *o
 
 /* A launch of a container with a QoS class on a GPU with a coordination area (qos.c): best-effort
  * has no share of its own, only the time that higher classes leave; the others keep their quota
- * and publish their work. Out of line: a launch without a class pays one branch for it. */
-__attribute__((noinline)) static void admit_classed(struct vgpu_region *r, const struct vgpu_device *d,
-                                                    uint64_t estimate) {
+ * and publish their work. A launch without a class pays one branch for it. */
+static inline __attribute__((always_inline)) void admit_classed(struct vgpu_region *r, const struct vgpu_device *d,
+                                                                uint64_t estimate) {
     if (d->qos & VGPU_QOS_YIELDS) count_launch(&r->dev[d->rdev], estimate, vgpu_qos_yield(d->rdev, estimate));
     else if (vgpu_cores_limit(d->quota.cores)) wait_for_tokens(r, d, estimate);
     else count_launch(&r->dev[d->rdev], estimate, 0);
     if (d->qos & VGPU_QOS_PUBLISHES) vgpu_qos_launched(r, d->rdev, estimate);
 }
 
-typedef CUresult (*launch_fn)(const void *args);
+/* One launch that is measured, from its admission to its end event. */
+struct launch {
+    const struct vgpu_device *d;
+    struct signature *sig;
+    uint64_t estimate;
+    int unknown; /* its signature had no estimate yet: the measurement is charged */
+    CUcontext ctx;
+    CUevent start, end;
+};
 
-static CUresult throttled_launch(const struct launch_key *key, CUstream stream, launch_fn go, const void *args) {
+/* A launch that admit decided to measure, from admit to the wrapper's measured path on the same
+ * thread, which copies it at once (nothing else runs on the thread in between). A thread-local
+ * rather than a local of the wrapper: the wrapper's common path, not measured, then makes the real
+ * call as a sibling call, which a local whose address is passed on would rule out. initial-exec:
+ * as last_signature. */
+static __thread __attribute__((tls_model("initial-exec"))) struct launch admitted;
+
+/* Admits a launch of the function (or graph) fn with this grid, block and shared memory on the
+ * current context's GPU, waiting as its quota and class say, and accounts for it. 0: nothing more
+ * to do (not measured, or the GPU is not governed), the caller makes the real call; 1: the caller
+ * makes it in its measured path (admitted, measure_start, the call, measure_end).
+ *
+ * The GPU: where this process sees one GPU, every context is on it, so the driver is not asked for
+ * the current context (vgpu_device_sole); a launch without one fails in the driver, and its
+ * estimate is charged, as for any other launch the driver refuses. Inlined into each wrapper's
+ * _throttled function, so that the launch's arguments stay where they are for the real call. */
+static inline __attribute__((always_inline)) int admit(uint64_t fn, unsigned gx, unsigned gy, unsigned gz,
+                                                       unsigned bx, unsigned by, unsigned bz, unsigned shmem) {
     CUresult err;
-    CUcontext ctx = NULL;
-    const struct vgpu_device *d = vgpu_device_current(&ctx, &err);
-    struct vgpu_region *r = d && d->rdev >= 0 ? vgpu_region_attach() : NULL;
-    if (!r || !d->governed) return go(args);
+    const struct vgpu_device *d = vgpu_device_sole();
+    if (!d) d = vgpu_device_current(NULL, &err);
+    struct vgpu_region *r = d && d->governed && d->rdev >= 0 ? vgpu_region_attach() : NULL;
+    if (!r) return 0;
     /* A relaxed read: a measurement queued meanwhile by another thread is collected next time. */
     if (__atomic_load_n(&npending, __ATOMIC_RELAXED)) collect(r, 0, NULL);
     struct signature *sig;
@@ -345,7 +380,7 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
     uint64_t estimate;
     for (;;) {
         vgpu_spin_take(&compute_lock);
-        sig = signature_of(key);
+        sig = signature_of(fn, gx, gy, gz, bx, by, bz, shmem);
         unknown = sig->nsamples == 0;
         int busy = unknown && sig->pending; /* one unmeasured launch of a signature at a time */
         estimate = sig->estimate_ns;
@@ -364,165 +399,124 @@ static CUresult throttled_launch(const struct launch_key *key, CUstream stream, 
     }
     if (__builtin_expect(d->qos, 0)) admit_classed(r, d, estimate);
     else wait_for_tokens(r, d, estimate);
-    if (!must_measure) return go(args);
-    CUevent start = NULL, end = NULL;
-    if (start_measurement(ctx, stream, &start, &end) != 0) {
+    if (!must_measure) return 0;
+    admitted = (struct launch){d, sig, estimate, unknown, NULL, NULL, NULL};
+    return 1;
+}
+
+/* Records the start event of an admitted launch that is measured. */
+static void measure_start(struct launch *l, CUstream stream) {
+    __typeof__(&cuCtxGetCurrent) get_current = REAL(cuCtxGetCurrent);
+    if (!get_current || get_current(&l->ctx) != CUDA_SUCCESS || !l->ctx) return; /* the launch fails */
+    if (start_measurement(l->ctx, stream, &l->start, &l->end) != 0) {
         static int told;
         if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
             vgpu_log("cannot record CUDA events on a stream; its launches are not charged to the compute quota");
     }
-    CUresult rc = go(args);
-    int measured = start && rc == CUDA_SUCCESS && REAL(cuEventRecord)(end, stream) == CUDA_SUCCESS;
+}
+
+/* Records the end event of a measured launch that returned rc, and queues the measurement. */
+static CUresult measure_end(struct launch *l, CUstream stream, CUresult rc) {
+    int measured = l->start && rc == CUDA_SUCCESS && REAL(cuEventRecord)(l->end, stream) == CUDA_SUCCESS;
+    struct signature *sig = l->sig;
     vgpu_spin_take(&compute_lock);
+    launched_work += l->estimate;
     if (measured && npending < MAX_PENDING) {
-        launched_work += estimate;
-        pending[npending] = (struct sample){start, end, ctx, sig, d->rdev, unknown, launched_work};
+        pending[npending] = (struct sample){l->start, l->end, l->ctx, sig, l->d->rdev, l->unknown, launched_work};
         __atomic_store_n(&npending, npending + 1, __ATOMIC_RELAXED);
         sig->pending++;
         sig->launches_since_sample = 0;
         sig->work_since_sample_ns = 0;
-        start = NULL;
+        l->start = NULL;
     } else {
-        launched_work += estimate;
         sig->launches_since_sample++;
-        sig->work_since_sample_ns += estimate;
+        sig->work_since_sample_ns += l->estimate;
     }
     vgpu_spin_give(&compute_lock);
-    if (start) {
-        REAL(cuEventDestroy_v2)(start);
-        REAL(cuEventDestroy_v2)(end);
+    if (l->start) {
+        REAL(cuEventDestroy_v2)(l->start);
+        REAL(cuEventDestroy_v2)(l->end);
     }
     return rc;
 }
 
-struct kernel_launch {
-    CUresult (*fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                   void **, void **);
-    CUresult (*cooperative)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                            CUstream, void **);
-    CUfunction f;
-    unsigned grid[3], block[3], shmem;
-    CUstream stream;
-    void **params, **extra;
-};
+/* The measured path of a launch wrapper, where call is the real call. */
+#define MEASURED(stream, call)                 \
+    do {                                       \
+        struct launch l = admitted;            \
+        measure_start(&l, stream);             \
+        return measure_end(&l, stream, call);  \
+    } while (0)
 
-static CUresult go_kernel(const void *p) {
-    const struct kernel_launch *a = p;
-    if (a->cooperative)
-        return a->cooperative(a->f, a->grid[0], a->grid[1], a->grid[2], a->block[0], a->block[1], a->block[2],
-                              a->shmem, a->stream, a->params);
-    return a->fn(a->f, a->grid[0], a->grid[1], a->grid[2], a->block[0], a->block[1], a->block[2], a->shmem,
-                 a->stream, a->params, a->extra);
-}
-
-static CUresult kernel(const struct kernel_launch *a) {
-    struct launch_key key = {(uint64_t)(uintptr_t)a->f,
-                             {a->grid[0], a->grid[1], a->grid[2]},
-                             {a->block[0], a->block[1], a->block[2]},
-                             a->shmem};
-    return throttled_launch(&key, a->stream, go_kernel, a);
-}
-
-/* A launch wrapper is two functions with the same parameters: the exported one makes the real call
- * straight away when no GPU has a compute quota (one load of the real pointer, one of the
- * configuration's answer, then a sibling call, with no stack frame of its own: it calls nothing
- * else), else hands over to its out-of-line _throttled twin, also by a sibling call, which resolves
- * the real function and the configuration when they are not yet known. */
+/* A launch wrapper is three functions: the exported one makes the real call straight away when no
+ * GPU has a compute quota or a class (one load of the real pointer, one of the configuration's
+ * answer, then a sibling call; it calls nothing else, though GCC and clang both copy the five
+ * arguments passed on the stack out and back in: 25 instructions in all), else hands over to its
+ * out-of-line _throttled twin, also by a sibling call, which resolves the real function and the
+ * configuration when they are not yet known, admits the launch and makes the real call, again as
+ * a sibling call, unless the launch is measured: then the _measured one makes it. One function
+ * instead of the first two costs the launch without a compute quota more than 50 instructions
+ * (the throttled path's registers are saved on every path). */
 #define KERNEL_PARAMS                                                                                              \
     CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem, \
         CUstream stream, void **params
 #define KERNEL_ARGS f, gx, gy, gz, bx, by, bz, shmem, stream, params
-#define LAUNCH_WRAPPER(name, throttled, params_decl, args)                                   \
-    VGPU_API CUresult CUDAAPI name(params_decl) {                                            \
-        __typeof__(&name) fn = REAL_IF_RESOLVED(name);                                       \
-        if (fn && __atomic_load_n(&throttling, __ATOMIC_RELAXED) == 1) return fn(args);      \
-        return throttled(args);                                                              \
+#define KERNEL_ADMIT admit((uint64_t)(uintptr_t)f, gx, gy, gz, bx, by, bz, shmem)
+#define LAUNCH_WRAPPER(name, params_decl, args)                                                   \
+    __attribute__((noinline)) static CUresult name##_measured(__typeof__(&name) fn, params_decl) { \
+        MEASURED(stream, fn(args));                                                               \
+    }                                                                                             \
+    __attribute__((noinline)) static CUresult name##_throttled(params_decl) {                     \
+        __typeof__(&name) fn = REAL(name);                                                        \
+        if (!fn) return CUDA_ERROR_NOT_FOUND;                                                     \
+        if (!throttling_configured() || !KERNEL_ADMIT) return fn(args);                           \
+        return name##_measured(fn, args);                                                         \
+    }                                                                                             \
+    VGPU_API CUresult CUDAAPI name(params_decl) {                                                 \
+        __typeof__(&name) fn = REAL_IF_RESOLVED(name);                                            \
+        if (fn && __atomic_load_n(&throttling, __ATOMIC_RELAXED) == 1) return fn(args);           \
+        return name##_throttled(args);                                                            \
     }
 
-#define KERNEL_WRAPPER(name)                                                                                 \
-    __attribute__((noinline)) static CUresult name##_throttled(KERNEL_PARAMS, void **extra) {               \
-        struct kernel_launch a = {REAL(name), NULL, f, {gx, gy, gz}, {bx, by, bz}, shmem, stream, params, extra}; \
-        if (!a.fn) return CUDA_ERROR_NOT_FOUND;                                                              \
-        return throttling_configured() ? kernel(&a) : go_kernel(&a);                                         \
-    }                                                                                                        \
-    LAUNCH_WRAPPER(name, name##_throttled, KERNEL_PARAMS COMMA void **extra, KERNEL_ARGS COMMA extra)
-
-#define COOPERATIVE_WRAPPER(name)                                                                            \
-    __attribute__((noinline)) static CUresult name##_throttled(KERNEL_PARAMS) {                             \
-        struct kernel_launch a = {NULL, REAL(name), f, {gx, gy, gz}, {bx, by, bz}, shmem, stream, params, NULL}; \
-        if (!a.cooperative) return CUDA_ERROR_NOT_FOUND;                                                     \
-        return throttling_configured() ? kernel(&a) : go_kernel(&a);                                         \
-    }                                                                                                        \
-    LAUNCH_WRAPPER(name, name##_throttled, KERNEL_PARAMS, KERNEL_ARGS)
-
 #define COMMA ,
-KERNEL_WRAPPER(cuLaunchKernel)
-KERNEL_WRAPPER(cuLaunchKernel_ptsz)
-COOPERATIVE_WRAPPER(cuLaunchCooperativeKernel)
-COOPERATIVE_WRAPPER(cuLaunchCooperativeKernel_ptsz)
+LAUNCH_WRAPPER(cuLaunchKernel, KERNEL_PARAMS COMMA void **extra, KERNEL_ARGS COMMA extra)
+LAUNCH_WRAPPER(cuLaunchKernel_ptsz, KERNEL_PARAMS COMMA void **extra, KERNEL_ARGS COMMA extra)
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel, KERNEL_PARAMS, KERNEL_ARGS)
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, KERNEL_PARAMS, KERNEL_ARGS)
 #undef COMMA
 
-struct ex_launch {
-    CUresult (*fn)(const CUlaunchConfig *, CUfunction, void **, void **);
-    const CUlaunchConfig *config;
-    CUfunction f;
-    void **params, **extra;
-};
+/* cuLaunchKernelEx and cuGraphLaunch: one function each, the configuration known or not. */
+#define EX_WRAPPER(name)                                                                                      \
+    __attribute__((noinline)) static CUresult name##_measured(__typeof__(&name) fn, const CUlaunchConfig *config, \
+                                                              CUfunction f, void **params, void **extra) {    \
+        MEASURED(config->hStream, fn(config, f, params, extra));                                              \
+    }                                                                                                         \
+    VGPU_API CUresult CUDAAPI name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) { \
+        __typeof__(&name) fn = REAL(name);                                                                    \
+        if (!fn) return CUDA_ERROR_NOT_FOUND;                                                                 \
+        if (!throttling_configured() || !config ||                                                            \
+            !admit((uint64_t)(uintptr_t)f, config->gridDimX, config->gridDimY, config->gridDimZ,              \
+                   config->blockDimX, config->blockDimY, config->blockDimZ, config->sharedMemBytes))          \
+            return fn(config, f, params, extra);                                                              \
+        return name##_measured(fn, config, f, params, extra);                                                 \
+    }
+EX_WRAPPER(cuLaunchKernelEx)
+EX_WRAPPER(cuLaunchKernelEx_ptsz)
 
-static CUresult go_ex(const void *p) {
-    const struct ex_launch *a = p;
-    return a->fn(a->config, a->f, a->params, a->extra);
-}
-
-static CUresult launch_ex(const struct ex_launch *a) {
-    if (!a->fn) return CUDA_ERROR_NOT_FOUND;
-    if (!throttling_configured() || !a->config) return go_ex(a);
-    const CUlaunchConfig *c = a->config;
-    struct launch_key key = {(uint64_t)(uintptr_t)a->f,
-                             {c->gridDimX, c->gridDimY, c->gridDimZ},
-                             {c->blockDimX, c->blockDimY, c->blockDimZ},
-                             c->sharedMemBytes};
-    return throttled_launch(&key, c->hStream, go_ex, a);
-}
-
-VGPU_API CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
-    struct ex_launch a = {REAL(cuLaunchKernelEx), config, f, params, extra};
-    return launch_ex(&a);
-}
-
-VGPU_API CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params,
-                                                void **extra) {
-    struct ex_launch a = {REAL(cuLaunchKernelEx_ptsz), config, f, params, extra};
-    return launch_ex(&a);
-}
-
-struct graph_launch {
-    CUresult (*fn)(CUgraphExec, CUstream);
-    CUgraphExec exec;
-    CUstream stream;
-};
-
-static CUresult go_graph(const void *p) {
-    const struct graph_launch *a = p;
-    return a->fn(a->exec, a->stream);
-}
-
-static CUresult graph(const struct graph_launch *a) {
-    if (!a->fn) return CUDA_ERROR_NOT_FOUND;
-    if (!throttling_configured()) return go_graph(a);
-    struct launch_key key = {(uint64_t)(uintptr_t)a->exec, {0, 0, 0}, {0, 0, 0}, 0};
-    return throttled_launch(&key, a->stream, go_graph, a);
-}
-
-VGPU_API CUresult CUDAAPI cuGraphLaunch(CUgraphExec exec, CUstream stream) {
-    struct graph_launch a = {REAL(cuGraphLaunch), exec, stream};
-    return graph(&a);
-}
-
-VGPU_API CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
-    struct graph_launch a = {REAL(cuGraphLaunch_ptsz), exec, stream};
-    return graph(&a);
-}
+#define GRAPH_WRAPPER(name)                                                                                   \
+    __attribute__((noinline)) static CUresult name##_measured(__typeof__(&name) fn, CUgraphExec exec,         \
+                                                              CUstream stream) {                              \
+        MEASURED(stream, fn(exec, stream));                                                                   \
+    }                                                                                                         \
+    VGPU_API CUresult CUDAAPI name(CUgraphExec exec, CUstream stream) {                                       \
+        __typeof__(&name) fn = REAL(name);                                                                    \
+        if (!fn) return CUDA_ERROR_NOT_FOUND;                                                                 \
+        if (!throttling_configured() || !admit((uint64_t)(uintptr_t)exec, 0, 0, 0, 0, 0, 0, 0))               \
+            return fn(exec, stream);                                                                          \
+        return name##_measured(fn, exec, stream);                                                             \
+    }
+GRAPH_WRAPPER(cuGraphLaunch)
+GRAPH_WRAPPER(cuGraphLaunch_ptsz)
 
 void vgpu_compute_after_fork_child(void) {
     /* The parent's events and estimates are not the child's. */

@@ -72,6 +72,11 @@ const struct vgpu_device *vgpu_device_of(CUdevice cu, CUresult *err) {
     return NULL;
 }
 
+const struct vgpu_device *vgpu_device_sole(void) {
+    /* devices_ready: as in vgpu_device_of. */
+    return __atomic_load_n(&devices_ready, __ATOMIC_ACQUIRE) && device_count == 1 ? &devices[0] : NULL;
+}
+
 /* The device of the current context, remembered per thread with that context: a launch or an
  * allocation asks the driver only for the current context (which it needs for the allocation's
  * owner anyway), not also for the context's device. A context's device never changes while it
@@ -80,7 +85,8 @@ const struct vgpu_device *vgpu_device_of(CUdevice cu, CUresult *err) {
  * epoch is read before the driver is asked, so an end racing with the lookup forgets its answer. */
 static unsigned contexts_epoch;
 /* initial-exec: one load from the thread pointer, not a __tls_get_addr call per launch; the hook is
- * preloaded (or dlopen'ed for its region reader, and these 24 bytes fit glibc's static TLS surplus). */
+ * preloaded (or dlopen'ed for its region reader, and its thread-locals, about 100 bytes with
+ * compute.c's, fit glibc's static TLS surplus). */
 static __thread __attribute__((tls_model("initial-exec"))) struct {
     CUcontext ctx;
     unsigned epoch;

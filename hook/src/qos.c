@@ -84,7 +84,7 @@ static struct slot own_words(const struct slot *own) {
 }
 
 /* Stores the slot's words; the region lock held (see struct slot). */
-static void publish(struct slot *own, const struct slot *s) {
+static inline void publish(struct slot *own, const struct slot *s) {
     __atomic_store_n(&own->busy_since_ns, s->busy_since_ns, __ATOMIC_RELAXED);
     __atomic_store_n(&own->busy_until_ns, s->busy_until_ns, __ATOMIC_RELAXED);
     __atomic_store_n(&own->due_ns, s->due_ns, __ATOMIC_RELAXED);
@@ -202,7 +202,8 @@ static void list_peers(struct qos_gpu *g) {
     }
     vgpu_spin_take(&g->peers_lock);
     struct peers old = g->peers;
-    g->peers = fresh;
+    memcpy(g->peers.fds, fresh.fds, sizeof fresh.fds);
+    __atomic_store_n(&g->peers.count, fresh.count, __ATOMIC_RELAXED); /* read unlocked: peers_busy_until */
     vgpu_spin_give(&g->peers_lock);
     for (int i = 0; i < old.count; i++) close(old.fds[i]); /* no reader holds them: the swap was locked */
 }
@@ -244,16 +245,25 @@ void vgpu_qos_refresh(void) {
     }
 }
 
-void vgpu_qos_launched(struct vgpu_region *r, int rdev, uint64_t estimate_ns) {
+/* On every launch of a publishing container: inline, so that link-time optimisation puts it into
+ * the launch path (docs/benchmarks.md). */
+inline void vgpu_qos_launched(struct vgpu_region *r, int rdev, uint64_t estimate_ns) {
     struct slot *own = gpus[rdev].own;
     uint64_t now = vgpu_now_ns();
     vgpu_region_lock(r);
     struct slot s = own_words(own);
-    s.due_ns = 0;
     if (s.busy_until_ns < now || s.busy_until_ns - now > MAX_AHEAD_NS || s.busy_since_ns > s.busy_until_ns)
         s.busy_since_ns = s.busy_until_ns = now;
     s.busy_until_ns += estimate_ns;
-    publish(own, &s);
+    if (__builtin_expect(s.due_ns != 0, 0)) {
+        s.due_ns = 0;
+        __atomic_store_n(&own->due_ns, 0, __ATOMIC_RELAXED);
+    }
+    /* Only the span's words change (the others are as read, under the same lock: see struct slot
+     * for the order of the stores and how readers take them). */
+    __atomic_store_n(&own->busy_since_ns, s.busy_since_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&own->busy_until_ns, s.busy_until_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&own->check, check_of(&s), __ATOMIC_RELEASE);
     vgpu_region_unlock(r);
 }
 
@@ -289,6 +299,10 @@ struct yielder {
  * after another: it runs until y->done + the sum of it. */
 static uint64_t peers_busy_until(struct qos_gpu *g, uint64_t now, const struct yielder *y) {
     uint64_t latest = 0, queued = 0;
+    /* No peer on the GPU (read without the lock, which guards the descriptors: a count that a
+     * concurrent listing just raised is seen at the next launch, as if that listing had come a
+     * moment later). */
+    if (!__atomic_load_n(&g->peers.count, __ATOMIC_RELAXED)) return 0;
     vgpu_spin_take(&g->peers_lock);
     for (int i = 0; i < g->peers.count; i++) {
         struct slot s = {0, 0, 0, 0, 0};
@@ -323,11 +337,11 @@ int vgpu_qos_higher_busy(int rdev) {
 
 uint64_t vgpu_qos_yield(int rdev, uint64_t estimate_ns) {
     struct qos_gpu *g = &gpus[rdev];
-    uint64_t waited = 0;
+    uint64_t waited = 0, now = vgpu_now_ns();
     /* Threads of one process race on the last launch; any of their launch times serves. */
-    struct yielder y = {__atomic_load_n(&g->launched_ns, __ATOMIC_RELAXED), vgpu_now_ns(), estimate_ns};
+    struct yielder y = {__atomic_load_n(&g->launched_ns, __ATOMIC_RELAXED), now, estimate_ns};
     for (;;) {
-        uint64_t now = vgpu_now_ns(), until = peers_busy_until(g, now, &y);
+        uint64_t until = peers_busy_until(g, now, &y);
         if (until <= now) {
             __atomic_store_n(&g->launched_ns, now, __ATOMIC_RELAXED);
             return waited;
@@ -337,6 +351,7 @@ uint64_t vgpu_qos_yield(int rdev, uint64_t estimate_ns) {
         struct timespec t = {.tv_sec = 0, .tv_nsec = (long)ns};
         nanosleep(&t, NULL);
         waited += ns;
+        now = vgpu_now_ns();
     }
 }
 

@@ -90,6 +90,9 @@ struct vgpu_device {
 /* The device of the current context (and, if current is not NULL, that context); NULL with *err set
  * when there is none. */
 const struct vgpu_device *vgpu_device_current(CUcontext *current, CUresult *err);
+/* The one GPU this process sees, on which every context is; NULL when it sees several (or has not
+ * enumerated them yet: vgpu_device_current does). */
+const struct vgpu_device *vgpu_device_sole(void);
 /* A context ended (destroyed, or a primary context released or reset): forget what was remembered. */
 void vgpu_device_contexts_ended(void);
 const struct vgpu_device *vgpu_device_of(CUdevice cu, CUresult *err);
