@@ -5,24 +5,23 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from types import FrameType
 
 from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
 from deviceplugin.agent import Agent
 from deviceplugin.config import Config, parse_config
-from deviceplugin.kube import Kube, KubeConfigError, load_api
+from deviceplugin.kube import Kube, load_api
 from deviceplugin.kubelet import run_registration
 from deviceplugin.metrics import OVER_QUOTA_REASON, AgentCollector, OverQuota, PluginMetrics
 from deviceplugin.nvml import GpuReading, discover_gpus
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
+from deviceplugin.process import serve_until_signalled
 from deviceplugin.statedir import StateDir
 from hook._library import LIBRARY_ENV
 
@@ -99,28 +98,8 @@ def run(config: Config, stop: threading.Event) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=os.environ.get("TESSERA_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # The Kubernetes client's connection pool logs every retry; the agent reports failures itself.
-    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     config = parse_config(argv)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        run(config, stop)
-    except (KubeConfigError, OSError) as e:
-        log.error("%s", e)
-        return 2
-    return 0
+    return serve_until_signalled(lambda stop: run(config, stop))
 
 
 if __name__ == "__main__":

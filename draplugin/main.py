@@ -7,17 +7,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 from deviceplugin.config import DEFAULT_HOOK_LIBRARY, DEFAULT_STATE_DIR
-from deviceplugin.kube import KubeConfigError, load_api
+from deviceplugin.kube import load_api
 from deviceplugin.nvml import discover_gpus
+from deviceplugin.process import serve_until_signalled
 from deviceplugin.statedir import StateDir
 from draplugin.driver import Driver
 from draplugin.kube import ResourceApi, SlicePublisher
@@ -169,27 +168,8 @@ def run(config: Config, stop: threading.Event) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=os.environ.get("TESSERA_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     config = parse_config(argv)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        run(config, stop)
-    except (KubeConfigError, OSError) as e:
-        log.error("%s", e)
-        return 2
-    return 0
+    return serve_until_signalled(lambda stop: run(config, stop))
 
 
 if __name__ == "__main__":
