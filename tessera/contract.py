@@ -34,7 +34,10 @@ UNHEALTHY: Literal["Unhealthy"] = "Unhealthy"
 SLICE_SEPARATOR = "::"
 
 # Inside a container: where the device plugin mounts the hook's inputs.
-CONTAINER_LIMITS_FILE = "/var/run/tessera/limits"
+# The limits file sits alone in a directory mounted read-only: the device plugin replaces it by a
+# rename on a live resize, which a mount of the file itself would never show (it pins the old inode).
+CONTAINER_LIMITS_DIR = "/var/run/tessera/limits.d"
+CONTAINER_LIMITS_FILE = f"{CONTAINER_LIMITS_DIR}/limits"
 CONTAINER_STATE_DIR = "/var/run/tessera/state"
 CONTAINER_HOOK_LIBRARY = "/usr/local/tessera/libvgpu.so"
 CONTAINER_LD_SO_PRELOAD = "/etc/ld.so.preload"
@@ -661,6 +664,105 @@ def pod_priority(pod: Mapping[str, Any]) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise PodShapeError(f"spec.priority: must be an integer, got {_kind(priority)}")
     return priority
+
+
+# --------------------------------------------------------------------------------------------------
+# Live resize: the user's request (annotation ``<domain>/resize``) and Tessera's answer
+# (``<domain>/resize-status``). docs/placement.md, "Live resize".
+
+
+class QuotaChange(_Strict):
+    """New quotas for one container, on each of its GPUs; None keeps the current one."""
+
+    memory_mib: int | None = Field(default=None, gt=0)
+    cores: int | None = Field(default=None, ge=1, le=MAX_CORES)
+
+
+class ResizeRequest(_Strict):
+    """What ``<domain>/resize`` asks: new quotas by container name; ``""`` names the pod's only GPU
+    container (the form without a container name)."""
+
+    containers: dict[str, QuotaChange] = Field(min_length=1)
+
+
+class ResizeOutcome(StrEnum):
+    APPLIED = "applied"
+    REFUSED = "refused"
+
+
+class ResizeStatus(_Strict):
+    """``<domain>/resize-status``: the outcome of the last resize request, written by Tessera."""
+
+    request: str  # the annotation's text it answers
+    outcome: ResizeOutcome
+    message: str
+    time: str
+
+
+_RESIZE_FIELDS = {"memory": "memory_mib", "cores": "cores"}
+
+
+def _resize_entry(text: str, where: str) -> QuotaChange:
+    """``memory=6144,cores=40`` (either, or both) as a QuotaChange."""
+    values: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, value = (piece.strip() for piece in part.partition("="))
+        if not sep or name not in _RESIZE_FIELDS:
+            raise ContractError(
+                f"{where}: {_shown(part.strip())} is not memory=<MiB> or cores=<1-{MAX_CORES}>"
+            )
+        if _RESIZE_FIELDS[name] in values:
+            raise ContractError(f"{where}: {name} is given twice")
+        if not (value.isascii() and value.isdigit() and len(value) <= _MAX_DIGITS):
+            raise ContractError(f"{where}: {name}: {_shown(value)} is not a whole number")
+        number = int(value)
+        if name == "memory" and number <= 0:
+            raise ContractError(f"{where}: memory: {number} must be more than 0 MiB")
+        if name == "cores" and not 1 <= number <= MAX_CORES:
+            raise ContractError(f"{where}: cores: {number} is outside 1..{MAX_CORES}")
+        values[_RESIZE_FIELDS[name]] = number
+    return QuotaChange(**values)
+
+
+def parse_resize(text: object, keys: ContractKeys = KEYS) -> ResizeRequest:
+    """The annotation ``<domain>/resize``: ``memory=6144,cores=40`` for a pod with one GPU container,
+    or ``<container>:memory=6144;<container>:cores=40`` naming each container resized (memory in MiB
+    per GPU, cores in percent of each GPU). Raises :class:`ContractError` naming the annotation, the
+    container and the value."""
+    where = f"annotation {keys.resize}"
+    if not isinstance(text, str):
+        raise PodShapeError(f"{where}: must be a string, got {_kind(text)}")
+    if len(text) > _MAX_RESIZE_TEXT:
+        raise ContractError(f"{where}: {_shown(text)} is longer than {_MAX_RESIZE_TEXT} characters")
+    containers: dict[str, QuotaChange] = {}
+    entries = [entry.strip() for entry in text.split(";") if entry.strip()]
+    if not entries:
+        raise ContractError(f"{where}: {_shown(text)} asks nothing (expected memory=<MiB>,cores=<percent>)")
+    for entry in entries:
+        name, sep, quotas = entry.rpartition(":")
+        name = name.strip()
+        if sep and not _SAFE_CONTAINER.match(name):
+            raise ContractError(f"{where}: {_shown(name)} is not a container name")
+        if (name in containers) or (len(entries) > 1 and not name):
+            raise ContractError(
+                f"{where}: {_shown(text)} must name each container once (<container>:memory=...;...)"
+            )
+        containers[name] = _resize_entry(quotas, f"{where}: {f'container {name!r}' if name else 'value'}")
+    return ResizeRequest(containers=containers)
+
+
+_MAX_RESIZE_TEXT = 4096
+_SAFE_CONTAINER = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+_RESIZE_STATUS = TypeAdapter(ResizeStatus)
+
+
+def dump_resize_status(status: ResizeStatus) -> str:
+    return status.model_dump_json()
+
+
+def parse_resize_status(text: str, *, pod: str = "") -> ResizeStatus:
+    return _validated(_RESIZE_STATUS, text, f"pod {pod}: " if pod else "", KEYS.resize_status)
 
 
 def slice_id(uuid: str, n: int) -> str:

@@ -15,6 +15,7 @@ No I/O here. The extender (kube-scheduler adapter) and the simulator call the sa
   the device plugin, is :mod:`tessera.inflight`).
 * :mod:`.qos`: a pod's QoS class (``qos_class``: its annotation, else its priority).
 * :mod:`.preemption`: ``choose_victims``, the lower-priority pods to evict on a node so a pod fits.
+* :mod:`.resize`: ``resize``, a placed pod's new quotas on the GPUs it has (live resize).
 """
 
 from tessera.placement.engine import POLICIES, Evaluation, PlacementEngine
@@ -42,6 +43,7 @@ from tessera.placement.model import (
 from tessera.placement.policies import ClusterContext, PlacementPolicy
 from tessera.placement.preemption import Preemption, Victim, budget_violations, choose_victims
 from tessera.placement.qos import QosThresholds, qos_class
+from tessera.placement.resize import ResizeRefusal, resize
 from tessera.placement.score import best_fits, choose, score_fits, score_nodes
 from tessera.placement.speed import SpeedProfiles
 
@@ -62,6 +64,7 @@ __all__ = [
     "PodShape",
     "Preemption",
     "QosThresholds",
+    "ResizeRefusal",
     "ShapeMix",
     "Shortfall",
     "SpeedProfiles",
@@ -80,6 +83,7 @@ __all__ = [
     "placement_of",
     "qos_class",
     "release",
+    "resize",
     "score_fits",
     "score_nodes",
     "shape_of",

@@ -17,8 +17,12 @@ from tessera.contract import (
     PodShapeError,
     Policy,
     QosClass,
+    QuotaChange,
+    ResizeOutcome,
+    ResizeStatus,
     dump_allocation,
     dump_inventory,
+    dump_resize_status,
     format_time,
     keys_for,
     parse_allocation,
@@ -26,6 +30,8 @@ from tessera.contract import (
     parse_inventory,
     parse_pod_request,
     parse_preferences,
+    parse_resize,
+    parse_resize_status,
     parse_time,
     slice_gpu,
     slice_id,
@@ -401,3 +407,48 @@ def test_quantities_out_of_range_or_of_another_type(value: object, message: str)
     with pytest.raises(ContractError) as error:
         parse_integer_quantity(value, field="f")
     assert str(error.value) == message
+
+
+def test_resize_request_forms() -> None:
+    assert parse_resize("memory=6144,cores=40").containers == {"": QuotaChange(memory_mib=6144, cores=40)}
+    assert parse_resize(" cores = 60 ").containers == {"": QuotaChange(cores=60)}
+    assert parse_resize("trainer:memory=6144;sidecar:cores=10;").containers == {
+        "trainer": QuotaChange(memory_mib=6144),
+        "sidecar": QuotaChange(cores=10),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "annotation tessera.io/resize: '' asks nothing (expected memory=<MiB>,cores=<percent>)"),
+        ("memory=6Gi", "annotation tessera.io/resize: value: memory: '6Gi' is not a whole number"),
+        ("memory=0", "annotation tessera.io/resize: value: memory: 0 must be more than 0 MiB"),
+        ("cores=101", "annotation tessera.io/resize: value: cores: 101 is outside 1..100"),
+        ("gpus=2", "annotation tessera.io/resize: value: 'gpus=2' is not memory=<MiB> or cores=<1-100>"),
+        ("memory=1,memory=2", "annotation tessera.io/resize: value: memory is given twice"),
+        (
+            "a:cores=5;a:cores=6",
+            "annotation tessera.io/resize: 'a:cores=5;a:cores=6' must name each container once",
+        ),
+        (
+            "cores=5;b:cores=6",
+            "annotation tessera.io/resize: 'cores=5;b:cores=6' must name each container once",
+        ),
+        ("A_b:cores=5", "annotation tessera.io/resize: 'A_b' is not a container name"),
+        ("x:cores=-1", "annotation tessera.io/resize: container 'x': cores: '-1' is not a whole number"),
+    ],
+)
+def test_bad_resize_requests_name_the_field_and_value(text: str, message: str) -> None:
+    with pytest.raises(ContractError) as e:
+        parse_resize(text)
+    assert str(e.value).startswith(message)
+
+
+def test_resize_status_round_trips_and_refuses_bad_json() -> None:
+    status = ResizeStatus(
+        request="cores=60", outcome=ResizeOutcome.APPLIED, message="", time="2026-01-01T00:00:00Z"
+    )
+    assert parse_resize_status(dump_resize_status(status)) == status
+    with pytest.raises(ContractError, match=r"^pod a/b: annotation tessera.io/resize-status: outcome: "):
+        parse_resize_status('{"request": "x", "outcome": "maybe", "message": "", "time": ""}', pod="a/b")
