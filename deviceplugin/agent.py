@@ -32,16 +32,21 @@ from deviceplugin.matching import (
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
 from deviceplugin.podresources import Owners, PodResourcesError, container_devices
-from deviceplugin.response import ContainerAnswer, answer_for
+from deviceplugin.response import ContainerAnswer, answer_for, resized_grants
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir, create_state_dir
-from hook.limits import write_limits
+from hook.limits import DeviceLimit, write_limits
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
+    Allocation,
+    ContractError,
+    GpuGrant,
     GpuInfo,
     Phase,
+    QosClass,
     dump_inventory,
     format_time,
     now,
+    parse_allocation,
     pod_ref,
 )
 from tessera.inflight import is_allocating
@@ -105,6 +110,11 @@ class Agent:
         self.cache_answers = 0
         self.api_answers = 0
         self.api_reasons: Counter[str] = Counter()
+        # Live resizes: the allocation annotations already followed, by pod UID.
+        self._followed: dict[str, str] = {}
+        self.resizes_followed = 0
+        if cache is not None:
+            cache.on_pods = self.follow_resizes
 
     # ---------------------------------------------------------------------------------------------
     # GPUs and health
@@ -343,10 +353,56 @@ class Agent:
         create_state_dir(answer.where)
         for slot in answer.slots:
             self.state.create_slot(slot)
-        write_limits(
-            answer.where.limits, answer.limits, qos=answer.qos, coordination=CONTAINER_COORDINATION_DIR
-        )
+        self._write_limits(answer.where, answer.limits, answer.qos)
         self.state.write_record(answer.where, answer.record)
+
+    @staticmethod
+    def _write_limits(where: ContainerDir, limits: Sequence[DeviceLimit], qos: QosClass) -> None:
+        write_limits(where.limits, limits, qos=qos, coordination=CONTAINER_COORDINATION_DIR)
+
+    # ---------------------------------------------------------------------------------------------
+    # Live resize
+
+    def follow_resizes(self, pods: Sequence[PodView]) -> int:
+        """Rewrite the limits file (atomically: the hook in each of the container's processes
+        follows it) and the record of every served container of ``pods`` whose allocation now gives
+        it other quotas on the same GPUs: a live resize the extender decided. Returns how many."""
+        changed: dict[str, Allocation] = {}
+        texts: dict[str, str] = {}
+        for pod in pods:
+            text = pod.annotations.get(self.config.keys.allocation)
+            if text is None or self._followed.get(pod.uid) == text:
+                continue
+            texts[pod.uid] = text
+            try:
+                changed[pod.uid] = parse_allocation(text, pod=pod.ref)
+            except ContractError as e:
+                log.warning("%s", e)
+        if not texts:
+            return 0
+        followed = 0
+        with self._lock:
+            for where, record in list(self._records.items()):
+                allocation = changed.get(record.pod_uid)
+                grants = None if allocation is None else resized_grants(record, allocation)
+                if allocation is None or grants is None:
+                    continue
+                self._follow(where, record.model_copy(update={"gpus": grants}), grants, allocation.qos)
+                followed += 1
+            self._followed.update(texts)  # once written: a failed write is tried again by tidy_state
+        self.resizes_followed += followed
+        return followed
+
+    def _follow(
+        self, where: ContainerDir, record: ServedRecord, grants: Sequence[GpuGrant], qos: QosClass
+    ) -> None:
+        self._write_limits(where, [DeviceLimit.from_grant(g) for g in grants], qos)
+        self.state.write_record(where, record)
+        self._records[where] = record
+        quotas = ", ".join(f"{g.uuid}: {g.memory_mib} MiB, {g.cores}% compute" for g in grants)
+        log.info(
+            "pod %s container %s resized: %s", pod_ref(record.namespace, record.pod), record.container, quotas
+        )
 
     def _set_phase(self, pod: PodView, phase: Phase) -> None:
         try:
@@ -519,8 +575,11 @@ class Agent:
             self._records = dict(self.state.records())
             self._served = _refs(self._records)
             done = [p for p in views if asked and self._admitted(p, owners)]
+            for uid in set(self._followed) - live:
+                del self._followed[uid]
         if removed:
             log.info("removed the state of %d container(s) whose pods are gone", len(removed))
+        self.follow_resizes(views)
         self._submit_allocated(done)
 
     def run_publisher(self, stop: threading.Event) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubernetes import client
@@ -53,6 +53,8 @@ class PodCache:
         self._response: Any = None
         self._sleep = sleep or self._pause
         self.resource_version = ""
+        # Called with the pods of each list and each watch event, outside the lock (live resize).
+        self.on_pods: Callable[[Sequence[PodView]], object] | None = None
         self.lists = 0  # successful lists: the first, and one after each 410 Gone or failure
         self.events = 0  # watch events applied (bookmarks included)
 
@@ -106,6 +108,7 @@ class PodCache:
             self.resource_version = version
             self.lists += 1
         self._synced.set()
+        self._tell([p.view for p in pods.values()])
         return version
 
     def apply(self, event: dict[str, Any]) -> None:
@@ -120,14 +123,25 @@ class PodCache:
         metadata = obj.get("metadata") or {}
         version = str(metadata.get("resourceVersion") or "")
         uid = str(metadata.get("uid") or "")
+        changed = None
         with self._lock:
             self.events += 1
             if kind in {"ADDED", "MODIFIED"} and uid:
-                self._pods[uid] = node_pod(obj, self._kube.keys)
+                changed = self._pods[uid] = node_pod(obj, self._kube.keys)
             elif kind == "DELETED" and uid:
                 self._pods.pop(uid, None)
             if version:
                 self.resource_version = version
+        if changed is not None:
+            self._tell([changed.view])
+
+    def _tell(self, pods: Sequence[PodView]) -> None:
+        if self.on_pods is None:
+            return
+        try:
+            self.on_pods(pods)
+        except Exception as e:  # the watch goes on; the agent's tidy-up tries again
+            log.warning("following the pods on node %s failed: %s", self._kube.node, e)
 
     def watch(self, resource_version: str) -> str:
         """Watch from ``resource_version`` until the server ends the watch (or :meth:`interrupt`);

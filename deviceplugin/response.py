@@ -13,9 +13,11 @@ from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
-    CONTAINER_LIMITS_FILE,
+    CONTAINER_LIMITS_DIR,
     CONTAINER_STATE_DIR,
     COORDINATION_SLOT_SUFFIX,
+    Allocation,
+    GpuGrant,
     QosClass,
 )
 
@@ -47,7 +49,7 @@ def hook_mounts(where: ContainerDir, state: StateDir, hook_library: Path) -> tup
     the hook and the preload entry that loads it. The device plugin and the DRA driver both mount
     these."""
     return (
-        MountSpec(CONTAINER_LIMITS_FILE, str(where.limits), read_only=True),
+        MountSpec(CONTAINER_LIMITS_DIR, str(where.limits_dir), read_only=True),
         MountSpec(CONTAINER_STATE_DIR, str(where.state), read_only=False),
         MountSpec(CONTAINER_HOOK_LIBRARY, str(hook_library), read_only=True),
         MountSpec(CONTAINER_LD_SO_PRELOAD, str(state.ld_so_preload), read_only=True),
@@ -92,3 +94,15 @@ def answer_for(
             device_ids=tuple(device_ids),
         ),
     )
+
+
+def resized_grants(record: ServedRecord, allocation: Allocation) -> tuple[GpuGrant, ...] | None:
+    """The served container's grants as ``allocation`` has them now, when a live resize changed
+    their quotas; None when nothing changed, or when the allocation no longer names the same GPUs
+    (the extender never moves a container: such an allocation is not a resize)."""
+    container = allocation.for_container(record.container)
+    if container is None or container.gpus == record.gpus:
+        return None
+    if [g.uuid for g in container.gpus] != [g.uuid for g in record.gpus]:
+        return None
+    return container.gpus

@@ -3,7 +3,11 @@
 Layout under ``--state-dir``::
 
     ld.so.preload                              names the hook library; mounted read-only
-    containers/<pod UID>/<container>/limits    the hook's limits; mounted read-only
+    containers/<pod UID>/<container>/limits.d/limits
+                                               the hook's limits, alone in a directory mounted
+                                               read-only (a live resize replaces the file by a
+                                               rename, which the container sees only through a
+                                               mount of the directory)
     containers/<pod UID>/<container>/state/    the hook's shared accounting region; mounted read-write
     containers/<pod UID>/<container>/allocation.json
                                                what was served (pod, container, GPUs, quotas); written
@@ -14,7 +18,7 @@ Layout under ``--state-dir``::
                                                directory is mounted read-only in each container on it,
                                                the container's own slot writable
 
-The container sees only ``limits`` (read-only), ``state/``, its GPUs' coordination directories
+The container sees only ``limits.d/`` (read-only), ``state/``, its GPUs' coordination directories
 (read-only) and its own slots: nothing it can write raises its limits or its class.
 The records survive a restart of the agent, so a restart never serves a container twice.
 """
@@ -69,8 +73,12 @@ class ContainerDir:
     root: Path
 
     @property
+    def limits_dir(self) -> Path:
+        return self.root / "limits.d"
+
+    @property
     def limits(self) -> Path:
-        return self.root / "limits"
+        return self.limits_dir / "limits"
 
     @property
     def state(self) -> Path:

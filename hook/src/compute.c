@@ -95,6 +95,7 @@ __attribute__((noinline)) static int throttling_first(void) {
     for (int i = 0; i < c->file_devices; i++) any |= vgpu_cores_limit(c->by_uuid[i].quota.cores);
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) any |= vgpu_cores_limit(c->by_ordinal[i].cores);
     any |= c->qos != VGPU_QOS_CLASS_STANDARD || c->coordination[0]; /* qos.c needs each launch too */
+    any |= c->from_file; /* a live resize may give a compute quota later: ask each device at launch */
     __atomic_store_n(&throttling, any ? 2 : 1, __ATOMIC_RELAXED);
     return any;
 }
@@ -166,7 +167,7 @@ static void sleep_ns(uint64_t ns) {
  * work in flight (qos.c). */
 static double rate_of(const struct vgpu_device *d) {
     if (vgpu_limits()->elastic && vgpu_monitor_gpu_is_ours(d->rdev) && !vgpu_qos_higher_busy(d->rdev)) return 1.0;
-    return d->quota.cores / (double)VGPU_MAX_CORES;
+    return vgpu_cores_quota(d) / (double)VGPU_MAX_CORES;
 }
 
 /* The bucket's level changes by atomic adds only (a launch's charge, a refill's credit), so that
@@ -335,7 +336,7 @@ static void collect(struct vgpu_region *r, int oldest, const struct signature *o
 static inline __attribute__((always_inline)) void admit_classed(struct vgpu_region *r, const struct vgpu_device *d,
                                                                 uint64_t estimate) {
     if (d->qos & VGPU_QOS_YIELDS) count_launch(&r->dev[d->rdev], estimate, vgpu_qos_yield(d->rdev, estimate));
-    else if (vgpu_cores_limit(d->quota.cores)) wait_for_tokens(r, d, estimate);
+    else if (vgpu_cores_limit(vgpu_cores_quota(d))) wait_for_tokens(r, d, estimate);
     else count_launch(&r->dev[d->rdev], estimate, 0);
     if (d->qos & VGPU_QOS_PUBLISHES) vgpu_qos_launched(r, d->rdev, estimate);
 }
@@ -371,7 +372,7 @@ static inline __attribute__((always_inline)) int admit(uint64_t fn, unsigned gx,
     CUresult err;
     const struct vgpu_device *d = vgpu_device_sole();
     if (!d) d = vgpu_device_current(NULL, &err);
-    struct vgpu_region *r = d && d->governed && d->rdev >= 0 ? vgpu_region_attach() : NULL;
+    struct vgpu_region *r = d && vgpu_governed(d) && d->rdev >= 0 ? vgpu_region_attach() : NULL;
     if (!r) return 0;
     /* A relaxed read: a measurement queued meanwhile by another thread is collected next time. */
     if (__atomic_load_n(&npending, __ATOMIC_RELAXED)) collect(r, 0, NULL);

@@ -131,6 +131,21 @@ int vgpu_ordinal_of_uuid(const char *uuid) {
     return -1;
 }
 
+void vgpu_devices_follow_limits(void) {
+    if (!vgpu_limits_refresh()) return;
+    /* Under the lock: a table being enumerated is complete first (or reads the new quotas itself). */
+    pthread_mutex_lock(&devices_lock);
+    for (int i = 0; i < device_count; i++) {
+        struct vgpu_device *d = &devices[i];
+        struct vgpu_quota q = vgpu_quota_of(d->uuid, i);
+        __atomic_store_n(&d->quota.memory, q.memory, __ATOMIC_RELAXED);
+        __atomic_store_n(&d->quota.cores, q.cores, __ATOMIC_RELAXED);
+        __atomic_store_n(&d->governed, d->qos || vgpu_cores_limit(q.cores), __ATOMIC_RELAXED);
+        vgpu_region_set_quota(d->rdev, q.memory, q.cores);
+    }
+    pthread_mutex_unlock(&devices_lock);
+}
+
 void vgpu_devices_after_fork_child(void) {
     /* Region indices belong to the region the child attaches anew. */
     devices_ready = 0;

@@ -1,4 +1,5 @@
-/* Where the quotas come from, read once per process: the limits file, or the environment.
+/* Where the quotas come from, read once per process: the limits file, or the environment; and, from
+ * a limits file, their live changes (vgpu_limits_refresh, live resize).
  *
  * Managed (in Kubernetes): the device plugin mounts this library read-only at VGPU_HOOK_FILE and
  * names it in /etc/ld.so.preload, and mounts a read-only limits file at VGPU_LIMITS_FILE (both
@@ -46,6 +47,17 @@
 
 static struct vgpu_limits limits;
 static pthread_once_t limits_once = PTHREAD_ONCE_INIT;
+/* The limits file the quotas came from, and its identity when last read (live resize: the device
+ * plugin replaces the file by a rename, which makes a new inode). Read and written by the process's
+ * one monitor thread after the load. */
+static const char *limits_path;
+struct file_identity {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime, ctime;
+};
+static struct file_identity limits_seen;
 
 VGPU_API const char *vgpu_default_limits_path(void) { return VGPU_LIMITS_FILE; }
 VGPU_API const char *vgpu_default_region_path(void) { return VGPU_REGION_FILE; }
@@ -232,11 +244,15 @@ int vgpu_limits_parse(struct vgpu_limits *l, const char *text, size_t len, const
     return 0;
 }
 
-/* Reads the file whole, refusing anything but a regular file of sane size: O_NONBLOCK so that a
+/* Reads the file whole (and notes which file it was in *seen, unless NULL), refusing anything but a regular file of sane size: O_NONBLOCK so that a
  * FIFO put in its place cannot hang the process, O_NOFOLLOW since the device plugin mounts a file,
  * never a link. */
-static void read_limits_file(struct vgpu_limits *l, const char *path) {
-    static char text[VGPU_LIMITS_MAX_BYTES]; /* read once, under limits_once */
+static struct file_identity identity(const struct stat *st) {
+    return (struct file_identity){st->st_dev, st->st_ino, st->st_size, st->st_mtim, st->st_ctim};
+}
+
+static void read_limits_file(struct vgpu_limits *l, const char *path, struct file_identity *seen) {
+    static char text[VGPU_LIMITS_MAX_BYTES]; /* under limits_once, then by the monitor thread alone */
     snprintf(l->region, sizeof l->region, "%s", VGPU_REGION_FILE);
     l->from_file = 1;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
@@ -245,7 +261,9 @@ static void read_limits_file(struct vgpu_limits *l, const char *path) {
         return;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    int known = fstat(fd, &st) == 0;
+    if (known && seen) *seen = identity(&st);
+    if (!known) {
         refuse(l, "limits file %s: %s", path, strerror(errno));
     } else if (!S_ISREG(st.st_mode)) {
         refuse(l, "limits file %s: not a regular file", path);
@@ -315,16 +333,16 @@ static int managed_by_tessera(void) {
 
 static void load(void) {
     limits.managed = managed_by_tessera();
-    if (limits.managed) {
-        read_limits_file(&limits, VGPU_LIMITS_FILE);
-        if (limits.refuse_memory) limits.all = (struct vgpu_quota){.memory = 0, .cores = FAIL_CLOSED_CORES};
-    } else if (access(VGPU_LIMITS_FILE, F_OK) == 0 || errno != ENOENT) {
-        read_limits_file(&limits, VGPU_LIMITS_FILE);
+    if (limits.managed || access(VGPU_LIMITS_FILE, F_OK) == 0 || errno != ENOENT) {
+        limits_path = VGPU_LIMITS_FILE;
     } else {
         const char *override = getenv(VGPU_ENV_LIMITS_FILE);
-        if (override && *override) read_limits_file(&limits, override);
-        else read_environment(&limits);
+        if (override && *override) limits_path = override;
     }
+    if (limits_path) read_limits_file(&limits, limits_path, &limits_seen);
+    else read_environment(&limits);
+    if (limits.managed && limits.refuse_memory)
+        limits.all = (struct vgpu_quota){.memory = 0, .cores = FAIL_CLOSED_CORES};
     if (limits.refuse_memory) vgpu_log("%s; refusing device memory", limits.why);
 }
 
@@ -333,13 +351,56 @@ const struct vgpu_limits *vgpu_limits(void) {
     return &limits;
 }
 
+static int same_file(const struct file_identity *a, const struct file_identity *b) {
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime.tv_sec == b->mtime.tv_sec &&
+           a->mtime.tv_nsec == b->mtime.tv_nsec && a->ctime.tv_sec == b->ctime.tv_sec &&
+           a->ctime.tv_nsec == b->ctime.tv_nsec;
+}
+
+/* Live resize. The quotas of a limits file that was read whole at the start follow the file: when it
+ * is another file than the one last read (the device plugin replaces it by a rename), each GPU's
+ * quotas become the new file's. Only quotas change (never the GPUs, the class or the paths). A file
+ * that cannot be read or parsed, or that lacks a GPU, fails closed on that memory (new allocations
+ * refused, nothing freed) until a good one replaces it. One caller: the monitor thread. */
+int vgpu_limits_refresh(void) {
+    const struct vgpu_limits *c = vgpu_limits();
+    if (!limits_path || c->refuse_memory) return 0; /* no file, or failed closed from the start */
+    struct stat st;
+    struct file_identity now = {0};
+    if (lstat(limits_path, &st) == 0) now = identity(&st);
+    if (same_file(&now, &limits_seen)) return 0;
+    limits_seen = now; /* a file that cannot be read is tried again once it changes, not every period */
+    static struct vgpu_limits fresh;
+    memset(&fresh, 0, sizeof fresh);
+    read_limits_file(&fresh, limits_path, NULL);
+    if (fresh.refuse_memory) vgpu_log("%s; refusing new device memory", fresh.why);
+    int changed = 0;
+    for (int i = 0; i < limits.file_devices; i++) {
+        struct vgpu_quota *q = &limits.by_uuid[i].quota;
+        struct vgpu_quota next = {.memory = 0, .cores = __atomic_load_n(&q->cores, __ATOMIC_RELAXED)};
+        for (int j = 0; !fresh.refuse_memory && j < fresh.file_devices; j++)
+            if (!strcmp(fresh.by_uuid[j].uuid, limits.by_uuid[i].uuid)) next = fresh.by_uuid[j].quota;
+        if (next.memory != __atomic_load_n(&q->memory, __ATOMIC_RELAXED) ||
+            next.cores != __atomic_load_n(&q->cores, __ATOMIC_RELAXED)) {
+            __atomic_store_n(&q->memory, next.memory, __ATOMIC_RELAXED);
+            __atomic_store_n(&q->cores, next.cores, __ATOMIC_RELAXED);
+            vgpu_log("GPU %s: quotas now %llu bytes, %d%% compute (limits file %s)", limits.by_uuid[i].uuid,
+                     (unsigned long long)next.memory, next.cores, limits_path);
+            changed = 1;
+        }
+    }
+    return changed;
+}
+
 struct vgpu_quota vgpu_quota_of(const char *uuid, int ordinal) {
     const struct vgpu_limits *c = vgpu_limits();
     struct vgpu_quota quota = {.memory = 0, .cores = 0};
     if (c->managed && c->refuse_memory) return c->all; /* fail closed, whatever the file got to say */
     if (c->from_file) {
         for (int i = 0; i < c->file_devices; i++)
-            if (!strcmp(c->by_uuid[i].uuid, uuid)) quota = c->by_uuid[i].quota;
+            if (!strcmp(c->by_uuid[i].uuid, uuid))
+                quota = (struct vgpu_quota){__atomic_load_n(&c->by_uuid[i].quota.memory, __ATOMIC_RELAXED),
+                                            __atomic_load_n(&c->by_uuid[i].quota.cores, __ATOMIC_RELAXED)};
     } else {
         quota = c->all;
         if (ordinal >= 0 && ordinal < VGPU_MAX_DEVICES) {

@@ -20,7 +20,7 @@ static CUresult reserve(int cu, uint64_t bytes, const struct vgpu_device **out, 
     const struct vgpu_device *d = cu >= 0 ? vgpu_device_of((CUdevice)cu, &err) : vgpu_device_current(ctx, &err);
     if (!d) return err;
     if (cu >= 0) *ctx = current_context();
-    if (vgpu_region_reserve(d->rdev, bytes, d->quota.memory) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (vgpu_region_reserve(d->rdev, bytes, vgpu_memory_quota(d)) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     *out = d;
     return CUDA_SUCCESS;
 }
@@ -98,7 +98,7 @@ VGPU_API CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, s
     if (r == CUDA_SUCCESS) {
         /* Settle the reservation on the pitch the driver chose. */
         uint64_t actual = (uint64_t)*pitch * height;
-        if (actual > bytes && vgpu_region_reserve(d->rdev, actual - bytes, d->quota.memory) != 0) {
+        if (actual > bytes && vgpu_region_reserve(d->rdev, actual - bytes, vgpu_memory_quota(d)) != 0) {
             REAL(cuMemFree_v2)(*dptr);
             vgpu_region_release(d->rdev, bytes);
             return CUDA_ERROR_OUT_OF_MEMORY;
@@ -320,10 +320,11 @@ VGPU_API CUresult CUDAAPI cuMemGetInfo_v2(size_t *free_bytes, size_t *total_byte
     if (r != CUDA_SUCCESS) return r;
     CUresult err;
     const struct vgpu_device *d = vgpu_device_current(NULL, &err);
-    if (!d || d->quota.memory == VGPU_UNLIMITED) return d ? r : err;
+    uint64_t quota = d ? vgpu_memory_quota(d) : 0;
+    if (!d || quota == VGPU_UNLIMITED) return d ? r : err;
     uint64_t used = vgpu_region_used(d->rdev);
-    uint64_t left = used < d->quota.memory ? d->quota.memory - used : 0;
-    if (total_bytes) *total_bytes = d->quota.memory;
+    uint64_t left = used < quota ? quota - used : 0;
+    if (total_bytes) *total_bytes = quota;
     if (free_bytes && left < *free_bytes) *free_bytes = left;
     return r;
 }
@@ -335,6 +336,7 @@ VGPU_API CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     CUresult err;
     const struct vgpu_device *d = vgpu_device_of(dev, &err);
     if (!d) return err;
-    if (d->quota.memory < *bytes) *bytes = d->quota.memory;
+    uint64_t quota = vgpu_memory_quota(d);
+    if (quota < *bytes) *bytes = quota;
     return r;
 }

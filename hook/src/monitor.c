@@ -1,5 +1,6 @@
 /* One background thread per process (started by devices.c once the process joins the region,
  * restarted in a forked child), which wakes every MONITOR_PERIOD_NS to
+ *  - follow the limits file (live resize: devices.c re-reads it when another file took its place);
  *  - return the memory of dead processes: whichever process's thread finds the region's last scan
  *    older than SCAN_PERIOD_NS claims the scan with a compare-and-swap, so a container scans about
  *    four times a second however many processes it has;
@@ -82,6 +83,7 @@ static void *monitor(void *unused) {
     for (;;) {
         struct timespec t = {.tv_sec = 0, .tv_nsec = (long)MONITOR_PERIOD_NS};
         nanosleep(&t, NULL);
+        vgpu_devices_follow_limits();
         struct vgpu_region *r = vgpu_region_attach();
         if (!r) continue;
         uint64_t now = vgpu_now_ns();

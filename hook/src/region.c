@@ -282,6 +282,13 @@ int vgpu_region_device(const char *uuid, uint64_t memory_quota, int cores, int e
     return d;
 }
 
+void vgpu_region_set_quota(int d, uint64_t memory_quota, int cores) {
+    struct vgpu_region *r = vgpu_region_attach();
+    if (!r || d < 0 || d >= VGPU_MAX_DEVICES) return;
+    __atomic_store_n(&r->dev[d].memory_quota, memory_quota, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->dev[d].cores, (uint32_t)cores, __ATOMIC_RELAXED);
+}
+
 static inline int reserve_once(struct vgpu_region *r, int d, uint64_t bytes, uint64_t quota) {
     lock_mine(r);
     uint64_t used = r->dev[d].used;

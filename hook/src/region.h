@@ -65,6 +65,8 @@ struct vgpu_region {
 struct vgpu_region *vgpu_region_attach(void);
 /* Index of the GPU in the region, added if new; -1 if the region is full or unusable. */
 int vgpu_region_device(const char *uuid, uint64_t memory_quota, int cores, int elastic);
+/* The quotas a process enforces on device d now (informational, for metrics; a live resize). */
+void vgpu_region_set_quota(int d, uint64_t memory_quota, int cores);
 /* Reserves bytes on device d if the container's usage stays within quota: 0, or -1. */
 int vgpu_region_reserve(int d, uint64_t bytes, uint64_t quota);
 void vgpu_region_release(int d, uint64_t bytes);

@@ -17,9 +17,11 @@
  *
  * Calls go one way: the wrappers (memory, nvml, compute) use devices, tracking, the region and
  * limits (compute also the monitor's elastic verdict and qos.c); devices joins the region and starts
- * the monitor and qos.c (the monitor also refreshes qos.c's peers); qos.c, tracking and snapshot use
- * the region, which uses limits, the clock and the log; process.c calls each file's fork handler. The one two-way link is explained
- * in symbols.h. */
+ * the monitor and qos.c (the monitor also refreshes qos.c's peers, and has devices.c follow the
+ * limits file: live resize); qos.c, tracking and snapshot use the region, which uses limits, the
+ * clock and the log; process.c calls each file's fork handler. Two links go both ways: the one
+ * explained in symbols.h, and devices.c and the monitor (the monitor's start, and its call back into
+ * devices.c to change the quotas it holds; vgpu_devices_follow_limits). */
 #ifndef VGPU_H
 #define VGPU_H
 
@@ -77,16 +79,27 @@ static inline int vgpu_cores_limit(int cores) { return cores > 0 && cores < VGPU
 int vgpu_limits_parse(struct vgpu_limits *l, const char *text, size_t len, const char *name);
 /* The quota of a GPU, by UUID (limits file) or by this process's CUDA ordinal (environment). */
 struct vgpu_quota vgpu_quota_of(const char *uuid, int ordinal);
+/* Live resize: re-reads the limits file if another file took its place; 1 if a quota changed. */
+int vgpu_limits_refresh(void);
 
 /* devices.c: the GPUs this process's CUDA sees. */
 struct vgpu_device {
     CUdevice cu;
     int rdev; /* index in the region, -1 if the region is unusable */
     char uuid[VGPU_UUID_LEN];
-    struct vgpu_quota quota;
+    struct vgpu_quota quota; /* changed by a live resize: read with the accessors below */
     int qos;      /* VGPU_QOS_* bits: what its launches do for the QoS classes (qos.c) */
     int governed; /* a compute quota or qos bits: its launches take compute.c's path */
 };
+/* The device's quotas as of now (the monitor stores a live resize's, atomically, while the wrappers
+ * read). Each read is one volatile load of an aligned word (READ_ONCE): never torn, never cached,
+ * and unlike the __atomic builtin it leaves LTO free to inline the allocation path (28 instructions
+ * per allocation and free under callgrind, tests/hook/test_instruction_budget.py). */
+static inline uint64_t vgpu_memory_quota(const struct vgpu_device *d) {
+    return *(const volatile uint64_t *)&d->quota.memory;
+}
+static inline int vgpu_cores_quota(const struct vgpu_device *d) { return *(const volatile int *)&d->quota.cores; }
+static inline int vgpu_governed(const struct vgpu_device *d) { return *(const volatile int *)&d->governed; }
 /* The device of the current context (and, if current is not NULL, that context); NULL with *err set
  * when there is none. */
 const struct vgpu_device *vgpu_device_current(CUcontext *current, CUresult *err);
@@ -102,6 +115,8 @@ int vgpu_ordinal_of_uuid(const char *uuid);
  * use of the region in a process comes through here, which starts the monitor. */
 int vgpu_device_join(const char *uuid, struct vgpu_quota quota, int elastic);
 void vgpu_devices_after_fork_child(void);
+/* Live resize (the monitor, every period): the devices' quotas follow the limits file. */
+void vgpu_devices_follow_limits(void);
 
 /* tracking.c */
 enum vgpu_kind { VGPU_KIND_POINTER, VGPU_KIND_HANDLE, VGPU_KIND_ARRAY, VGPU_KIND_MIPMAP };

@@ -24,7 +24,7 @@ from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
-    CONTAINER_LIMITS_FILE,
+    CONTAINER_LIMITS_DIR,
     CONTAINER_STATE_DIR,
     COORDINATION_SLOT_BYTES,
     KEYS,
@@ -169,17 +169,17 @@ def test_allocate_answers_and_writes_the_containers_files(tmp_path: Path) -> Non
     where = tmp_path / "containers" / "uid-p" / "main"
     area = tmp_path / "coordination" / "GPU-2"
     assert {(m.container_path, m.host_path, m.read_only) for m in answer.mounts} == {
-        (CONTAINER_LIMITS_FILE, str(where / "limits"), True),
+        (CONTAINER_LIMITS_DIR, str(where / "limits.d"), True),
         (CONTAINER_STATE_DIR, str(where / "state"), False),
         (CONTAINER_HOOK_LIBRARY, "/opt/libvgpu.so", True),
         (CONTAINER_LD_SO_PRELOAD, str(tmp_path / "ld.so.preload"), True),
         (f"{CONTAINER_COORDINATION_DIR}/GPU-2", str(area), True),
         (f"{CONTAINER_COORDINATION_DIR}/GPU-2.slot", str(area / "standard" / "uid-p_main"), False),
     }
-    limits = (where / "limits").read_text()
+    limits = (where / "limits.d" / "limits").read_text()
     assert f"device GPU-2 memory {4096 * 2**20} cores 30" in limits
     assert f"qos standard\ncoordination {CONTAINER_COORDINATION_DIR}\n" in limits
-    assert (where / "limits").stat().st_mode & 0o777 == 0o444
+    assert (where / "limits.d" / "limits").stat().st_mode & 0o777 == 0o444
     assert (tmp_path / "ld.so.preload").read_text() == f"{CONTAINER_HOOK_LIBRARY}\n"
     assert kube.phases == {}  # written after the answer
     write_phases(agent)
@@ -208,7 +208,10 @@ def test_each_container_gets_a_slot_of_its_class_in_each_gpus_coordination_area(
         assert slot.read_bytes() == bytes(COORDINATION_SLOT_BYTES)
         assert slot.stat().st_mode & 0o777 == 0o666
         assert slot.parent.parent.stat().st_mode & 0o777 == 0o755
-    assert "qos latency-critical\n" in (tmp_path / "containers" / "uid-p" / "main" / "limits").read_text()
+    assert (
+        "qos latency-critical\n"
+        in (tmp_path / "containers" / "uid-p" / "main" / "limits.d" / "limits").read_text()
+    )
     # The pod gone, its slots go with its state.
     kube.pods = []
     agent.tidy_state()

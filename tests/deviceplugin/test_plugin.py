@@ -27,6 +27,7 @@ from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
+    CONTAINER_LIMITS_DIR,
     CONTAINER_LIMITS_FILE,
     CONTAINER_STATE_DIR,
     COORDINATION_SLOT_BYTES,
@@ -152,8 +153,9 @@ def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 def limits_of(response: Any) -> dict[str, tuple[int, int]]:
     """GPU UUID -> (memory bytes, cores) from the limits file the response mounts."""
-    (mount,) = [m for m in response.mounts if m.container_path == CONTAINER_LIMITS_FILE]
-    found = re.findall(r"^device (\S+) memory (\d+) cores (\d+)$", Path(mount.host_path).read_text(), re.M)
+    (mount,) = [m for m in response.mounts if m.container_path == CONTAINER_LIMITS_DIR]
+    limits = Path(mount.host_path) / Path(CONTAINER_LIMITS_FILE).relative_to(CONTAINER_LIMITS_DIR)
+    found = re.findall(r"^device (\S+) memory (\d+) cores (\d+)$", limits.read_text(), re.M)
     return {u: (int(m), int(c)) for u, m, c in found}
 
 
@@ -332,7 +334,7 @@ def test_allocate_gives_exactly_the_annotated_gpu_and_quota_and_the_hook_enforce
     area = plugin.state_dir / "coordination" / gpu_x
     slot = area / "standard" / f"{pod.metadata.uid}_main"
     assert mounts == {
-        CONTAINER_LIMITS_FILE: (str(container_dir / "limits"), True),
+        CONTAINER_LIMITS_DIR: (str(container_dir / "limits.d"), True),
         CONTAINER_STATE_DIR: (str(container_dir / "state"), False),
         CONTAINER_HOOK_LIBRARY: (str(HOOK_LIBRARY), True),
         CONTAINER_LD_SO_PRELOAD: (str(plugin.state_dir / "ld.so.preload"), True),

@@ -102,7 +102,9 @@ def test_two_claims_share_the_a100_each_held_to_its_own_share(
     for ref, line in zip(
         refs, (f"device {gpu} memory {GIB} cores 30", f"device {gpu} memory {3 * GIB} cores 50"), strict=True
     ):
-        assert line in (driver.state_dir / "claims" / ref.uid / "limits").read_text().splitlines()
+        assert (
+            line in (driver.state_dir / "claims" / ref.uid / "limits.d" / "limits").read_text().splitlines()
+        )
     env = fake_gpus.env()
     assert hook_view(driver, refs[0].uid, env, "256m", 4) == (
         GIB,

@@ -14,7 +14,7 @@ from draplugin.driver import Driver
 from tessera.contract import (
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
-    CONTAINER_LIMITS_FILE,
+    CONTAINER_LIMITS_DIR,
     CONTAINER_STATE_DIR,
     KEYS,
     MIB,
@@ -104,10 +104,10 @@ def test_prepare_writes_the_limits_and_a_cdi_spec_mounting_them(tmp_path: Path) 
     assert device.share_id == "5a0e6c1f-1111-4000-8000-000000000002"
     assert device.cdi_device_ids == (f"{KEYS.dra_driver}/gpu-share={REF.uid}",)
     where = tmp_path / "state" / "claims" / REF.uid
-    limits = (where / "limits").read_text()
+    limits = (where / "limits.d" / "limits").read_text()
     assert f"device GPU-a100 memory {GIB} cores 30\n" in limits
     assert "elastic 0\n" in limits
-    assert (where / "limits").stat().st_mode & 0o777 == 0o444
+    assert (where / "limits.d" / "limits").stat().st_mode & 0o777 == 0o444
     [spec_path] = (tmp_path / "cdi").iterdir()
     spec = json.loads(spec_path.read_text())
     assert spec["kind"] == f"{KEYS.dra_driver}/gpu-share"
@@ -117,7 +117,7 @@ def test_prepare_writes_the_limits_and_a_cdi_spec_mounting_them(tmp_path: Path) 
     assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-a100"]
     mounts = {m["containerPath"]: (m["hostPath"], m["options"][0]) for m in edits["mounts"]}
     assert mounts == {
-        CONTAINER_LIMITS_FILE: (str(where / "limits"), "ro"),
+        CONTAINER_LIMITS_DIR: (str(where / "limits.d"), "ro"),
         CONTAINER_STATE_DIR: (str(where / "state"), "rw"),
         CONTAINER_HOOK_LIBRARY: (str(tmp_path / "libvgpu.so"), "ro"),
         CONTAINER_LD_SO_PRELOAD: (str(tmp_path / "state" / "ld.so.preload"), "ro"),
@@ -136,10 +136,10 @@ def test_a_prepare_cut_short_is_redone(tmp_path: Path) -> None:
     d = driver(tmp_path, claims)
     d.prepare(REF)
     (tmp_path / "state" / "claims" / REF.uid / "prepared.json").unlink()  # died before the record
-    (tmp_path / "state" / "claims" / REF.uid / "limits").unlink()
+    (tmp_path / "state" / "claims" / REF.uid / "limits.d" / "limits").unlink()
     d.prepare(REF)
     assert claims.reads == 2
-    assert "cores 30" in (tmp_path / "state" / "claims" / REF.uid / "limits").read_text()
+    assert "cores 30" in (tmp_path / "state" / "claims" / REF.uid / "limits.d" / "limits").read_text()
 
 
 def test_unprepare_removes_everything_and_is_idempotent(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_two_requests_on_one_gpu_add_up_and_other_drivers_are_ignored(tmp_path: 
         ("gpu-1", ("b",)),
         ("gpu-0", ("whole",)),
     ]
-    limits = (tmp_path / "state" / "claims" / REF.uid / "limits").read_text()
+    limits = (tmp_path / "state" / "claims" / REF.uid / "limits.d" / "limits").read_text()
     assert f"device GPU-t4 memory {3 * GIB} cores 30\n" in limits
     # No consumedCapacity (consumable capacity off): the request policy's defaults.
     assert f"device GPU-a100 memory {40 * GIB} cores 0\n" in limits
@@ -198,7 +198,7 @@ def test_opaque_config_sets_elastic(tmp_path: Path) -> None:
         {"source": "FromClaim", "opaque": {"driver": "nic.example.com", "parameters": {"mtu": 9000}}},
     ]
     driver(tmp_path, Claims(claim(config=config))).prepare(REF)
-    assert "elastic 1\n" in (tmp_path / "state" / "claims" / REF.uid / "limits").read_text()
+    assert "elastic 1\n" in (tmp_path / "state" / "claims" / REF.uid / "limits.d" / "limits").read_text()
 
 
 @pytest.mark.parametrize(
