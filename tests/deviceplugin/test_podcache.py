@@ -23,7 +23,7 @@ from deviceplugin.podcache import PodCache
 from deviceplugin.statedir import StateDir
 from sandbox.controlplane import ControlPlane
 from sandbox.kubelet_standin import KubeletStandIn
-from tessera.contract import KEYS, GpuInfo, Phase
+from tessera.contract import KEYS, Allocation, ContainerAllocation, GpuInfo, Phase
 from tests.deviceplugin.conftest import HOOK_LIBRARY, FakeGpus, PluginProcess
 from tests.deviceplugin.test_plugin import create_pod, limits_of, phase_of
 from tests.waiting import wait_for
@@ -334,3 +334,30 @@ def test_a_phase_write_for_a_pod_replaced_under_the_same_name_is_dropped(
     assert not thread.is_alive()
     assert writer.written == 0
     assert phase_of(core, namespace, "same") == Phase.ALLOCATING
+
+
+def test_a_resize_written_on_the_pod_reaches_the_limits_file_through_the_watch(  # noqa: PLR0917 (fixtures are injected by name)
+    tmp_path: Path,
+    kube: client.ApiClient,
+    namespace: str,
+    gpu_node: str,
+    node_kube: Kube,
+    watching: Callable[..., PodCache],
+) -> None:
+    """Live resize on the node: the extender writes the pod's new allocation; the watch shows it and
+    the agent rewrites the served container's limits file."""
+    core = client.CoreV1Api(kube)
+    cache = watching(PodCache(node_kube))
+    assert cache.wait_synced(30)
+    agent = make_agent(tmp_path, node_kube, cache)
+    pod = create_pod(core, namespace, "grows", gpu_node, {"main": [(G[1], 1024, 30)]})
+    wait_for(lambda: cache.pod(pod.metadata.uid), what="the bound pod in the cache")
+    (answer,) = agent.allocate([[f"{G[1]}::0"]])
+    allocation = answer.record.gpus
+    grown = allocation[0].model_copy(update={"memory_mib": 2048, "cores": 60})
+    text = Allocation(
+        node=gpu_node, containers=(ContainerAllocation(name="main", gpus=(grown,)),)
+    ).model_dump_json()
+    core.patch_namespaced_pod("grows", namespace, {"metadata": {"annotations": {KEYS.allocation: text}}})
+    wait_for(lambda: agent.resizes_followed == 1, what="the resize followed")
+    assert f"device {G[1]} memory {2048 * MIB} cores 60\n" in answer.where.limits.read_text()
