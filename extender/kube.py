@@ -29,7 +29,7 @@ import aiohttp
 import orjson
 from kubernetes import client, config
 
-from tessera.contract import JsonObject
+from tessera.contract import JsonObject, format_time, now
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,10 @@ REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT
 LIST_PAGE = 500
 # Every pod in the cluster (list and watch, by field selector).
 PODS = "/api/v1/pods"
+MERGE_PATCH = "application/merge-patch+json"
+# Events the extender records name it as their source; their messages are cut to this many characters.
+EVENT_SOURCE = "tessera-extender"
+EVENT_MESSAGE_LIMIT = 1024
 # Open connections kept to the API server: kube-scheduler binds many pods at once, and each new
 # connection costs a TLS handshake.
 CONNECTIONS = 32
@@ -126,13 +130,14 @@ class KubeApi:
         query: list[tuple[str, str]] | None = None,
         body: object = None,
         timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
+        content_type: str = "application/json",
     ) -> Any:
         return self._open().request(
             method,
             self.configuration.host + path,
             params=query,
             data=None if body is None else orjson.dumps(body),
-            headers=self._headers(),
+            headers={**self._headers(), "Content-Type": content_type},
             timeout=timeout,
             proxy=self.configuration.proxy or None,
             server_hostname=self.configuration.tls_server_name or None,  # kubeconfig's tls-server-name
@@ -145,9 +150,12 @@ class KubeApi:
         *,
         query: list[tuple[str, str]] | None = None,
         body: object = None,
+        content_type: str = "application/json",
     ) -> Any:
         try:
-            async with self._request(method, path, query=query, body=body) as response:
+            async with self._request(
+                method, path, query=query, body=body, content_type=content_type
+            ) as response:
                 data = await response.read()
         except (aiohttp.ClientError, TimeoutError) as e:
             raise ApiError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
@@ -227,6 +235,37 @@ class KubeApi:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         await self._call("POST", _pod_path(namespace, name) + "/binding", body=body)
+
+    async def patch_pod(self, namespace: str, name: str, patch: JsonObject) -> None:
+        """A JSON merge patch of the pod (``metadata.uid`` and ``metadata.resourceVersion`` in it are
+        preconditions the API server checks: 409 Conflict when the pod changed)."""
+        await self._call("PATCH", _pod_path(namespace, name), body=patch, content_type=MERGE_PATCH)
+
+    async def create_event(self, pod: JsonObject, *, reason: str, message: str, warning: bool) -> None:
+        """An event on ``pod``, as ``kubectl describe pod`` shows them."""
+        metadata = pod.get("metadata") or {}
+        namespace = str(metadata.get("namespace"))
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{metadata.get('name')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": metadata.get("name"),
+                "namespace": namespace,
+                "uid": metadata.get("uid"),
+                "resourceVersion": metadata.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_LIMIT],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": EVENT_SOURCE},
+            "firstTimestamp": format_time(now()),
+            "lastTimestamp": format_time(now()),
+            "count": 1,
+        }
+        await self._call("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body=body)
 
 
 def _watch_timeout(timeout_seconds: int) -> aiohttp.ClientTimeout:

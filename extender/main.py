@@ -21,6 +21,7 @@ from kubernetes.config import ConfigException
 from extender.app import ExtenderApp, create_app
 from extender.kube import KubeApi, load_configuration
 from extender.metrics import Metrics
+from extender.resizing import Resizer
 from extender.server import Limits, uvicorn_options
 from extender.service import DEFAULT_SCHEDULER_NAME, Extender, LeaderLease
 from extender.state import ClusterState
@@ -292,7 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         body_timeout=args.body_timeout,
         keep_alive_timeout=args.keep_alive_timeout,
     )
-    app = create_app(extender, Watcher(kube, state, clock=now), limits)
+    resizer = Resizer(state, kube, keys, metrics, clock=now, leads=extender.leads)
+    app = create_app(extender, Watcher(kube, state, clock=now, resizer=resizer), limits)
     host, port = args.listen
     log.info(
         "serving on %s:%d, policy %s, filter keeps %s, domain %s",

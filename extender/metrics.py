@@ -30,6 +30,7 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "binds": ("bound", "failed"),
     "bind_failures": get_args(BindFailure),
     "preemption_nodes": ("victims", "kept", "removed"),
+    "resizes": ("applied", "refused"),
 }
 
 
@@ -82,6 +83,13 @@ class Metrics:
         self.preemption_victims = Counter(
             "tessera_extender_preemption_victims",
             "GPU pods the extender answered as victims to kube-scheduler's preempt calls",
+            registry=self.registry,
+        )
+        self.resizes = Counter(
+            "tessera_extender_resizes",
+            "Live resize requests answered, by result: applied (the new allocation written on the pod) "
+            "or refused (the status names the shortfall)",
+            ["result"],
             registry=self.registry,
         )
         self.nodes = Gauge(

@@ -157,7 +157,7 @@ class Extender:
         self.scheduler_names = frozenset(scheduler_names)
         # A pod's QoS class, when its annotation names none, from its priority (docs/placement.md).
         self.qos_thresholds = qos_thresholds or QosThresholds()
-        # Beside a kube-scheduler that elects a leader: bind only while it leads (see _leads).
+        # Beside a kube-scheduler that elects a leader: bind only while it leads (see leads).
         self.leader = leader
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
         # Binds waiting for a change of pods in flight (see _decide_waiting).
@@ -458,7 +458,7 @@ class Extender:
         """
         assert self.kube is not None, "bind needs the Kubernetes API"
         ref = pod_ref(namespace, name)
-        leading = asyncio.ensure_future(self._leads())
+        leading = asyncio.ensure_future(self.leads())
         reading = asyncio.ensure_future(self.kube.get_pod(namespace, name))
         listing = asyncio.ensure_future(self._node_pods(node))
         early: Allocation | None = None
@@ -539,7 +539,7 @@ class Extender:
         self.state.placed(shape_of(request))
         return "", False
 
-    async def _leads(self) -> str:
+    async def leads(self) -> str:
         """ "" while this extender's kube-scheduler holds its leader Lease (or none is configured),
         else why not. A kube-scheduler that lost or released the Lease (its pod deleted: it releases
         on the way out) may still have binds in flight, decided by this extender's state while the

@@ -29,6 +29,7 @@ from typing import TypedDict
 from extender.budgets import Budget, covering
 from tessera.contract import (
     Allocation,
+    ContainerAllocation,
     ContractError,
     ContractKeys,
     GpuInfo,
@@ -44,6 +45,7 @@ from tessera.inflight import InflightKey, allocation_keys, is_allocating, read_b
 from tessera.placement import (
     Evaluation,
     NodeFit,
+    NodeState,
     PlacementEngine,
     PlacementPolicy,
     PodShape,
@@ -195,6 +197,9 @@ class ClusterState:
         # pods in flight.
         self._pods_on: dict[str, set[str]] = {}
         self._inflight: dict[str, _Inflight] = {}
+        # Live resizes being written, by pod UID: counted with the pod's allocation, each grant at
+        # the larger of the two, until the API server shows the pod with it (see resizing).
+        self._resizes: dict[str, Allocation] = {}
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -415,6 +420,9 @@ class ClusterState:
     def upsert_pod(self, pod: JsonObject) -> None:
         uid = str((pod.get("metadata") or {}).get("uid"))
         parsed = self._parse_pod(pod)
+        resized = self._resizes.get(uid)
+        if resized is not None and (parsed is None or parsed.allocation == resized):
+            self._end_resize(uid)  # written (or the pod is gone): the API server's word holds
         record = self._pods.get(uid)
         if record is None:
             if parsed is None:
@@ -445,6 +453,7 @@ class ClusterState:
         self._reindex(uid, touched)
 
     def delete_pod(self, uid: str) -> None:
+        self._end_resize(uid)
         record = self._pods.get(uid)
         if record is None:
             return
@@ -565,6 +574,32 @@ class ClusterState:
             record.observed = None
         self._reindex(uid, touched)
 
+    def node(self, name: str) -> NodeState | None:
+        """The node as placement sees it now (every pod counted on it), if it is known."""
+        return self.engine.nodes.get(name)
+
+    def counted(self, uid: str) -> PodAllocation | None:
+        """The pod's allocation as counted now (the API server's word, or a decision not yet seen)."""
+        record = self._pods.get(uid)
+        return None if record is None else record.counted
+
+    def resizing(self, uid: str, allocation: Allocation) -> None:
+        """Count ``allocation``, a live resize of pod ``uid`` being written, from now on: with the pod's
+        current allocation, each grant at the larger of the two (neither a grow nor a shrink frees
+        anything before the API server has the new one), until the watch shows the pod with it, the
+        pod goes, or :meth:`resize_failed`."""
+        self._resizes[uid] = allocation
+        self._rebuild(allocation.node)
+
+    def resize_failed(self, uid: str) -> None:
+        """The resize of pod ``uid`` was not written: count its allocation alone again."""
+        self._end_resize(uid)
+
+    def _end_resize(self, uid: str) -> None:
+        allocation = self._resizes.pop(uid, None)
+        if allocation is not None:
+            self._rebuild(allocation.node)
+
     def pods_on(self, node: str) -> list[PodAllocation]:
         found = (self._pods[uid].counted for uid in self._pods_on.get(node, ()))
         return [p for p in found if p is not None]
@@ -641,7 +676,7 @@ class ClusterState:
         record = self._nodes.get(name)
         if record is None:
             return
-        allocations = [p.allocation for p in pods]
+        allocations = [_with_resize(p.allocation, self._resizes.get(p.uid)) for p in pods]
         if record.inventory is None:
             reason = record.inventory_error or "no inventory"
             self.engine.set_node(build_node(name, (), schedulable=False, unschedulable_reason=reason))
@@ -655,3 +690,31 @@ class ClusterState:
                 unschedulable_reason=record.stale_reason or "",
             )
         )
+
+
+def _with_resize(allocation: Allocation, resized: Allocation | None) -> Allocation:
+    """``allocation`` with each grant at the larger of its quotas and those of ``resized`` (the same
+    containers on the same GPUs: a live resize being written)."""
+    if resized is None or resized.node != allocation.node:
+        return allocation
+    containers = []
+    for container in allocation.containers:
+        after = resized.for_container(container.name)
+        new = {} if after is None else {g.uuid: g for g in after.gpus}
+        containers.append(
+            ContainerAllocation(
+                name=container.name,
+                gpus=tuple(
+                    g
+                    if g.uuid not in new
+                    else g.model_copy(
+                        update={
+                            "memory_mib": max(g.memory_mib, new[g.uuid].memory_mib),
+                            "cores": max(g.cores, new[g.uuid].cores),
+                        }
+                    )
+                    for g in container.gpus
+                ),
+            )
+        )
+    return allocation.model_copy(update={"containers": tuple(containers)})

@@ -17,6 +17,7 @@ from datetime import datetime
 from tenacity import AsyncRetrying, RetryCallState
 
 from extender.kube import PODS, ApiError, KubeApi
+from extender.resizing import Resizer
 from extender.state import ClusterState
 from tessera.contract import JsonObject
 from tessera.watching import HTTP_GONE, WATCH_SECONDS, relist_wait
@@ -54,12 +55,15 @@ class Watcher:
         self,
         kube: KubeApi,
         state: ClusterState,
+        *,
         clock: Callable[[], datetime],
         sweep_every: float = 1.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        resizer: Resizer | None = None,
     ) -> None:
         self.kube = kube
         self.state = state
+        self.resizer = resizer  # shown every pod the watch shows (live resize requests)
         self.clock = clock
         self.sweep_every = sweep_every
         self.sleep = sleep  # the backoff's pauses
@@ -73,12 +77,16 @@ class Watcher:
             asyncio.create_task(self._run(PODS, BOUND_PODS, self._pods), name="watch-pods"),
             asyncio.create_task(self._sweep(), name="heartbeats"),
         ]
+        if self.resizer is not None:
+            self.resizer.start()
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self.resizer is not None:
+            await self.resizer.stop()
 
     def _nodes(self, kind: str, obj: JsonObject | None, items: list[JsonObject] | None) -> None:
         if items is not None:
@@ -95,6 +103,20 @@ class Watcher:
             self.state.delete_pod(str(obj["metadata"]["uid"]))
         elif obj is not None:
             self.state.upsert_pod(obj)
+        if self.resizer is not None:
+            self._show_resizer(kind, obj, items, self.resizer)
+
+    @staticmethod
+    def _show_resizer(
+        kind: str, obj: JsonObject | None, items: list[JsonObject] | None, resizer: Resizer
+    ) -> None:
+        if items is not None:
+            for pod in items:
+                resizer.pod_changed(pod)
+        elif kind == "DELETED" and obj is not None:
+            resizer.pod_deleted(str(obj["metadata"]["uid"]))
+        elif obj is not None:
+            resizer.pod_changed(obj)
 
     async def _run(
         self,
