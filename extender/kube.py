@@ -236,10 +236,14 @@ class KubeApi:
         }
         await self._call("POST", _pod_path(namespace, name) + "/binding", body=body)
 
-    async def patch_pod(self, namespace: str, name: str, patch: JsonObject) -> None:
-        """A JSON merge patch of the pod (``metadata.uid`` and ``metadata.resourceVersion`` in it are
-        preconditions the API server checks: 409 Conflict when the pod changed)."""
-        await self._call("PATCH", _pod_path(namespace, name), body=patch, content_type=MERGE_PATCH)
+    async def patch_pod_metadata(self, namespace: str, name: str, patch: JsonObject) -> None:
+        """A JSON merge patch of the pod's metadata (``metadata.uid`` and ``metadata.resourceVersion``
+        in it are preconditions the API server checks: 409 Conflict when the pod changed), through
+        the pod's status subresource: the right kube-scheduler holds (system:kube-scheduler), so the
+        extender beside it needs none of its own; the subresource keeps the spec as it is."""
+        await self._call(
+            "PATCH", _pod_path(namespace, name) + "/status", body=patch, content_type=MERGE_PATCH
+        )
 
     async def create_event(self, pod: JsonObject, *, reason: str, message: str, warning: bool) -> None:
         """An event on ``pod``, as ``kubectl describe pod`` shows them."""

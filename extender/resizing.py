@@ -151,7 +151,7 @@ class Resizer:
             "metadata": {"uid": uid, "resourceVersion": metadata.get("resourceVersion"), "annotations": patch}
         }
         try:
-            await self.kube.patch_pod(namespace, name, body)
+            await self.kube.patch_pod_metadata(namespace, name, body)
         except ApiError as e:
             self.state.resize_failed(uid)
             if e.status == 409:

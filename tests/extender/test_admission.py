@@ -74,7 +74,13 @@ def deployed(kube: client.ApiClient, namespace: str) -> Iterator[None]:
         namespace,
         {
             "metadata": {"name": "tenant"},
-            "rules": [{"apiGroups": [""], "resources": ["pods", "pods/binding", "bindings"], "verbs": ["*"]}],
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods", "pods/status", "pods/binding", "bindings"],
+                    "verbs": ["*"],
+                }
+            ],
         },
     )
     rbac.create_namespaced_role_binding(
@@ -183,10 +189,25 @@ def test_only_tessera_sets_or_changes_the_placement_annotations(
             )
         )
         assert status == 403 and message in text, text
+    # The answer to a live resize is Tessera's too, by either path; the request is the tenant's.
+    for patch in (tenant.patch_namespaced_pod, tenant.patch_namespaced_pod_status):
+        for change in ({KEYS.resize_status: "{}"}, {KEYS.allocation: allocation(1024)}):
+            status, text = refused(
+                lambda patch=patch, change=change: patch(
+                    "p", namespace, {"metadata": {"annotations": change}}
+                )
+            )
+            assert status == 403 and f"{KEYS.bind_time}, {KEYS.resize_status} of pod" in text, text
+    tenant.patch_namespaced_pod("p", namespace, {"metadata": {"annotations": {KEYS.resize: "cores=50"}}})
+    # The extender answers it through the pod's status subresource (kube-scheduler's right).
+    answer = {KEYS.allocation: allocation(2048), KEYS.resize_status: "{}", KEYS.resize: None}
+    extender.patch_namespaced_pod_status("p", namespace, {"metadata": {"annotations": answer}})
+    answered = extender.read_namespaced_pod("p", namespace).metadata.annotations
+    assert answered[KEYS.allocation] == allocation(2048) and KEYS.resize not in answered
     # Other annotations stay the tenant's.
     tenant.patch_namespaced_pod("p", namespace, {"metadata": {"annotations": {"team": "a"}}})
     assert tenant.read_namespaced_pod("p", namespace).metadata.annotations[KEYS.allocation] == allocation(
-        40960
+        2048
     )
 
 
@@ -200,12 +221,21 @@ def test_the_extender_may_do_what_its_code_does_and_no_more(
     create_fake_node("n", {"cpu": "4", "memory": "8Gi", "pods": "10"})
     client.CoreV1Api(kube).create_namespaced_pod(namespace, pod("p"))
     extender = as_user(EXTENDER_SA)
-    # What extender/kube.py does: list and watch nodes and pods, get a pod, create a Binding.
+    # What extender/kube.py does: list and watch nodes and pods, get a pod, create a Binding, patch a
+    # pod's status (a live resize's answer) and create an event.
     assert [n.metadata.name for n in extender.list_node().items] == ["n"]
     assert [
         p.metadata.name for p in extender.list_pod_for_all_namespaces(field_selector="spec.nodeName=").items
     ]
     assert extender.read_namespaced_pod("p", namespace).metadata.name == "p"
+    extender.patch_namespaced_pod_status("p", namespace, {"metadata": {"annotations": {"x": "y"}}})
+    extender.create_namespaced_event(
+        namespace,
+        {
+            "metadata": {"generateName": "p."},
+            "involvedObject": {"kind": "Pod", "name": "p", "namespace": namespace},
+        },
+    )
     # And nothing else: no pod patch (the Binding carries the annotations), no node read or write.
     for call in (
         lambda: extender.patch_namespaced_pod("p", namespace, {"metadata": {"labels": {"x": "y"}}}),
