@@ -6,14 +6,18 @@
  * how many succeeded. Everything is freed before exit, so the probe can run again in the same
  * container. Output is one "key=value" line per fact, for tests and for people.
  *
- * Usage: vgpu-probe [CHUNK_MIB [HOLD_SECONDS]]   (default 256, 0)
+ * Usage: vgpu-probe [CHUNK_MIB [HOLD_SECONDS [FOLLOW_SECONDS]]]   (default 256, 0, 0)
  * HOLD_SECONDS keeps the blocks allocated that long before freeing them, so that the GPU's memory
  * use can be watched from outside (NVML, the device plugin's metrics).
+ * FOLLOW_SECONDS: after the refusal, keeps asking for one more block every 10 ms for that long,
+ * printing "followed=<blocks held>" at each success (a live resize that grows the quota), then
+ * "follow_total_mib=<the total the driver claims now>".
  * Exit status: 0 when the driver refused an allocation with out-of-memory, 1 otherwise.
  */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -62,6 +66,11 @@ int main(int argc, char **argv) {
         printf("error=HOLD_SECONDS must not be negative, got %s\n", argv[2]);
         return 1;
     }
+    long follow_seconds = argc > 3 ? strtol(argv[3], NULL, 10) : 0;
+    if (follow_seconds < 0) {
+        printf("error=FOLLOW_SECONDS must not be negative, got %s\n", argv[3]);
+        return 1;
+    }
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
     if (lib == NULL) {
         printf("error=dlopen libcuda.so.1: %s\n", dlerror());
@@ -102,6 +111,20 @@ int main(int argc, char **argv) {
     printf("chunk_mib=%ld\n", chunk_mib);
     printf("allocations_ok=%d\n", ok);
     printf("refused_with=%d\n", rc);
+    fflush(stdout);
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (now = start; now.tv_sec - start.tv_sec < follow_seconds && ok < MAX_BLOCKS;
+         clock_gettime(CLOCK_MONOTONIC, &now)) {
+        if (cu.mem_alloc(&blocks[ok], (size_t)chunk_mib << 20) == CUDA_SUCCESS) {
+            printf("followed=%d\n", ++ok);
+            fflush(stdout);
+        } else {
+            usleep(10000);
+        }
+    }
+    if (follow_seconds > 0 && check(cu.mem_get_info(&free_bytes, &total_bytes), "cuMemGetInfo"))
+        printf("follow_total_mib=%zu\n", total_bytes >> 20);
     fflush(stdout);
     if (hold_seconds > 0)
         sleep((unsigned)hold_seconds);
