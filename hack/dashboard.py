@@ -334,13 +334,18 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             series(
-                "Extender binds and failures",
+                "Extender binds, failures and resizes",
                 "ops",
-                "Binds by result, and refused or failed binds by reason.",
+                "Binds by result, refused or failed binds by reason, and live resizes by result (applied, "
+                "refused: docs/placement.md, Live resize).",
                 query("sum by (result) (rate(tessera_extender_binds_total[$__rate_interval]))", "{{result}}"),
                 query(
                     "sum by (reason) (rate(tessera_extender_bind_failures_total[$__rate_interval]))",
                     "failed: {{reason}}",
+                ),
+                query(
+                    "sum by (result) (rate(tessera_extender_resizes_total[$__rate_interval]))",
+                    "resize: {{result}}",
                 ),
             )
         )

@@ -244,10 +244,11 @@ def _truth(slices: int, calls: dict[str, float]) -> dict[tuple[str, str], Check]
         ("Extender latency p99 by verb", "{{verb}}"): lambda v, m: (
             0 < v <= 5 if calls[m["verb"]] else math.isnan(v)
         ),
-        ("Extender binds and failures", "{{result}}"): lambda v, m: (
+        ("Extender binds, failures and resizes", "{{result}}"): lambda v, m: (
             v > 0 if m["result"] == "bound" else v == 0
         ),
-        ("Extender binds and failures", "failed: {{reason}}"): zero,
+        ("Extender binds, failures and resizes", "failed: {{reason}}"): zero,
+        ("Extender binds, failures and resizes", "resize: {{result}}"): zero,  # none asked
         ("Filter decisions and Pending reasons", "{{result}}"): lambda v, m: (
             v > 0 if m["result"] == "feasible" else v == 0
         ),

@@ -88,13 +88,16 @@ def test_a_holding_process_gets_more_memory_when_the_quota_grows(sbx: Sandbox) -
     log = sbx.logs("grows", until="refused_with=")
     assert "allocations_ok=4\n" in log, log
 
+    asked = time.monotonic()
     applied = ask(sbx, "grows", "memory=2048")
     assert applied.outcome is ResizeOutcome.APPLIED, applied
     assert grant_of(sbx, "grows") == (2048, 30)
-    started = time.monotonic()
     log = sbx.logs("grows", until="followed=8", timeout=60)
     assert "followed=8\n" in log and "followed=9" not in log, log
-    print(f"the holding process had its 4 more blocks {time.monotonic() - started:.1f} s after the answer")
+    # An upper bound (the status and the log are polled, every 0.2 and 0.5 s): docs/benchmarks.md.
+    print(
+        f"request annotated -> 4 more blocks held in the container: within {time.monotonic() - asked:.1f} s"
+    )
 
     # Another process of the container sees the new total, and that the first holds all of it.
     again = probe_again(sbx, "grows")
