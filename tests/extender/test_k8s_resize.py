@@ -5,6 +5,8 @@ Kubernetes' own in-place resize cannot change Tessera's resources (the pinned AP
 from __future__ import annotations
 
 import json
+import random
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -157,3 +159,54 @@ def test_kubernetes_in_place_resize_cannot_change_tessera_resources(
         assert why in json.loads(refused.value.body)["message"]
     (container,) = core.read_namespaced_pod("fixed", namespace).spec.containers
     assert container.resources.limits[KEYS.vgpu_memory] == "1024"
+
+
+def test_concurrent_resizes_and_new_pods_never_overcommit_a_gpu(
+    kube: client.ApiClient,
+    namespace: str,
+    create_fake_node: Callable[..., str],
+    extender_with_scheduler: Callable[[int], ExtenderServer],
+) -> None:
+    """The smaller real-API version of tests/extender/test_resizing.py: 60 operations, new pods and
+    resize requests sent without waiting for each other's answers."""
+    core = client.CoreV1Api(kube)
+    one_gpu_node(create_fake_node)
+    extender = extender_with_scheduler(600)
+    rng = random.Random(16)
+    created: list[str] = []
+    asked: dict[str, str] = {}
+    with FakeDevicePlugin(kube, namespace, delay=0.2):
+        for step in range(60):
+            allocated = [n for n in created if KEYS.allocation in (annotations_of(core, namespace, n))]
+            if allocated and rng.random() < 0.6:
+                name = rng.choice(allocated)
+                text = f"memory={rng.choice([512, 2048, 4096, 8192, 12288])},cores={rng.randint(1, 60)}"
+                core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {KEYS.resize: text}}})
+                asked[name] = text
+            else:
+                pod = gpu_pod(f"p{step}", memory=rng.choice([512, 1024, 2048]), cores=rng.randint(1, 20))
+                pod["metadata"].pop("namespace")
+                core.create_namespaced_pod(namespace, pod)
+                created.append(f"p{step}")
+        wait_for(
+            lambda: all(KEYS.resize not in annotations_of(core, namespace, n) for n in asked),
+            timeout=120,
+            what="every resize request answered",
+        )
+    memory = cores = 0
+    for pod in core.list_namespaced_pod(namespace).items:
+        text = (pod.metadata.annotations or {}).get(KEYS.allocation)
+        if pod.spec.node_name and text:
+            for container in parse_allocation(text).containers:
+                for grant in container.gpus:
+                    memory += grant.memory_mib
+                    cores += grant.cores
+    assert memory <= 15360 and cores <= 100, (memory, cores)
+    metrics = extender.metrics()
+    for result in ("applied", "refused"):
+        counted = re.search(rf'^tessera_extender_resizes_total{{result="{result}"}} (\S+)$', metrics, re.M)
+        assert counted and float(counted.group(1)) > 0, (result, metrics)
+
+
+def annotations_of(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, str]:
+    return dict(core.read_namespaced_pod(name, namespace).metadata.annotations or {})
