@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from enum import Enum
 
 from extender.kube import ApiError, KubeApi
 from extender.metrics import Metrics
@@ -37,6 +38,7 @@ from tessera.contract import (
     parse_resize,
     pod_ref,
 )
+from tessera.inflight import is_allocating
 from tessera.placement import ResizeRefusal, resize
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,12 @@ log = logging.getLogger(__name__)
 RESIZE_ATTEMPTS = 3
 REFUSED_REASON = "TesseraResizeRefused"
 APPLIED_REASON = "TesseraResized"
+
+
+class _Step(Enum):
+    DONE = "done"  # answered, or nothing to answer any more
+    AGAIN = "again"  # the pod changed between the read and the patch: read it again now
+    WAIT = "wait"  # the pod is still being admitted: asked again once it is (or in retry_every)
 
 
 class Resizer:
@@ -119,8 +127,10 @@ class Resizer:
                 log.debug("resize of %s waits: %s", ref, not_leading)
                 return
             for _ in range(RESIZE_ATTEMPTS):
-                if await self._resize_once(namespace, name, uid):
+                step = await self._resize_once(namespace, name, uid)
+                if step is _Step.DONE:
                     self._pending.pop(uid, None)
+                if step is not _Step.AGAIN:
                     return
         except ApiError as e:
             if e.status == 404:
@@ -128,14 +138,16 @@ class Resizer:
                 return
             log.warning("resize of %s: %s (tried again in %.0f s)", ref, e, self.retry_every)
 
-    async def _resize_once(self, namespace: str, name: str, uid: str) -> bool:
-        """One read and one patch; False when the pod changed in between (read it again)."""
+    async def _resize_once(self, namespace: str, name: str, uid: str) -> _Step:
+        """One read and one patch."""
         pod = await self.kube.get_pod(namespace, name)
         metadata = pod.get("metadata") or {}
         annotations = metadata.get("annotations") or {}
         text = annotations.get(self.keys.resize)
         if str(metadata.get("uid")) != uid or text is None:
-            return True  # another pod under the name now, or the request was withdrawn
+            return _Step.DONE  # another pod under the name now, or the request was withdrawn
+        if is_allocating(annotations.get(self.keys.allocation_phase)):
+            return _Step.WAIT  # its containers are being given their GPUs with the allocation as it is
         self.state.upsert_pod(pod)  # the state counts the pod as the API server has it now
         decided = self._decide(pod, text)
         patch: dict[str, str | None] = {self.keys.resize: None}
@@ -155,7 +167,7 @@ class Resizer:
         except ApiError as e:
             self.state.resize_failed(uid)
             if e.status == 409:
-                return False
+                return _Step.AGAIN
             raise
         self.metrics.resizes.labels(outcome.value).inc()
         ref = pod_ref(namespace, name)
@@ -170,7 +182,7 @@ class Resizer:
             )
         except ApiError as e:
             log.warning("pod %s: cannot record the resize event: %s", ref, e)
-        return True
+        return _Step.DONE
 
     def _decide(self, pod: JsonObject, text: str) -> Allocation | str:
         """The pod's new allocation, or why not (the message written on the pod)."""
@@ -182,10 +194,11 @@ class Resizer:
         allocation_text = annotations.get(self.keys.allocation)
         if allocation_text is None:
             return "the pod has no Tessera allocation"
-        if annotations.get(self.keys.allocation_phase) != Phase.ALLOCATED.value:
+        phase = annotations.get(self.keys.allocation_phase) or "without a phase"
+        if phase != Phase.ALLOCATED.value:
             return (
-                f"the pod's allocation is {annotations.get(self.keys.allocation_phase) or 'unknown'}, not "
-                f"{Phase.ALLOCATED.value}: a resize applies to a pod whose containers were given their GPUs"
+                f"the pod's allocation is {phase}, not {Phase.ALLOCATED.value}: a resize applies to a pod "
+                "whose containers were given their GPUs"
             )
         try:
             request = parse_resize(text, self.keys)

@@ -200,3 +200,98 @@ def test_random_resizes_and_new_pods_never_overcommit_a_gpu() -> None:
     assert applied > 20 and refused > 20, (applied, refused)  # both paths were taken, many times
     assert ResizeOutcome.APPLIED in outcomes and ResizeOutcome.REFUSED in outcomes
     assert api.conflicts > 0  # requests whose pod changed under them were decided again
+
+
+def placed(api: StandInApi, state: ClusterState, name: str, phase: Phase = Phase.ALLOCATED) -> None:
+    assert bind(api, state, name, 1024, 10)
+    api.annotate(name, {KEYS.allocation_phase: phase.value})
+
+
+def answer_of(api: StandInApi, name: str) -> tuple[ResizeOutcome, str] | None:
+    text = api.pods[name]["metadata"]["annotations"].get(KEYS.resize_status)
+    if text is None:
+        return None
+    status = parse_resize_status(text)
+    return status.outcome, status.message
+
+
+async def settle(api: StandInApi, state: ClusterState, resizer: Resizer, rounds: int = 50) -> None:
+    for _ in range(rounds):
+        deliver(api, state, resizer, len(api.watch))
+        await asyncio.sleep(0.001)
+
+
+def test_a_request_on_a_pod_being_admitted_waits_until_its_containers_have_their_gpus() -> None:
+    async def run() -> None:
+        state, api, resizer, _ = setup(random.Random(1))
+        resizer.start()
+        try:
+            placed(api, state, "p", Phase.ALLOCATING)
+            api.annotate("p", {KEYS.resize: "memory=2048"})
+            await settle(api, state, resizer)
+            assert answer_of(api, "p") is None  # still allocating: not answered, not refused
+            api.annotate("p", {KEYS.allocation_phase: Phase.ALLOCATED.value})  # the device plugin's write
+            await settle(api, state, resizer)
+            assert answer_of(api, "p") == (
+                ResizeOutcome.APPLIED,
+                "container main: GPU-n-0 2048 MiB 10% compute",
+            )
+        finally:
+            await resizer.stop()
+
+    asyncio.run(run())
+
+
+def test_only_the_leader_answers_and_a_waiting_request_is_tried_again() -> None:
+    async def run() -> None:
+        state, api, _, metrics = setup(random.Random(2))
+        leading = ["the scheduler beside it does not hold the lease"]
+
+        async def leads() -> str:
+            return leading[0]
+
+        resizer = Resizer(state, api, KEYS, metrics, clock=lambda: NOW, leads=leads, retry_every=0.01)  # type: ignore[arg-type]
+        resizer.start()
+        try:
+            placed(api, state, "p")
+            api.annotate("p", {KEYS.resize: "cores=50"})
+            await settle(api, state, resizer)
+            assert answer_of(api, "p") is None
+            leading[0] = ""
+            await settle(api, state, resizer)
+            assert answer_of(api, "p") == (
+                ResizeOutcome.APPLIED,
+                "container main: GPU-n-0 1024 MiB 50% compute",
+            )
+        finally:
+            await resizer.stop()
+
+    asyncio.run(run())
+
+
+def test_a_refusal_writes_the_status_and_an_event_and_changes_nothing_else() -> None:
+    async def run() -> None:
+        state, api, resizer, metrics = setup(random.Random(3))
+        resizer.start()
+        try:
+            placed(api, state, "p")
+            allocation = api.pods["p"]["metadata"]["annotations"][KEYS.allocation]
+            for text, message in (
+                (
+                    "memory=9000",
+                    "GPU GPU-n-0 on node n: 7976 MiB more memory asked, 7168 MiB of 8192 MiB free",
+                ),
+                ("side:cores=5", "container 'side' has no GPU allocation (GPU containers: main)"),
+                ("cores=0", f"annotation {KEYS.resize}: value: cores: 0 is outside 1..100"),
+            ):
+                api.annotate("p", {KEYS.resize: text})
+                await settle(api, state, resizer)
+                assert answer_of(api, "p") == (ResizeOutcome.REFUSED, message)
+                assert KEYS.resize not in api.pods["p"]["metadata"]["annotations"]
+            assert api.pods["p"]["metadata"]["annotations"][KEYS.allocation] == allocation
+            assert api.events == [("p", "TesseraResizeRefused")] * 3
+            assert metrics.resizes.labels("refused")._value.get() == 3
+        finally:
+            await resizer.stop()
+
+    asyncio.run(run())
