@@ -135,6 +135,7 @@ def test_what_the_node_agent_mounted_cannot_be_written(sbx: Sandbox, tenant: str
     assert found == {
         "write-preload": ["EROFS", "-"],
         "write-limits": ["EROFS", "-"],
+        "write-limits-dir": ["EROFS", "-"],
         "write-hook": ["EROFS", "-"],
         "write-coordination": ["EROFS", "-"],
     }

@@ -52,7 +52,7 @@ typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 
 enum { CUDA_SUCCESS = 0, CUDA_ERROR_OUT_OF_MEMORY = 2, MAX_BLOCKS = 16 };
 #define BLOCK ((size_t)256 << 20)
-#define LIMITS_FILE "/var/run/tessera/limits"
+#define LIMITS_FILE "/var/run/tessera/limits.d/limits"
 #define LIMITS_DIR "/var/run/tessera"
 #define DEFAULT_REGION "/var/run/tessera/state/region"
 
@@ -327,6 +327,8 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "write") == 0) {
         try_write("write-preload", "/etc/ld.so.preload", 0);
         try_write("write-limits", LIMITS_FILE, 0);
+        /* A file of its own renamed over the limits file, as a live resize replaces it. */
+        try_write("write-limits-dir", "/var/run/tessera/limits.d/forged", O_CREAT);
         try_write("write-hook", "/usr/local/tessera/libvgpu.so", 0);
         try_coordination();
         return 0;
