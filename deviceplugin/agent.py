@@ -112,7 +112,8 @@ class Agent:
         self.api_reasons: Counter[str] = Counter()
         # Live resizes: the allocation annotations already followed, by pod UID.
         self._followed: dict[str, str] = {}
-        self.resizes_followed = 0
+        # Told how many containers' limits files each follow rewrote (the exporter's counter).
+        self.on_followed: Callable[[int], object] | None = None
         if cache is not None:
             cache.on_pods = self.follow_resizes
 
@@ -390,7 +391,8 @@ class Agent:
                 self._follow(where, record.model_copy(update={"gpus": grants}), grants, allocation.qos)
                 followed += 1
             self._followed.update(texts)  # once written: a failed write is tried again by tidy_state
-        self.resizes_followed += followed
+        if followed and self.on_followed is not None:
+            self.on_followed(followed)
         return followed
 
     def _follow(

@@ -59,6 +59,7 @@ def run(config: Config, stop: threading.Event) -> None:
         AgentCollector(config.node_name, agent.inventory, reading, state, report_over=warn_over)
     )
     plugin_metrics = PluginMetrics(registry)
+    agent.on_followed = plugin_metrics.resizes_followed.inc
     metrics_server, _ = start_http_server(config.metrics_port, config.metrics_address, registry=registry)
     log.info("metrics on http://%s:%d/metrics", config.metrics_address, metrics_server.server_port)
 

@@ -1,6 +1,6 @@
 """Prometheus metrics: per GPU from NVML, per container from the hook's accounting regions, and
 per pod the cross-check of the two (:class:`AgentCollector`); the device plugin's own service to the
-kubelet, Allocate and registration (:class:`PluginMetrics`).
+kubelet, Allocate and registration, and the live resizes it followed (:class:`PluginMetrics`).
 
 The collector reads at scrape time, so a scrape always shows the current state and nothing is cached
 between them.
@@ -112,7 +112,8 @@ ALLOCATE_ERROR_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNA
 
 
 class PluginMetrics:
-    """What the kubelet sees of the device plugin: Allocate's latency and refusals, registration."""
+    """What the kubelet sees of the device plugin: Allocate's latency and refusals, registration; and
+    the live resizes it followed."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.allocate_latency = Histogram(
@@ -133,6 +134,11 @@ class PluginMetrics:
         self.registered = Gauge(
             "tessera_device_plugin_registered",
             "1 while the device plugin is registered with the kubelet it serves, 0 before and between",
+            registry=registry,
+        )
+        self.resizes_followed = Counter(
+            "tessera_device_plugin_resizes_followed",
+            "Containers whose limits file was rewritten for a live resize (docs/placement.md)",
             registry=registry,
         )
 

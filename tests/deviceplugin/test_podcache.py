@@ -350,6 +350,8 @@ def test_a_resize_written_on_the_pod_reaches_the_limits_file_through_the_watch( 
     cache = watching(PodCache(node_kube))
     assert cache.wait_synced(30)
     agent = make_agent(tmp_path, node_kube, cache)
+    followed: list[int] = []
+    agent.on_followed = followed.append
     pod = create_pod(core, namespace, "grows", gpu_node, {"main": [(G[1], 1024, 30)]})
     wait_for(lambda: cache.pod(pod.metadata.uid), what="the bound pod in the cache")
     (answer,) = agent.allocate([[f"{G[1]}::0"]])
@@ -359,5 +361,5 @@ def test_a_resize_written_on_the_pod_reaches_the_limits_file_through_the_watch( 
         node=gpu_node, containers=(ContainerAllocation(name="main", gpus=(grown,)),)
     ).model_dump_json()
     core.patch_namespaced_pod("grows", namespace, {"metadata": {"annotations": {KEYS.allocation: text}}})
-    wait_for(lambda: agent.resizes_followed == 1, what="the resize followed")
+    wait_for(lambda: followed == [1], what="the resize followed")
     assert f"device {G[1]} memory {2048 * MIB} cores 60\n" in answer.where.limits.read_text()
