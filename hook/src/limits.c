@@ -244,9 +244,9 @@ int vgpu_limits_parse(struct vgpu_limits *l, const char *text, size_t len, const
     return 0;
 }
 
-/* Reads the file whole (and notes which file it was in *seen, unless NULL), refusing anything but a regular file of sane size: O_NONBLOCK so that a
- * FIFO put in its place cannot hang the process, O_NOFOLLOW since the device plugin mounts a file,
- * never a link. */
+/* Reads the file whole (and notes which file it was in *seen, unless NULL), refusing anything but a
+ * regular file of sane size: O_NONBLOCK so that a FIFO put in its place cannot hang the process,
+ * O_NOFOLLOW since the device plugin writes a file, never a link. */
 static struct file_identity identity(const struct stat *st) {
     return (struct file_identity){st->st_dev, st->st_ino, st->st_size, st->st_mtim, st->st_ctim};
 }
