@@ -37,6 +37,7 @@ from sandbox.layout import Layout
 from tessera.contract import KEYS, MIB, parse_allocation, parse_inventory
 from tests.sandbox.conftest import Sandbox, running_sandbox
 from tests.sandbox.test_chart_lifecycle import probe_pod
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -185,6 +186,17 @@ class Invariants:
                 self.violations.append(str(e))
 
 
+def served_limits(state_dir: StateDir, pod_uid: str, container: str) -> Path | None:
+    """The limits file the node agent served the container from: its record says which. Usually
+    ``<pod UID>/<container>``, but where the kubelet admitted another pod of the same shape with the
+    dir first made for this one, that dir is the other pod's and this one got another
+    (StateDir.unused_container); the records are corrected once the kubelet names the pods."""
+    for where, record in state_dir.records():
+        if record.pod_uid == pod_uid and record.container == container:
+            return where.limits
+    return None
+
+
 def limits_lines(path: Path) -> set[str]:
     return {line for line in path.read_text().splitlines() if line.startswith("device ")}
 
@@ -272,7 +284,13 @@ class Waves:
             if pod.metadata.name in names and (now[pod.metadata.name] or ("", ""))[0] == "running":
                 allocation = parse_allocation(pod.metadata.annotations[KEYS.allocation])
                 for container in allocation.containers:
-                    limits = self.invariants.state_dir.container(pod.metadata.uid, container.name).limits
+                    limits = wait_for(
+                        lambda uid=pod.metadata.uid, name=container.name: served_limits(
+                            self.invariants.state_dir, uid, name
+                        ),
+                        timeout=60,
+                        what=f"the node agent's record of {pod.metadata.name}/{container.name}",
+                    )
                     assert limits_lines(limits) == {
                         f"device {g.uuid} memory {g.memory_mib * MIB} cores {g.cores}" for g in container.gpus
                     }, f"pod {pod.metadata.name}: {limits.read_text()} against {allocation}"
