@@ -29,15 +29,15 @@ from typing import Any, TypeVar
 import pytest
 import urllib3
 from kubernetes import client, config
+from kubernetes.stream import stream
 
 from deviceplugin.statedir import StateDir
 from hook.region import RegionError, read_region
 from sandbox import cluster, install
 from sandbox.layout import Layout
-from tessera.contract import KEYS, MIB, parse_allocation, parse_inventory
+from tessera.contract import CONTAINER_LIMITS_FILE, KEYS, MIB, parse_allocation, parse_inventory
 from tests.sandbox.conftest import Sandbox, running_sandbox
 from tests.sandbox.test_chart_lifecycle import probe_pod
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -186,19 +186,34 @@ class Invariants:
                 self.violations.append(str(e))
 
 
-def served_limits(state_dir: StateDir, pod_uid: str, container: str) -> Path | None:
-    """The limits file the node agent served the container from: its record says which. Usually
-    ``<pod UID>/<container>``, but where the kubelet admitted another pod of the same shape with the
-    dir first made for this one, that dir is the other pod's and this one got another
-    (StateDir.unused_container); the records are corrected once the kubelet names the pods."""
-    for where, record in state_dir.records():
-        if record.pod_uid == pod_uid and record.container == container:
-            return where.limits
-    return None
+def mounted_limits(core: client.CoreV1Api, pod: str, container: str) -> str:
+    """The limits file as the container sees it (the one the node agent's Allocate answer mounted),
+    read through kubectl exec; retried while a killed kubelet, containerd or API server comes back
+    (an exec answered by a kubelet still syncing says nothing)."""
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            text: str = stream(
+                core.connect_get_namespaced_pod_exec,
+                pod,
+                "default",
+                container=container,
+                command=["cat", CONTAINER_LIMITS_FILE],
+                stderr=True,
+                stdin=False,
+                stdout=True,
+                tty=False,
+            )
+            if "device " in text:
+                return text
+        except (client.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):
+            pass
+        assert time.monotonic() < deadline, f"no limits file readable in {pod}/{container} for 180 s"
+        time.sleep(1)
 
 
-def limits_lines(path: Path) -> set[str]:
-    return {line for line in path.read_text().splitlines() if line.startswith("device ")}
+def limits_lines(text: str) -> set[str]:
+    return {line for line in text.splitlines() if line.startswith("device ")}
 
 
 def settled(pod: Any, events: dict[str, list[str]]) -> tuple[str, str] | None:
@@ -284,16 +299,10 @@ class Waves:
             if pod.metadata.name in names and (now[pod.metadata.name] or ("", ""))[0] == "running":
                 allocation = parse_allocation(pod.metadata.annotations[KEYS.allocation])
                 for container in allocation.containers:
-                    limits = wait_for(
-                        lambda uid=pod.metadata.uid, name=container.name: served_limits(
-                            self.invariants.state_dir, uid, name
-                        ),
-                        timeout=60,
-                        what=f"the node agent's record of {pod.metadata.name}/{container.name}",
-                    )
+                    limits = mounted_limits(self.core, pod.metadata.name, container.name)
                     assert limits_lines(limits) == {
                         f"device {g.uuid} memory {g.memory_mib * MIB} cores {g.cores}" for g in container.gpus
-                    }, f"pod {pod.metadata.name}: {limits.read_text()} against {allocation}"
+                    }, f"pod {pod.metadata.name}: {limits} against {allocation}"
         wave: dict[str, int] = defaultdict(int)
         for outcome, reason in filter(None, now.values()):
             wave[outcome] += 1
