@@ -18,36 +18,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from qos_latency import build_client  # the same hook client, built the same way
+
 import fakegpu
 from hook.limits import DeviceLimit, write_limits
 
-ROOT = Path(__file__).resolve().parents[1]
-CLIENT_SOURCE = ROOT / "tests" / "hook" / "clients" / "hook_client.c"
 MIB = 2**20
 KERNEL, KERNEL_SECONDS = "sleep_us_1000", 1e-3
 WINDOW = 0.25
-
-
-def build_client(work: Path) -> Path:
-    fakegpu.build_hook()
-    fakegpu.build()
-    binary = work / "hook_client"
-    include = fakegpu.find_headers_dir("cuda.h")
-    subprocess.run(
-        [
-            "cc",
-            "-O1",
-            "-std=gnu11",
-            f"-I{include}",
-            "-o",
-            str(binary),
-            str(CLIENT_SOURCE),
-            "-ldl",
-            "-pthread",
-        ],
-        check=True,
-    )
-    return binary
 
 
 def env_for(work: Path, config: Path, limits: Path) -> dict[str, str]:
