@@ -20,7 +20,15 @@ from decimal import localcontext
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_DOMAIN = "tessera.io"
 DOMAIN_ENV = "TESSERA_DOMAIN"
@@ -159,6 +167,11 @@ class ContractKeys:
     @property
     def node_heartbeat(self) -> str:
         return f"{self.domain}/heartbeat"
+
+    @property
+    def node_gpu_usage(self) -> str:
+        """What each GPU really uses, measured by the node agent (:class:`NodeGpuUsage`)."""
+        return f"{self.domain}/gpu-usage"
 
     @property
     def gpu_models(self) -> str:
@@ -339,6 +352,42 @@ def parse_inventory(text: str, *, node: str = "") -> tuple[GpuInfo, ...]:
     return _validated(_INVENTORY, text, f"node {node!r}: " if node else "", KEYS.node_gpus)
 
 
+class GpuUsage(_Strict):
+    """One GPU's measured use: the memory its containers hold (their accounting regions) and how busy
+    it is (NVML). Best-effort pods may be placed against this instead of requests (docs/placement.md)."""
+
+    uuid: str = Field(min_length=1)
+    memory_used_mib: int = Field(ge=0)
+    # The part of memory_used_mib held by guaranteed (standard, latency-critical) containers.
+    guaranteed_used_mib: int = Field(ge=0)
+    utilization_percent: int = Field(ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _guaranteed_within_used(self) -> GpuUsage:
+        if self.guaranteed_used_mib > self.memory_used_mib:
+            used, guaranteed = self.memory_used_mib, self.guaranteed_used_mib
+            raise ValueError(f"guaranteed_used_mib {guaranteed} exceeds memory_used_mib {used}")
+        return self
+
+
+class NodeGpuUsage(_Strict):
+    """The node annotation ``<domain>/gpu-usage``, rewritten by the node agent as use changes."""
+
+    time: str = Field(min_length=1)  # RFC 3339, when it was measured (format_time)
+    gpus: tuple[GpuUsage, ...]
+
+
+_NODE_GPU_USAGE = TypeAdapter(NodeGpuUsage)
+
+
+def dump_gpu_usage(usage: NodeGpuUsage) -> str:
+    return usage.model_dump_json()
+
+
+def parse_gpu_usage(text: str, *, node: str = "") -> NodeGpuUsage:
+    return _validated(_NODE_GPU_USAGE, text, f"node {node!r}: " if node else "", KEYS.node_gpu_usage)
+
+
 def format_time(moment: datetime) -> str:
     """RFC 3339 in UTC with seconds, the form Kubernetes itself writes."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -365,6 +414,10 @@ class GpuGrant(_Strict):
     memory_mib: int = Field(gt=0)
     # Share of the GPU's time in percent; 0 = none reserved.
     cores: int = Field(ge=0, le=MAX_CORES)
+    # Best-effort only: placed against the GPU's measured use, not requests. The memory is borrowed
+    # from what guaranteed pods requested but leave unused, so the container's quota at any moment is
+    # at most what they leave unused, and the grant counts for nothing when guaranteed pods are placed.
+    oversubscribed: bool = False
 
 
 class ContainerAllocation(_Strict):
@@ -388,6 +441,16 @@ class Allocation(_Strict):
     node: str = Field(min_length=1)
     containers: tuple[ContainerAllocation, ...] = Field(min_length=1)
     qos: QosClass = QosClass.STANDARD
+
+    @model_validator(mode="after")
+    def _only_best_effort_oversubscribes(self) -> Allocation:
+        if self.qos != QosClass.BEST_EFFORT and any(
+            g.oversubscribed for c in self.containers for g in c.gpus
+        ):
+            raise ValueError(
+                f"only a best-effort allocation may be oversubscribed, this one is {self.qos.value}"
+            )
+        return self
 
     def for_container(self, name: str) -> ContainerAllocation | None:
         return next((c for c in self.containers if c.name == name), None)

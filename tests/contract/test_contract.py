@@ -14,6 +14,8 @@ from tessera.contract import (
     ContractError,
     GpuGrant,
     GpuInfo,
+    GpuUsage,
+    NodeGpuUsage,
     PodShapeError,
     Policy,
     QosClass,
@@ -21,11 +23,13 @@ from tessera.contract import (
     ResizeOutcome,
     ResizeStatus,
     dump_allocation,
+    dump_gpu_usage,
     dump_inventory,
     dump_resize_status,
     format_time,
     keys_for,
     parse_allocation,
+    parse_gpu_usage,
     parse_integer_quantity,
     parse_inventory,
     parse_pod_request,
@@ -338,12 +342,70 @@ def test_allocation_round_trip() -> None:
             lambda s: s[:-1] + ',"qos":"gold"}',
             "qos: Input should be 'latency-critical', 'standard' or 'best-effort'",
         ),
+        (
+            lambda s: s.replace('"cores":30,"oversubscribed":false', '"cores":30,"oversubscribed":true'),
+            "only a best-effort allocation may be oversubscribed, this one is standard",
+        ),
     ],
 )
 def test_malformed_allocation(mutate: Any, fragment: str) -> None:
     with pytest.raises(ContractError) as error:
         parse_allocation(mutate(dump_allocation(allocation())), pod="ns/p")
     assert str(error.value).startswith("pod ns/p: annotation tessera.io/allocation: ")
+    assert fragment in str(error.value)
+
+
+def test_oversubscribed_best_effort_round_trip() -> None:
+    original = allocation()
+    main = original.containers[0]
+    grant = main.gpus[0].model_copy(update={"oversubscribed": True})
+    best_effort = original.model_copy(
+        update={
+            "qos": QosClass.BEST_EFFORT,
+            "containers": (main.model_copy(update={"gpus": (grant,)}), *original.containers[1:]),
+        }
+    )
+    parsed = parse_allocation(dump_allocation(best_effort))
+    assert parsed.containers[0].gpus[0].oversubscribed
+    assert not parsed.containers[1].gpus[0].oversubscribed
+
+
+def test_gpu_usage_round_trip() -> None:
+    usage = NodeGpuUsage(
+        time="2026-11-26T10:00:00Z",
+        gpus=(
+            GpuUsage(uuid="GPU-a", memory_used_mib=2048, guaranteed_used_mib=1024, utilization_percent=40),
+        ),
+    )
+    assert parse_gpu_usage(dump_gpu_usage(usage)) == usage
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda s: s.replace('"memory_used_mib":2048', '"memory_used_mib":-1'), "gpus.0.memory_used_mib"),
+        (
+            lambda s: s.replace('"utilization_percent":40', '"utilization_percent":101'),
+            "gpus.0.utilization_percent",
+        ),
+        (
+            lambda s: s.replace('"guaranteed_used_mib":1024', '"guaranteed_used_mib":4096'),
+            "exceeds memory_used_mib",
+        ),
+        (lambda s: s.replace('"time":"2026-11-26T10:00:00Z",', ""), "time: Field required"),
+        (lambda s: s[:-2], "Invalid JSON"),
+    ],
+)
+def test_malformed_gpu_usage(mutate: Any, fragment: str) -> None:
+    usage = NodeGpuUsage(
+        time="2026-11-26T10:00:00Z",
+        gpus=(
+            GpuUsage(uuid="GPU-a", memory_used_mib=2048, guaranteed_used_mib=1024, utilization_percent=40),
+        ),
+    )
+    with pytest.raises(ContractError) as error:
+        parse_gpu_usage(mutate(dump_gpu_usage(usage)), node="n1")
+    assert str(error.value).startswith("node 'n1': annotation tessera.io/gpu-usage: ")
     assert fragment in str(error.value)
 
 
