@@ -320,12 +320,34 @@ class Agent:
         ]
         for answer in answers:
             self._write_files(answer)
+        self._retire_records_of({frozenset(a.record.device_ids) for a in answers if a.record.device_ids})
         self._served |= {c.ref for c in chosen}
         served_at = time.monotonic()
         for c, answer in zip(chosen, answers, strict=True):
             self._records[answer.where] = answer.record
             self._unconfirmed[answer.where] = (c.pod, served_at)
         return answers
+
+    def _retire_records_of(self, device_sets: set[frozenset[str]]) -> None:
+        """Remove the records of the containers that held these device sets before; under the lock.
+
+        The kubelet gives a container only free slices, so whatever a record holding the same set
+        names (a container gone, refused at admission, or a wrong guess), it no longer holds them.
+        Kept, the record would be corrected to name the new container too (two records for one
+        container). Its dir stays until the clean-up, as any dir without a record."""
+        stale = [where for where, r in self._records.items() if frozenset(r.device_ids) in device_sets]
+        for where in stale:
+            self.state.remove_record(where)
+            retired = self._records.pop(where)
+            self._unconfirmed.pop(where, None)
+            log.info(
+                "%s: its slices were given to a new container; %s container %s no longer holds them",
+                where.root,
+                pod_ref(retired.namespace, retired.pod),
+                retired.container,
+            )
+        if stale:
+            self._served = _refs(self._records)
 
     def _confirmed(self, pods: Sequence[PodView]) -> bool:
         """Whether the API shows each pod as the cache does: still there, pending, not being

@@ -34,20 +34,27 @@ def corrected_records(
     ``owners`` maps each container's device set (from the pod-resources API) to the container;
     ``pod_uids`` maps (namespace, name) to UID for the pods on the node.
     """
+
+    def names_owner(record: ServedRecord) -> bool:
+        owner = owners.get(frozenset(record.device_ids))
+        return owner is not None and (record.namespace, record.pod, record.pod_uid, record.container) == (
+            owner.namespace,
+            owner.pod,
+            pod_uids.get((owner.namespace, owner.pod)),
+            owner.container,
+        )
+
+    # A device set whose container already has its record: any other record of that set is of a
+    # container that held it before, and renaming it would give the owner two records.
+    settled = {frozenset(r.device_ids) for _, r in records if names_owner(r)}
     changes = []
     for where, record in records:
-        owner = owners.get(frozenset(record.device_ids)) if record.device_ids else None
+        devices = frozenset(record.device_ids)
+        owner = owners.get(devices) if record.device_ids and devices not in settled else None
         if owner is None:
             continue
         uid = pod_uids.get((owner.namespace, owner.pod))
         if uid is None:
-            continue
-        if (record.namespace, record.pod, record.pod_uid, record.container) == (
-            owner.namespace,
-            owner.pod,
-            uid,
-            owner.container,
-        ):
             continue
         changes.append(
             (

@@ -177,6 +177,10 @@ class StateDir:
     def write_record(self, where: ContainerDir, record: ServedRecord) -> None:
         write_atomically(where.record, record.model_dump_json(), mode=0o644)
 
+    @staticmethod
+    def remove_record(where: ContainerDir) -> None:
+        where.record.unlink(missing_ok=True)
+
     def remove_containers_except(self, live_uids: Collection[str]) -> list[Path]:
         """Delete the dirs of containers whose pod is no longer on the node, and their coordination
         slots; returns what was removed.

@@ -237,7 +237,7 @@ def test_concurrent_allocates_of_equal_keys_serve_each_container_once(tmp_path: 
         with lock:
             served.append((answer.record.pod, answer.record.container))
 
-    threads = [threading.Thread(target=call, args=([f"GPU-1::{i % 10}"],)) for i in range(12)]
+    threads = [threading.Thread(target=call, args=([f"GPU-1::{i}"],)) for i in range(12)]
     threads += [threading.Thread(target=call, args=([f"GPU-3::{i}", f"GPU-0::{i}"],)) for i in range(8)]
     for t in threads:
         t.start()
@@ -268,7 +268,7 @@ def test_concurrent_allocates_from_a_lagging_cache_serve_each_container_once(tmp
 
     def call(i: int) -> None:
         try:
-            (answer,) = agent.allocate([[f"GPU-1::{i % 10}"]])
+            (answer,) = agent.allocate([[f"GPU-1::{i}"]])
         except BaseException as e:
             errors.append(e)
             return
@@ -328,8 +328,8 @@ def test_inventory_is_patched_only_when_it_changes(tmp_path: Path) -> None:
 def test_state_of_containers_whose_pods_are_gone_is_removed(tmp_path: Path) -> None:
     pods = [in_flight_pod(name, {"main": [("GPU-0", 1024, 10)]}, bind=i) for i, name in enumerate("abc")]
     agent, kube = make_agent(tmp_path, pods)
-    for _ in pods:
-        agent.allocate([["GPU-0::0"]])
+    for i, _ in enumerate(pods):
+        agent.allocate([[f"GPU-0::{i}"]])
     containers = tmp_path / "containers"
     assert sorted(p.name for p in containers.iterdir()) == ["uid-a", "uid-b", "uid-c"]
     kube.pods = [p for p in pods if p.name != "b"]
@@ -468,6 +468,32 @@ def test_the_allocated_phase_is_for_the_pod_the_kubelet_admitted(tmp_path: Path)
     assert held == {
         (o.pod, devices, next(iter(devices)).split("::")[0]) for devices, o in kubelet.owners.items()
     }
+
+
+def test_slices_given_again_leave_one_record_for_their_new_container(tmp_path: Path) -> None:
+    """The chaos test's case: a served container goes (its pod failed, still listed) and the kubelet
+    gives the same slices to a new pod's container. The old record must not be rewritten to name the
+    new container (two records for one container: its metrics and the NVML cross-check's allowance
+    would count it twice), and the new one keeps its own quotas."""
+    old = in_flight_pod("old", {"main": [("GPU-0", 512, 2)]}, bind=0)
+    kubelet = Kubelet()
+    agent, kube = make_agent(tmp_path, [old], pod_resources=kubelet.pod_resources)
+    kubelet.agent = agent
+    kubelet.admit(old)
+    write_phases(agent)
+    ((devices, _),) = kubelet.owners.items()
+    del kubelet.owners[devices]  # the old container is gone; its pod is still on the node
+    new = in_flight_pod("new", {"main": [("GPU-0", 1024, 4)]}, bind=1)
+    kube.pods.append(new)
+    agent.allocate([sorted(devices)])
+    kubelet.owners[devices] = IdentityRef("ns", "new", "main")
+    write_phases(agent)
+    agent.tidy_state()
+    records = [r for _, r in agent.state.records()]
+    assert [(r.pod, r.gpus[0].memory_mib, frozenset(r.device_ids)) for r in records] == [
+        ("new", 1024, devices)
+    ]
+    assert kube.phases["uid-new"] == Phase.ALLOCATED
 
 
 def test_a_pod_is_allocated_only_once_the_kubelet_names_it(tmp_path: Path) -> None:

@@ -40,3 +40,11 @@ def test_unknown_devices_or_pods_change_nothing() -> None:
     assert corrected_records(records, {}, {("ns", "p"): "uid-p"}) == []
     owners = {frozenset({"GPU-a::1"}): ContainerRef("ns", "gone", "main")}
     assert corrected_records(records, owners, {("ns", "p"): "uid-p"}) == []
+
+
+def test_a_record_of_a_device_set_its_owner_already_holds_is_left_alone() -> None:
+    """The slices of a gone container given to a new one with its own record: the old record is
+    not renamed (the owner would have two)."""
+    records = [record("gone", ("GPU-a::1",)), record("new", ("GPU-a::1",))]
+    owners = {frozenset({"GPU-a::1"}): ContainerRef("ns", "new", "main")}
+    assert corrected_records(records, owners, {("ns", "gone"): "uid-gone", ("ns", "new"): "uid-new"}) == []
