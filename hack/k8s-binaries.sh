@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Build the real Kubernetes control plane (and kubelet, kube-proxy, kubectl, etcd, CoreDNS, helm) from
-# Go modules into a
-# cache directory outside the work tree, so tests run against real binaries and later runs reuse them.
+# Build the real Kubernetes control plane (and kubelet, kube-proxy, kubectl, etcd, CoreDNS, helm,
+# containerd) from Go modules into a cache directory outside the work tree, so tests run against real binaries and later runs reuse them.
 #
 #   hack/k8s-binaries.sh            build what is missing, print the bin directory
 #   TESSERA_K8S_CACHE=/dir ...      choose the cache (default ~/.cache/tessera/k8s-<version>)
-#   TESSERA_TOOLS_CACHE=/dir ...    where etcd and CoreDNS are built (default ~/.cache/tessera): they
+#   TESSERA_TOOLS_CACHE=/dir ...    where etcd, CoreDNS and containerd are built (default
+#                                   ~/.cache/tessera): they
 #                                   do not depend on the Kubernetes version, so each version's bin
 #                                   directory links the same build
 #
@@ -18,6 +18,7 @@ K8S_VERSION="${K8S_VERSION:-v1.34.10}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.14}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 GO_MIN_MINOR=24
 
 staging_version="v0.${K8S_VERSION#v1.}"
@@ -155,8 +156,33 @@ GO
     -o "$out" .)
 }
 
+# containerd 2.x for the DRA sandbox: the kubelet hands a claim's CDI device names to the runtime
+# (CRI CDIDevices), which Debian's containerd 1.6 drops. Only containerd, its runc shim and ctr (the
+# sandbox imports images with it); no_btrfs/no_devmapper/no_zfs leave out snapshotters the sandbox
+# disables anyway, no_grpc the shim's unused gRPC server (both as upstream's Makefile does).
+build_containerd() {
+  local out="$1" dir mod pkg=github.com/containerd/containerd/v2 ldf tags=no_btrfs,no_devmapper,no_zfs,urfave_cli_no_docs
+  dir="$(dirname "$out")"
+  mod="$dir/src"
+  mkdir -p "$mod"
+  if [ ! -f "$mod/go.mod" ]; then
+    (cd "$mod" && go mod init example.local/containerdbuild >/dev/null 2>&1 &&
+      go mod edit -require="$pkg@$CONTAINERD_VERSION")
+    printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "%s/cmd/containerd"\n\t_ "%s/cmd/containerd-shim-runc-v2"\n\t_ "%s/cmd/ctr"\n)\n' \
+      "$pkg" "$pkg" "$pkg" >"$mod/tools.go"
+  fi
+  ldf="-s -w -X $pkg/version.Version=$CONTAINERD_VERSION -X $pkg/version.Package=$pkg"
+  log "building containerd $CONTAINERD_VERSION"
+  (cd "$mod" && go build -trimpath -tags "$tags" -ldflags "$ldf" -o "$dir/" "$pkg/cmd/containerd" "$pkg/cmd/ctr" &&
+    go build -trimpath -tags "$tags,no_grpc" -ldflags "$ldf" -o "$dir/" "$pkg/cmd/containerd-shim-runc-v2")
+}
+
 link_tool etcd "$tools/etcd-$ETCD_VERSION/etcd" build_etcd
 build_helm
 build_kubernetes
 link_tool coredns "$tools/coredns-$COREDNS_VERSION/coredns" build_coredns
+# The shim and ctr are built with containerd; containerd is linked last, so a build cut short is redone.
+for b in containerd-shim-runc-v2 ctr containerd; do
+  link_tool "$b" "$tools/containerd-$CONTAINERD_VERSION/$b" build_containerd
+done
 echo "$bin"
