@@ -87,12 +87,17 @@ def dra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
         plane.stop()
 
 
+# A container for a node without a kubelet: nothing ever runs it.
+NO_CONTAINER: dict[str, Any] = {"name": "main", "image": "example.invalid/none"}
+
+
 @dataclass
 class Cluster:
-    """The admin's view of the DRA cluster, in a fresh namespace."""
+    """The admin's view of the DRA cluster, in a fresh namespace; its pods run ``container``."""
 
     api: client.ApiClient
     namespace: str
+    container: dict[str, Any] = field(default_factory=lambda: dict(NO_CONTAINER))
     core: client.CoreV1Api = field(init=False)
     objects: client.CustomObjectsApi = field(init=False)
 
@@ -146,7 +151,7 @@ class Cluster:
         self._create_pod(name, {}, {"limits": limits}, scheduler)
 
     def _create_pod(self, name: str, spec: dict[str, Any], resources: dict[str, Any], scheduler: str) -> None:
-        container = {"name": "main", "image": "example.invalid/none", "resources": resources}
+        container = {**self.container, "resources": resources}
         self.core.create_namespaced_pod(
             self.namespace,
             {
@@ -155,9 +160,10 @@ class Cluster:
             },
         )
 
-    def delete_pod(self, name: str) -> None:
-        # No kubelet: nothing would confirm a graceful deletion.
-        self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+    def delete_pod(self, name: str, grace_seconds: int | None = 0) -> None:
+        """Deleted at once by default (without a kubelet nothing would confirm a graceful deletion);
+        ``None``: gracefully, as the pod's spec says, for a kubelet to stop it and confirm."""
+        self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace_seconds)
 
     def allocated(self, name: str, timeout: float = 90.0) -> dict[str, Any]:
         """The claim's one result, once kube-scheduler has allocated it."""
@@ -194,12 +200,12 @@ class Cluster:
         return claim(self.namespace, name, self.claim(name)["metadata"]["uid"])
 
 
-@pytest.fixture
-def cluster(dra_cluster: ControlPlane) -> Iterator[Cluster]:
-    api = config.new_client_from_config(config_file=str(dra_cluster.kubeconfig))
+@contextlib.contextmanager
+def namespace_view(api: client.ApiClient, container: dict[str, Any] = NO_CONTAINER) -> Iterator[Cluster]:
+    """A fresh namespace, its pods and claims deleted afterwards and their capacity freed."""
     namespace = f"dra-{uuid.uuid4().hex[:8]}"
     client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
-    view = Cluster(api, namespace)
+    view = Cluster(api, namespace, dict(container))
     try:
         yield view
     finally:
@@ -221,7 +227,15 @@ def cluster(dra_cluster: ControlPlane) -> Iterator[Cluster]:
             return not left["items"]
 
         wait_for(gone, 60.0, f"the claims of {namespace} deleted")
-        api.close()
+
+
+@pytest.fixture
+def cluster(dra_cluster: ControlPlane) -> Iterator[Cluster]:
+    with (
+        contextlib.closing(config.new_client_from_config(config_file=str(dra_cluster.kubeconfig))) as api,
+        namespace_view(api) as view,
+    ):
+        yield view
 
 
 @dataclass

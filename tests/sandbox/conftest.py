@@ -142,14 +142,17 @@ def sandbox(sandbox_root: Path, host_before: HostView) -> Iterator[Sandbox]:
 
 @contextlib.contextmanager
 def running_sandbox(
-    name: str, values: tuple[str, ...] = (), *, monitoring: bool = False
+    name: str, values: tuple[str, ...] = (), *, monitoring: bool = False, dra: bool = False
 ) -> Iterator[tuple[Sandbox, HostView]]:
     """A sandbox for a whole test module (Tessera installed with these extra chart ``values``, and
-    Prometheus with ``monitoring``), always brought down, with the host as it was before."""
+    Prometheus with ``monitoring``; the DRA path with ``dra``), always brought down, with the host as
+    it was before."""
     before = HostView.now()
     root = Path(f"/tmp/tessera-{name}-{os.getpid()}")
     try:
         options = cluster.Options(root=root, values=values, monitoring=monitoring)
+        if dra:
+            options = cluster.dra(options)
         state = cluster.up(options, report=lambda _: None)
         api = config.new_client_from_config(config_file=state.kubeconfig)
         try:

@@ -14,6 +14,7 @@ import yaml
 
 import fakegpu
 from sandbox import addons, cluster, containerd, controlplane, fakenode, gpu, host, images, install, kubelet
+from sandbox.controlplane import DRA_K8S_VERSION, bin_dir_for
 from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, POD_SUBNET, SERVICE_CIDR, Layout
 from tessera.contract import KEYS
 
@@ -93,6 +94,21 @@ def test_containerd_config_carries_the_settings_this_host_needs() -> None:
     assert runtime["options"]["SystemdCgroup"] is False
     assert cri["cni"]["conf_dir"] == "/srv/sbx/cni/net.d"
     assert config["plugins"]["io.containerd.internal.v1.opt"]["path"].startswith("/srv/sbx/")
+    assert "enable_cdi" not in cri and "runtime_path" not in runtime  # the host's containerd 1.6
+
+
+def test_a_built_containerd_runs_its_own_shim_and_reads_cdi_specs_from_the_sandbox() -> None:
+    cri = tomllib.loads(containerd.render_config(LAYOUT, built=True))["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["enable_cdi"] is True
+    assert cri["cdi_spec_dirs"] == ["/srv/sbx/cdi"]
+    runtime = cri["containerd"]["runtimes"]["nvidia"]
+    assert runtime["runtime_path"] == "/srv/sbx/containerd/bin/containerd-shim-runc-v2"
+
+
+def test_the_dra_sandbox_runs_the_newest_kubernetes_with_its_containerd_and_the_chart_in_dra_mode() -> None:
+    options = cluster.dra(cluster.Options(root=LAYOUT.root, values=("a=b",)))
+    assert options.kubernetes_bin == options.containerd_bin == bin_dir_for(DRA_K8S_VERSION)
+    assert (options.mode, options.values) == ("dra", ("a=b",))
 
 
 def test_base_spec_adds_bind_mounts_and_environment() -> None:
@@ -233,6 +249,8 @@ def test_tessera_is_installed_by_helm_with_the_sandbox_values_and_its_host_dirs(
         "devicePlugin.stateDir=/srv/sbx/tessera/state",
         "devicePlugin.hookDir=/srv/sbx/tessera/hook",
         "devicePlugin.podResourcesDir=/srv/sbx/kubelet/pod-resources",
+        "dra.kubeletDir=/srv/sbx/kubelet",
+        "dra.cdiDir=/srv/sbx/cdi",
     ]
 
 

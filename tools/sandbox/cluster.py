@@ -5,7 +5,10 @@ etcd + kube-apiserver + kube-controller-manager + kube-scheduler (:mod:`sandbox.
 kubelet registered as a real node, kube-proxy and CoreDNS (:mod:`sandbox.addons`), then installs
 Tessera with its Helm chart (:mod:`sandbox.install`): the node agent as a DaemonSet pod over the fake
 GPU driver, kube-scheduler (profile tessera-scheduler) with the extender as a Deployment; with
-``--monitoring`` a Prometheus that discovers Tessera's pods (:mod:`sandbox.monitoring`). It records
+``--monitoring`` a Prometheus that discovers Tessera's pods (:mod:`sandbox.monitoring`). With
+``--mode dra`` it runs the DRA path instead (docs/dra.md): Kubernetes ``DRA_K8S_VERSION``, the
+containerd 2 that hack/k8s-binaries.sh builds (CDI), the chart's node agent as ``tessera-dra`` and
+placement by the cluster's own kube-scheduler (no tessera-scheduler, no extender). It records
 what it started in ``sandbox.json`` and returns; the processes run on. ``down`` stops them newest
 first and removes what they left on the host (:mod:`sandbox.host`).
 """
@@ -13,6 +16,7 @@ first and removes what they left on the host (:mod:`sandbox.host`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import socket
 import sys
@@ -20,18 +24,28 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from kubernetes import client, config
 from pydantic import BaseModel, ConfigDict
 
 from sandbox import addons, containerd, fakenode, gpu, host, images, install, kubelet, monitoring
-from sandbox.controlplane import LOOPBACK, ControlPlane, ManagedProcess, default_bin_dir, free_port
+from sandbox.controlplane import (
+    CONTROLLERS,
+    DRA_K8S_VERSION,
+    LOOPBACK,
+    ControlPlane,
+    ManagedProcess,
+    bin_dir_for,
+    default_bin_dir,
+    free_port,
+)
 from sandbox.layout import BRIDGE_ADDRESS, Layout
 from sandbox.processes import Started, StartError, adopt, alive, kill, start, stop, wait_for
 from tessera.contract import KEYS, ContractError, parse_allocation, parse_inventory
 
+CONTAINERD_PROGRAMS = ("containerd", containerd.SHIM, "ctr")
 KUBERNETES_BINARIES = (
     "etcd",
     "kube-apiserver",
@@ -54,6 +68,16 @@ DEFAULT_SCHEDULER_CONFIG = yaml.safe_dump(
 )
 
 
+Mode = Literal["deviceplugin", "dra"]
+MODES: tuple[Mode, ...] = ("deviceplugin", "dra")
+# The chart in DRA mode: tessera-dra as the node agent, placement by the cluster's kube-scheduler, so
+# neither the chart's scheduler (whose image is built for the pinned Kubernetes only) nor the extender.
+DRA_VALUES = ("mode=dra", "scheduler.enabled=false", "extender.enabled=false")
+# kube-scheduler allocates claims; this controller makes the claims of ResourceClaimTemplates, takes
+# deleted pods off their claims' reservedFor and deallocates claims nobody uses any more.
+DRA_CONTROLLERS = (*CONTROLLERS, "resourceclaim-controller")
+
+
 def default_node_name() -> str:
     """This host's name, as the kubelet would use: it resolves to 127.0.0.1 on these machines."""
     return socket.gethostname().lower()
@@ -72,6 +96,7 @@ class SandboxState(BaseModel):
     kubelet_port: int
     kubelet_healthz_port: int
     processes: list[Started]
+    mode: Mode = "deviceplugin"
     ready_seconds: float = 0.0
     prometheus_url: str = ""
     """The sandbox's Prometheus (`up --monitoring`); empty without."""
@@ -101,6 +126,16 @@ class Options:
     # Before `monitoring`, whose name in the class body hides the module's.
     prometheus_bin: Path = field(default_factory=monitoring.default_bin_dir)
     monitoring: bool = False
+    mode: Mode = "deviceplugin"
+    # The directory of a containerd (with its shim and ctr) to run instead of the host's.
+    containerd_bin: Path | None = None
+
+
+def dra(options: Options) -> Options:
+    """These options for the DRA path: Kubernetes DRA_K8S_VERSION, whose bin directory
+    hack/k8s-binaries.sh also links containerd 2 into, and the chart in DRA mode."""
+    binaries = bin_dir_for(DRA_K8S_VERSION)
+    return dataclasses.replace(options, kubernetes_bin=binaries, containerd_bin=binaries, mode="dra")
 
 
 def load_state(layout: Layout) -> SandboxState | None:
@@ -131,6 +166,19 @@ def node_ready(api: client.ApiClient, node: str) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
 
 
+def node_slice_devices(api: client.ApiClient, node: str) -> int:
+    """Devices in the ResourceSlices Tessera's DRA driver published for the node."""
+    try:
+        found = client.CustomObjectsApi(api).list_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+        )
+    except client.ApiException:
+        return 0
+    return sum(
+        len(s["spec"].get("devices", [])) for s in found["items"] if s["spec"]["driver"] == KEYS.dra_driver
+    )
+
+
 def node_has_gpus(api: client.ApiClient, node: str) -> bool:
     """The device plugin registered (slices allocatable) and published the node's inventory."""
     try:
@@ -152,6 +200,12 @@ def preflight(options: Options, layout: Layout) -> list[str]:
     found = host.problems(facts)
     found += [f"not built: {m}" for m in gpu.missing_builds()]
     found += [f"no image: {m}" for m in install.missing_images()]
+    if options.containerd_bin is not None:
+        found += [
+            f"not built: {options.containerd_bin / b} (run hack/k8s-binaries.sh)"
+            for b in CONTAINERD_PROGRAMS
+            if not (options.containerd_bin / b).exists()
+        ]
     if options.monitoring:
         found += [f"not built: {m}" for m in monitoring.missing_binaries(options.prometheus_bin)]
     return found
@@ -202,7 +256,7 @@ def _start_all(
     report("images, fake GPUs and containerd")
     tarballs = {**images.write_images(layout.images), **install.image_archives()}
     files = gpu.prepare(layout)
-    containerd.write_files(layout, files.container_mounts(), files.container_env())
+    containerd.write_files(layout, files.container_mounts(), files.container_env(), options.containerd_bin)
     starting.add(containerd.start_containerd(layout))
     containerd.import_images(layout, tarballs)
 
@@ -218,7 +272,8 @@ def _start_all(
         starting.add(_recorded(process))
     starting.health["etcd"] = f"{plane.etcd_url}/health"
     starting.health["kube-apiserver"] = f"{plane.api_url}/readyz"
-    manager = plane.start_controller_manager(timeout=options.timeout)
+    controllers = DRA_CONTROLLERS if options.mode == "dra" else CONTROLLERS
+    manager = plane.start_controller_manager(timeout=options.timeout, controllers=controllers)
     starting.add(_recorded(manager))
     starting.health["kube-controller-manager"] = _controller_manager_health(manager.args)
     scheduler = plane.start_scheduler(DEFAULT_SCHEDULER_CONFIG, timeout=options.timeout)
@@ -254,8 +309,9 @@ def _start_all(
         )
 
         report(f"Tessera: helm install {install.RELEASE} charts/tessera -n {install.NAMESPACE}")
-        install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, options.values)
-        _wait_installed(api, options.node, options.timeout)
+        values = (*DRA_VALUES, *options.values) if options.mode == "dra" else options.values
+        install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, values)
+        _wait_installed(api, options.node, options.timeout, options.mode)
     if options.monitoring:
         report("Prometheus (Kubernetes discovery of Tessera's pods)")
         port = free_port()
@@ -268,15 +324,24 @@ def _start_all(
     return plane
 
 
-def _wait_installed(api: client.ApiClient, node: str, timeout: float) -> None:
+def _wait_installed(api: client.ApiClient, node: str, timeout: float, mode: Mode) -> None:
     """The chart's pods are up: the node agent registered the GPU slices and published the
-    inventory, and every tessera-scheduler replica's extender has synced its caches."""
+    inventory, and every tessera-scheduler replica's extender has synced its caches; in DRA mode,
+    the driver published the node's ResourceSlice."""
     install.wait(
         f"node {node}: the node agent's pod ready",
         lambda: install.agent_ready(api, node),
         timeout,
         lambda: install.describe_pods(api),
     )
+    if mode == "dra":
+        install.wait(
+            f"node {node}: the DRA driver's ResourceSlice",
+            lambda: node_slice_devices(api, node) > 0,
+            timeout,
+            lambda: install.describe_pods(api),
+        )
+        return
     install.wait(
         f"node {node}: GPU slices and inventory",
         lambda: node_has_gpus(api, node),
@@ -316,6 +381,7 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
         kubelet_port=options.kubelet_port,
         kubelet_healthz_port=options.kubelet_healthz_port,
         processes=starting.started,
+        mode=options.mode,
         prometheus_url=starting.prometheus_url,
         health=starting.health,
         ready_seconds=round(time.monotonic() - began, 1),
@@ -366,6 +432,11 @@ def restart(root: Path, name: str, timeout: float = 120.0, *, crash: bool = Fals
     options = Options(root=root, node=state.node, kubernetes_bin=Path(state.kubernetes_bin))
     process = _start_kubelet(options, layout, Path(state.kubeconfig))
     wait_for("the kubelet's health", lambda: kubelet.healthy(state.kubelet_healthz_port), process, timeout)
+    if state.mode == "dra":
+        _wait_dra_slice(state, timeout)
+        state.replace(process)
+        save_state(layout, state)
+        return process
     # A restarted kubelet offers no slices until the agent has noticed the new kubelet socket and
     # registered again (its checkpoint keeps only what running pods were given).
     _wait_slices(layout, state, "the node agent registered with the new kubelet", process, timeout)
@@ -388,6 +459,9 @@ def replace_agent(root: Path, timeout: float = 120.0) -> str:
     with contextlib.closing(api_client(state)) as api:
         began = time.time()
         new = install.restart_agent(api, state.node, timeout)
+        if state.mode == "dra":
+            _wait_dra_slice(state, timeout)
+            return new
         # The kubelet keeps a dead plugin's devices for a grace period: first the new agent's own
         # socket, then the slices it offers.
         install.wait(
@@ -398,6 +472,16 @@ def replace_agent(root: Path, timeout: float = 120.0) -> str:
         )
         _wait_slices(layout, state, "the new node agent registered with the kubelet", None, timeout)
     return new
+
+
+def _wait_dra_slice(state: SandboxState, timeout: float) -> None:
+    with contextlib.closing(api_client(state)) as api:
+        install.wait(
+            f"node {state.node}: the DRA driver's ResourceSlice",
+            lambda: node_slice_devices(api, state.node) > 0,
+            timeout,
+            lambda: install.describe_pods(api),
+        )
 
 
 def _wait_slices(

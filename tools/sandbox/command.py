@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox import cluster, demo, fakenode, install
-from sandbox.controlplane import ControlPlaneError
+from sandbox.controlplane import DRA_K8S_VERSION, K8S_VERSION, ControlPlaneError
 from sandbox.layout import DEFAULT_ROOT
 from sandbox.processes import StartError
 from tessera.cliargs import port
@@ -20,8 +20,8 @@ def _progress(message: str) -> None:
     print(f"sandbox: {message}", file=sys.stderr, flush=True)
 
 
-def _options(args: argparse.Namespace) -> cluster.Options:
-    return cluster.Options(
+def _options(args: argparse.Namespace, mode: cluster.Mode = "deviceplugin") -> cluster.Options:
+    options = cluster.Options(
         root=args.dir,
         node=args.node or cluster.default_node_name(),
         kubelet_port=args.kubelet_port,
@@ -29,6 +29,7 @@ def _options(args: argparse.Namespace) -> cluster.Options:
         timeout=args.timeout,
         values=tuple(args.set),
     )
+    return cluster.dra(options) if mode == "dra" else options
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -41,7 +42,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    options = dataclasses.replace(_options(args), monitoring=args.monitoring)
+    options = dataclasses.replace(_options(args, args.mode), monitoring=args.monitoring)
     try:
         state = cluster.up(options, report=_progress)
     except (StartError, ControlPlaneError) as e:
@@ -166,6 +167,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="also run Prometheus on the host, discovering Tessera's pods through the API server "
         "(hack/prometheus-binaries.sh builds it; docs/observability.md)",
+    )
+    up.add_argument(
+        "--mode",
+        choices=cluster.MODES,
+        default="deviceplugin",
+        help="the chart's node agent: the device plugin with the extender on Kubernetes "
+        f"{K8S_VERSION} and the host's containerd (default), or the DRA driver on Kubernetes "
+        f"{DRA_K8S_VERSION} with the containerd 2 hack/k8s-binaries.sh builds (docs/dra.md)",
     )
     up.set_defaults(func=_up)
 

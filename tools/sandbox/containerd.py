@@ -1,4 +1,7 @@
-"""containerd for the sandbox: Debian's containerd 1.6 with its own config, root, state and socket.
+"""containerd for the sandbox, with its own config, root, state and socket: Debian's containerd 1.6
+(the device plugin path), or the containerd 2 that hack/k8s-binaries.sh builds, for the DRA path: the
+kubelet hands a claim's CDI device names to the runtime (CRI ``CDIDevices``), which 1.6 drops and 2.x
+applies from ``cdi_spec_dirs``. Both read the same version 2 configuration (2.x migrates it).
 
 The settings are the ones measured to work on these machines (docs/sandbox.md says why each one):
 cgroupfs (runc ``SystemdCgroup = false``), no AppArmor, ``restrict_oom_score_adj`` (root here lacks
@@ -32,6 +35,7 @@ from sandbox.processes import Started, start, wait_for
 CNI_BIN_DIR = Path("/usr/lib/cni")
 K8S_NAMESPACE = "k8s.io"
 RUNTIME_NAME = "nvidia"
+SHIM = "containerd-shim-runc-v2"
 # Snapshotters that cannot work here; disabled so the log shows only what matters.
 DISABLED_PLUGINS = tuple(
     f"io.containerd.snapshotter.v1.{name}" for name in ("aufs", "btrfs", "devmapper", "zfs")
@@ -55,10 +59,14 @@ def _toml(tables: Mapping[str, Mapping[str, object]], top: Mapping[str, object])
     return "\n".join(lines) + "\n"
 
 
-def render_config(layout: Layout) -> str:
-    """containerd's config.toml (version 2 schema) for the sandbox."""
+def render_config(layout: Layout, *, built: bool = False) -> str:
+    """containerd's config.toml (version 2 schema) for the sandbox. ``built``: for the containerd in
+    ``layout.containerd_bin``, which runs its own runc shim (the host's 1.6 one is first on PATH)
+    and reads CDI specs from the sandbox's CDI directory."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     runtime = f"{cri}.containerd.runtimes.{RUNTIME_NAME}"
+    cdi: dict[str, object] = {"enable_cdi": True, "cdi_spec_dirs": [str(layout.cdi_dir)]} if built else {}
+    shim = {"runtime_path": str(layout.containerd_bin / SHIM)} if built else {}
     return _toml(
         {
             "grpc": {"address": str(layout.containerd_socket)},
@@ -71,9 +79,14 @@ def render_config(layout: Layout) -> str:
                 "netns_mounts_under_state_dir": True,
                 "stream_server_address": "127.0.0.1",
                 "stream_server_port": "0",
+                **cdi,
             },
             f"{cri}.containerd": {"snapshotter": "overlayfs", "default_runtime_name": RUNTIME_NAME},
-            runtime: {"runtime_type": "io.containerd.runc.v2", "base_runtime_spec": str(layout.driver_spec)},
+            runtime: {
+                "runtime_type": "io.containerd.runc.v2",
+                "base_runtime_spec": str(layout.driver_spec),
+                **shim,
+            },
             f"{runtime}.options": {"SystemdCgroup": False},
             f"{cri}.cni": {
                 "bin_dir": str(CNI_BIN_DIR),
@@ -147,9 +160,23 @@ def cni_config(layout: Layout) -> dict[str, Any]:
 # Adapters: files, the containerd process, ctr.
 
 
+def program(layout: Layout, name: str) -> str:
+    """The sandbox's containerd, shim or ctr: from ``layout.containerd_bin`` when the sandbox runs
+    a built containerd, else the host's on PATH."""
+    built = layout.containerd_bin / name
+    return str(built) if built.exists() else shutil.which(name) or name
+
+
 def ctr(layout: Layout, *args: str, timeout: float = 60.0) -> str:
     result = subprocess.run(
-        ["ctr", "--address", str(layout.containerd_socket), "--namespace", K8S_NAMESPACE, *args],
+        [
+            program(layout, "ctr"),
+            "--address",
+            str(layout.containerd_socket),
+            "--namespace",
+            K8S_NAMESPACE,
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -160,14 +187,19 @@ def ctr(layout: Layout, *args: str, timeout: float = 60.0) -> str:
     return result.stdout
 
 
-def default_oci_spec() -> dict[str, Any]:
+def default_oci_spec(layout: Layout) -> dict[str, Any]:
     """containerd's own default spec, the one CRI uses when no base spec is configured."""
-    out = subprocess.run(["ctr", "oci", "spec"], capture_output=True, text=True, check=True).stdout
+    argv = [program(layout, "ctr"), "oci", "spec"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     spec: dict[str, Any] = json.loads(out)
     return spec
 
 
-def write_files(layout: Layout, mounts: Sequence[BindMount], env: Mapping[str, str]) -> None:
+def write_files(
+    layout: Layout, mounts: Sequence[BindMount], env: Mapping[str, str], binaries: Path | None = None
+) -> None:
+    """The configuration, base spec and CNI network; ``binaries``: the directory of a built
+    containerd to run instead of the host's (linked as ``layout.containerd_bin``)."""
     for directory in (
         layout.containerd_root,
         layout.containerd_state,
@@ -175,8 +207,12 @@ def write_files(layout: Layout, mounts: Sequence[BindMount], env: Mapping[str, s
         layout.cni_ipam_dir,
     ):
         directory.mkdir(parents=True, exist_ok=True)
-    layout.containerd_config.write_text(render_config(layout))
-    layout.driver_spec.write_text(json.dumps(base_spec(default_oci_spec(), mounts, env), indent=2))
+    if binaries is not None:
+        layout.cdi_dir.mkdir(parents=True, exist_ok=True)
+        layout.containerd_bin.unlink(missing_ok=True)
+        layout.containerd_bin.symlink_to(binaries.resolve(), target_is_directory=True)
+    layout.containerd_config.write_text(render_config(layout, built=binaries is not None))
+    layout.driver_spec.write_text(json.dumps(base_spec(default_oci_spec(layout), mounts, env), indent=2))
     (layout.cni_conf_dir / "10-tessera.conflist").write_text(json.dumps(cni_config(layout), indent=2))
 
 
@@ -190,9 +226,10 @@ def socket_answers(path: Path) -> bool:
 
 
 def start_containerd(layout: Layout, timeout: float = 60.0) -> Started:
-    binary = shutil.which("containerd") or "containerd"
     process = start(
-        "containerd", [binary, "--config", str(layout.containerd_config)], layout.log("containerd")
+        "containerd",
+        [program(layout, "containerd"), "--config", str(layout.containerd_config)],
+        layout.log("containerd"),
     )
     wait_for("the containerd socket", lambda: socket_answers(layout.containerd_socket), process, timeout)
     return process

@@ -31,7 +31,8 @@ CHART = REPO / "charts" / "tessera"
 SANDBOX_VALUES = REPO / "deploy" / "sandbox-values.yaml"
 RELEASE = "tessera"
 NAMESPACE = "tessera-system"
-AGENT_SELECTOR = "app.kubernetes.io/name=tessera-device-plugin"
+# The node agent in either mode of the chart: tessera-device-plugin or tessera-dra.
+AGENT_SELECTOR = "app.kubernetes.io/name in (tessera-device-plugin,tessera-dra)"
 EXTENDER_SELECTOR = "app.kubernetes.io/name=tessera-extender"
 SCHEDULER_DEPLOYMENT = "tessera-scheduler"
 # The extender's health port (the chart's extender.healthPort): /readyz and /metrics, never a verb.
@@ -62,12 +63,16 @@ class HostDirs:
     state: Path
     hook: Path
     pod_resources: Path
+    kubelet: Path
+    cdi: Path
 
     def values(self) -> list[str]:
         return [
             f"devicePlugin.stateDir={self.state}",
             f"devicePlugin.hookDir={self.hook}",
             f"devicePlugin.podResourcesDir={self.pod_resources}",
+            f"dra.kubeletDir={self.kubelet}",
+            f"dra.cdiDir={self.cdi}",
         ]
 
 
@@ -76,6 +81,8 @@ def host_dirs(layout: Layout) -> HostDirs:
         state=layout.root / "tessera" / "state",
         hook=layout.root / "tessera" / "hook",
         pod_resources=layout.kubelet_root / "pod-resources",
+        kubelet=layout.kubelet_root,
+        cdi=layout.cdi_dir,
     )
 
 

@@ -78,6 +78,17 @@ class Layout:
         return self.root / "containerd" / "containerd.sock"
 
     @property
+    def containerd_bin(self) -> Path:
+        """A link to the directory of the containerd the sandbox runs when it is not the host's
+        (containerd, containerd-shim-runc-v2, ctr; see containerd.py); absent for the host's."""
+        return self.root / "containerd" / "bin"
+
+    @property
+    def cdi_dir(self) -> Path:
+        """Where containerd reads CDI specs (cdi_spec_dirs) and the DRA driver writes them."""
+        return self.root / "cdi"
+
+    @property
     def driver_spec(self) -> Path:
         """The OCI base spec that places the GPU driver in every container (see containerd.py)."""
         return self.root / "containerd" / "nvidia-base-spec.json"

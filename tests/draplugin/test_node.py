@@ -1,0 +1,276 @@
+"""The DRA path on a real node: the sandbox with Kubernetes 1.37's kubelet and the containerd 2 that
+hack/k8s-binaries.sh builds (CDI on), Tessera installed by its chart in DRA mode. kube-scheduler
+allocates the claims, the kubelet has ``tessera-dra`` prepare them and containerd applies the claim's
+CDI device; inside each container the hook, over the fake driver, holds the claim's share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.stream import stream
+
+from sandbox import cluster as sandbox_cluster
+from sandbox import gpu, install
+from sandbox.controlplane import DRA_K8S_VERSION
+from sandbox.layout import Layout
+from tessera.contract import KEYS
+from tests.draplugin.conftest import Cluster, namespace_view
+from tests.sandbox.conftest import Sandbox, running_sandbox
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.sandbox
+
+GIB = 2**30
+A100, T4 = gpu.SANDBOX_GPUS
+A100_ONLY = 'device.attributes["tessera.io"].model == "A100"'
+T4_ONLY = 'device.attributes["tessera.io"].model == "T4"'
+CUDA_ERROR_OUT_OF_MEMORY = "2"
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "dra-shared-gpu.yaml"
+
+
+def probe_container() -> dict[str, Any]:
+    """The example's container: vgpu-probe reports the memory the driver claims and allocates 256 MiB
+    blocks until refused, then idles (``kubectl exec ... vgpu-probe`` runs it again)."""
+    _, pod = yaml.safe_load_all(EXAMPLE.read_text())
+    container: dict[str, Any] = {k: v for k, v in pod["spec"]["containers"][0].items() if k != "resources"}
+    return container
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Sandbox]:
+    with running_sandbox("dra", dra=True) as (sandbox, _):
+        yield sandbox
+
+
+@pytest.fixture
+def cluster(node: Sandbox) -> Iterator[Cluster]:
+    with namespace_view(node.api, probe_container()) as view:
+        # The ServiceAccount admission refuses pods until the namespace has its default account.
+        wait_for(
+            lambda: view.core.list_namespaced_service_account(view.namespace).items,
+            60.0,
+            f"the default service account of {view.namespace}",
+        )
+        yield view
+
+
+def probe_report(cluster: Cluster, pod: str, timeout: float = 120.0) -> dict[str, str]:
+    """The probe's report ("key=value" lines) from the pod's log, once it is Running and refused."""
+    wait_for(
+        lambda: cluster.core.read_namespaced_pod(pod, cluster.namespace).status.phase == "Running",
+        timeout,
+        f"pod {pod} Running",
+    )
+
+    def report() -> dict[str, str] | None:
+        text: str = cluster.core.read_namespaced_pod_log(pod, cluster.namespace)
+        return (
+            dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+            if "refused_with=" in text
+            else None
+        )
+
+    found: dict[str, str] = wait_for(report, 60.0, f"the probe's report in pod {pod}")
+    return found
+
+
+def exec_probe(cluster: Cluster, pod: str) -> dict[str, str]:
+    """`kubectl exec POD -- vgpu-probe 256`: a new process in the running container."""
+    out: str = stream(
+        cluster.core.connect_get_namespaced_pod_exec,
+        pod,
+        cluster.namespace,
+        command=["vgpu-probe", "256"],
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+    )
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def claim_files(node: Sandbox) -> list[str]:
+    """Every file the driver wrote on the host for claims: their dirs and their CDI specs."""
+    layout = Layout(node.root)
+    roots = (install.host_dirs(layout).state / "claims", layout.cdi_dir)
+    return sorted(str(p) for root in roots if root.exists() for p in root.rglob("*") if p.is_file())
+
+
+def files_of(node: Sandbox, claim_uid: str) -> list[str]:
+    return [f for f in claim_files(node) if claim_uid in f]
+
+
+def events(cluster: Cluster, pod: str, reason: str) -> list[str]:
+    found = cluster.core.list_namespaced_event(cluster.namespace, field_selector=f"involvedObject.name={pod}")
+    return [e.message for e in found.items if e.reason == reason]
+
+
+def test_two_claims_share_the_a100_each_held_to_its_own_share(node: Sandbox, cluster: Cluster) -> None:
+    cluster.create_claim("small", {"memory": "1Gi", "cores": "30"}, A100_ONLY)
+    cluster.create_claim("large", {"memory": "3Gi", "cores": "50"}, A100_ONLY)
+    cluster.create_pod("small", "small")
+    cluster.create_pod("large", "large")
+    small, large = cluster.allocated("small"), cluster.allocated("large")
+    assert (small["device"], large["device"]) == ("gpu-0", "gpu-0")
+    assert small["consumedCapacity"] == {"memory": str(GIB), "cores": "30"}
+    assert large["consumedCapacity"] == {"memory": str(3 * GIB), "cores": "50"}
+
+    # Inside each container, through the hook over the fake driver: the claim's memory is the GPU's.
+    small_report, large_report = probe_report(cluster, "small"), probe_report(cluster, "large")
+    assert (small_report["device"], small_report["total_mib"]) == (A100.model, "1024")
+    assert (small_report["allocations_ok"], small_report["refused_with"]) == ("4", CUDA_ERROR_OUT_OF_MEMORY)
+    assert (large_report["device"], large_report["total_mib"]) == (A100.model, "3072")
+    assert (large_report["allocations_ok"], large_report["refused_with"]) == ("12", CUDA_ERROR_OUT_OF_MEMORY)
+    # The compute shares go to the hook as its own tests exercise them (tests/hook/test_compute.py).
+    state = install.host_dirs(Layout(node.root)).state / "claims"
+    for name, line in (
+        ("small", f"device {A100.uuid} memory {GIB} cores 30"),
+        ("large", f"device {A100.uuid} memory {3 * GIB} cores 50"),
+    ):
+        uid = cluster.claim(name)["metadata"]["uid"]
+        assert line in (state / uid / "limits.d" / "limits").read_text().splitlines()
+
+
+def test_a_claim_no_gpu_fits_stays_pending_with_the_schedulers_reason(cluster: Cluster) -> None:
+    cluster.create_claim("huge", {"memory": "48Gi"})
+    cluster.create_pod("huge", "huge")
+    assert "cannot allocate all claims" in cluster.unschedulable("huge")
+    assert not (cluster.claim("huge").get("status") or {}).get("allocation")
+
+
+def test_a_cel_model_selector_lands_only_on_that_model(cluster: Cluster) -> None:
+    cluster.create_claim("t4", {"memory": "2Gi"}, T4_ONLY)
+    cluster.create_pod("t4", "t4")
+    assert cluster.allocated("t4")["device"] == "gpu-1"
+    report = probe_report(cluster, "t4")
+    assert (report["device"], report["total_mib"]) == (T4.model, "2048")
+
+
+def test_three_15g_claims_on_the_40g_gpu_two_fit_and_deleting_a_pod_frees_its_share(
+    node: Sandbox, cluster: Cluster
+) -> None:
+    for n in (1, 2):
+        cluster.create_claim(f"c{n}", {"memory": "15Gi"}, A100_ONLY)
+        cluster.create_pod(f"p{n}", f"c{n}")
+        assert cluster.allocated(f"c{n}")["device"] == "gpu-0"
+    cluster.create_claim("c3", {"memory": "15Gi"}, A100_ONLY)
+    cluster.create_pod("p3", "c3")
+    assert "cannot allocate all claims" in cluster.unschedulable("p3")
+    assert probe_report(cluster, "p1")["total_mib"] == "15360"
+    first = cluster.claim("c1")["metadata"]["uid"]
+    assert files_of(node, first)
+
+    # The pod goes: the kubelet has the driver unprepare its claim; the claim's share is free again.
+    cluster.delete_pod("p1", grace_seconds=None)
+    wait_for(lambda: not files_of(node, first), 90.0, "claim c1 unprepared on the node")
+    cluster.objects.delete_namespaced_custom_object(
+        "resource.k8s.io", "v1", cluster.namespace, "resourceclaims", "c1"
+    )
+    assert cluster.allocated("c3", timeout=120)["device"] == "gpu-0"
+    assert probe_report(cluster, "p3")["total_mib"] == "15360"
+
+
+def _driver_away(node: Sandbox, away: bool) -> None:
+    """Keep the chart's DaemonSet off every node (``away``) or let it back, as an operator would."""
+    selector = {"tessera.io/no-such-node": "true"} if away else None
+    client.AppsV1Api(node.api).patch_namespaced_daemon_set(
+        "tessera-dra", install.NAMESPACE, {"spec": {"template": {"spec": {"nodeSelector": selector}}}}
+    )
+
+
+def test_driver_restarts_before_and_after_prepare_lose_nothing(node: Sandbox, cluster: Cluster) -> None:
+    # Between allocation and prepare: the driver's pod is gone when the claim is allocated; the
+    # kubelet retries the prepare until a new driver answers.
+    try:
+        _driver_away(node, True)
+        wait_for(lambda: not install.agent_pods(node.api, node.state.node), 90.0, "the driver's pod gone")
+        cluster.create_claim("share", {"memory": "1Gi", "cores": "30"}, A100_ONLY)
+        cluster.create_pod("share", "share")
+        assert cluster.allocated("share")["device"] == "gpu-0"
+        uid = cluster.claim("share")["metadata"]["uid"]
+        wait_for(lambda: events(cluster, "share", "FailedPrepareDynamicResources"), 90.0, "a failed prepare")
+        assert cluster.core.read_namespaced_pod("share", cluster.namespace).status.phase == "Pending"
+        assert not files_of(node, uid)
+    finally:
+        _driver_away(node, False)
+    report = probe_report(cluster, "share", timeout=180.0)
+    assert (report["total_mib"], report["allocations_ok"]) == ("1024", "4")
+
+    # After prepare: a new driver pod; the running container keeps its quota, a new pod gets its
+    # own, and the new driver unprepares what the old one prepared.
+    files = {f: Path(f).read_bytes() for f in files_of(node, uid)}
+    sandbox_cluster.replace_agent(node.root)
+    again = exec_probe(cluster, "share")
+    assert (again["total_mib"], again["allocations_ok"]) == ("1024", "4")
+    assert {f: Path(f).read_bytes() for f in files_of(node, uid)} == files
+    cluster.create_claim("later", {"memory": "2Gi"}, A100_ONLY)
+    cluster.create_pod("later", "later")
+    assert probe_report(cluster, "later")["total_mib"] == "2048"
+    cluster.delete_pod("share", grace_seconds=None)
+    wait_for(lambda: not files_of(node, uid), 90.0, "claim share unprepared by the new driver")
+
+
+def test_bad_claims_are_refused_clearly_with_nothing_written(node: Sandbox, cluster: Cluster) -> None:
+    before = claim_files(node)
+    # More than the request policy allows: no device can take it.
+    cluster.create_claim("greedy", {"cores": "150"}, A100_ONLY)
+    cluster.create_pod("greedy", "greedy")
+    assert "cannot allocate all claims" in cluster.unschedulable("greedy")
+
+    # Opaque parameters that are no JSON object: refused at creation, naming the field.
+    with pytest.raises(client.ApiException, match=r"opaque\.parameters"):
+        cluster.create_claim("unparsable", {"memory": "1Gi"}, A100_ONLY, "not an object")
+
+    # An attribute no device has: the selector cannot be evaluated (kube-scheduler retries it).
+    cluster.create_claim("colour", {"memory": "1Gi"}, 'device.attributes["tessera.io"].colour == "red"')
+    cluster.create_pod("colour", "colour")
+    reason, message = cluster.not_scheduled("colour")
+    assert reason == "SchedulerError"
+    assert "CEL runtime error: no such key: colour" in message
+
+    # A malformed opaque config: allocated (the API server checks only that it is JSON), refused by
+    # the driver's prepare with the field named; the kubelet reports it on the pod, which does not
+    # start; nothing is written on the node.
+    cluster.create_claim(
+        "configured",
+        {"memory": "1Gi"},
+        A100_ONLY,
+        {"apiVersion": KEYS.dra_config_api_version, "kind": "GpuShareConfig", "elastic": "yes"},
+    )
+    cluster.create_pod("configured", "configured")
+    cluster.allocated("configured")
+    uid = cluster.claim("configured")["metadata"]["uid"]
+    expected = (
+        f"claim {cluster.namespace}/configured ({uid}): status.allocation.devices.config[0].opaque.parameters: "
+        'elastic: Input should be a valid boolean (got "yes")'
+    )
+    refused = wait_for(
+        lambda: [m for m in events(cluster, "configured", "FailedPrepareDynamicResources") if expected in m],
+        90.0,
+        "the driver's refusal on the pod",
+    )
+    assert refused
+    assert cluster.core.read_namespaced_pod("configured", cluster.namespace).status.phase == "Pending"
+    assert claim_files(node) == before
+
+
+def test_the_example_claim_template_runs_with_its_share(cluster: Cluster) -> None:
+    """deploy/examples/dra-shared-gpu.yaml as a user applies it."""
+    template, pod = yaml.safe_load_all(EXAMPLE.read_text())
+    cluster.objects.create_namespaced_custom_object(
+        "resource.k8s.io", "v1", cluster.namespace, "resourceclaimtemplates", template
+    )
+    cluster.core.create_namespaced_pod(cluster.namespace, pod)
+    report = probe_report(cluster, pod["metadata"]["name"])
+    assert (report["device"], report["total_mib"], report["allocations_ok"]) == (A100.model, "4096", "16")
+
+
+def test_the_node_runs_the_newest_kubernetes_on_containerd_2(node: Sandbox) -> None:
+    info = node.core.read_node(node.state.node).status.node_info
+    assert info.kubelet_version == DRA_K8S_VERSION
+    assert info.container_runtime_version.startswith("containerd://2.")
