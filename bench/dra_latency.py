@@ -1,17 +1,18 @@
-"""The DRA path's latency: a claim (and its pod) created -> allocated by kube-scheduler, and the
-driver's NodePrepareResources / NodeUnprepareResources round trips.
+"""The DRA path's latency on a real node: a claim (and its pod) created -> the pod Running, and how long
+the driver takes to answer the kubelet's NodePrepareResources / NodeUnprepareResources.
 
-Runs a real Kubernetes 1.37 control plane (etcd, kube-apiserver, kube-scheduler, the ResourceClaim
-controller of kube-controller-manager; ``K8S_VERSION=v1.37.2 hack/k8s-binaries.sh``), a node without
-a kubelet, the real ``tessera-dra`` on fake GPUs (tools/fakegpu) and the kubelet stand-in the tests
-use (``sandbox.dra_standin``, real gRPC over unix sockets).
+Brings up the DRA sandbox (``tessera sandbox up --mode dra``: Kubernetes 1.37's control plane and
+kubelet, the containerd 2 that hack/k8s-binaries.sh builds, Tessera's chart in DRA mode on the fake
+GPUs) in its own directory, and brings it down at the end. Root; run it under the sandbox lock.
 
-Each round creates ``--claims`` claims of 1 GiB / 5 cores on the A100s with one pod each, all at
-once; timed per claim: from its create call until a watch sees its allocation. Then each claim is
-prepared (one NodePrepareResources per claim, as the kubelet calls it for one pod) and, after the
-pods are deleted, unprepared. Timed: each RPC from the call to its answer.
+Each round creates ``--claims`` claims of 1 GiB / 5 cores on the A100, each with a pod (the probe
+image idling), one after the other; timed per pod from its claim's create call until a watch sees the
+pod Running (kube-scheduler's allocation, the kubelet's prepare through the driver, containerd's
+container with the claim's CDI device). Then the pods and claims are deleted and the kubelet
+unprepares them. The driver logs how long each call took (``NodePrepareResources: 1 claim(s) in
+X ms``, from the request to the answer inside the driver); those lines are read from its pod's log.
 
-    .venv/bin/python bench/dra_latency.py [--rounds 5] [--claims 16]
+    flock /tmp/tessera-sandbox.lock .venv/bin/python bench/dra_latency.py [--rounds 3] [--claims 16]
 
 Reported: p50 / p99 / max in ms.
 """
@@ -19,38 +20,26 @@ Reported: p50 / p99 / max in ms.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import re
 import shutil
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client, config, watch
 
-import fakegpu
-from sandbox.controlplane import (
-    CONTROLLERS,
-    DRA_K8S_VERSION,
-    ControlPlane,
-    ManagedProcess,
-    bin_dir_for,
-    fake_node_body,
-)
-from sandbox.dra_standin import claim, register
+from sandbox import cluster, install
+from sandbox.controlplane import DRA_K8S_VERSION
+from sandbox.images import PROBE_IMAGE
 from tessera.cliargs import positive_int
 from tessera.contract import KEYS
 
-ROOT = Path(__file__).resolve().parents[1]
-NODE = "bench-dra-node"
-NAMESPACE = "bench"
+NAMESPACE = "default"
 GROUP, VERSION = "resource.k8s.io", "v1"
-SCHEDULER_CONFIG = (
-    "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
-    "clientConnection:\n  kubeconfig: {kubeconfig}\n"
-)
+DRIVER_TIMING = re.compile(r"(NodePrepareResources|NodeUnprepareResources): 1 claim\(s\) in ([0-9.]+) ms")
 
 
 def percentiles(samples: list[float]) -> str:
@@ -60,11 +49,11 @@ def percentiles(samples: list[float]) -> str:
     return f"{p50:.1f} | {p99:.1f} | {ordered[-1]:.1f}"
 
 
-class Allocations:
-    """When a watch first saw each claim allocated (monotonic seconds)."""
+class Running:
+    """When a watch first saw each pod Running (monotonic seconds)."""
 
     def __init__(self, api: client.ApiClient) -> None:
-        self._objects = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
         self.seen: dict[str, float] = {}
         self._changed = threading.Condition()
         self._watch = watch.Watch()
@@ -72,158 +61,122 @@ class Allocations:
         self._thread.start()
 
     def _run(self) -> None:
-        for event in self._watch.stream(
-            self._objects.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE, "resourceclaims"
-        ):
-            item = event["object"]
-            if (item.get("status") or {}).get("allocation"):
+        for event in self._watch.stream(self._core.list_namespaced_pod, NAMESPACE):
+            pod = event["object"]
+            if pod.status.phase == "Running":
                 with self._changed:
-                    self.seen.setdefault(item["metadata"]["name"], time.monotonic())
+                    self.seen.setdefault(pod.metadata.name, time.monotonic())
                     self._changed.notify_all()
 
-    def wait(self, names: list[str], timeout: float = 120.0) -> None:
+    def wait(self, names: list[str], timeout: float = 300.0) -> None:
         with self._changed:
             if not self._changed.wait_for(lambda: all(n in self.seen for n in names), timeout):
                 missing = [n for n in names if n not in self.seen]
-                raise SystemExit(f"claims never allocated: {missing}")
+                raise SystemExit(f"pods never Running: {missing}")
 
     def stop(self) -> None:
         self._watch.stop()
 
 
+def claim_body(name: str) -> dict[str, Any]:
+    request = {
+        "deviceClassName": KEYS.dra_device_class,
+        "capacity": {"requests": {"memory": "1Gi", "cores": "5"}},
+    }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+    }
+
+
+def pod_body(name: str) -> dict[str, Any]:
+    container = {
+        "name": "idle",
+        "image": PROBE_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"],
+        "resources": {"claims": [{"name": "gpu"}]},
+    }
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [container],
+        },
+    }
+
+
+def wait_gone(list_names: Any, what: str, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while list_names():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what} still there after {timeout:.0f}s: {list_names()}")
+        time.sleep(0.5)
+
+
+def driver_timings(api: client.ApiClient, node: str) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = {"NodePrepareResources": [], "NodeUnprepareResources": []}
+    core = client.CoreV1Api(api)
+    for pod in install.agent_pods(api, node):
+        text = core.read_namespaced_pod_log(pod.metadata.name, install.NAMESPACE)
+        for call, ms in DRIVER_TIMING.findall(text):
+            found[call].append(float(ms))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--claims", type=positive_int, default=16)
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="bench-dra-"))
-    kubelet_dir = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    fakegpu.build()
-    fakegpu.build_hook()
-    specs = [
-        fakegpu.example_gpu(i, model="NVIDIA A100-SXM4-80GB", memory_mib=81920, numa_node=0) for i in range(4)
-    ]
-    gpu_config = fakegpu.write_config(work / "gpus.conf", specs)
-    (work / "fakegpu-state").mkdir()
-    plane = ControlPlane(work_dir=work / "plane", bin_dir=bin_dir_for(DRA_K8S_VERSION))
-    driver: ManagedProcess | None = None
+    root = Path(f"/tmp/tessera-bench-dra-{os.getpid()}")
     try:
-        plane.start()
-        plane.start_scheduler(SCHEDULER_CONFIG)
-        plane.start_controller_manager(controllers=(*CONTROLLERS, "resourceclaim-controller"))
-        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
-        core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        body = fake_node_body(NODE, {"cpu": "64", "memory": "256Gi", "pods": "500"})
-        status = body.pop("status")
-        core.create_node(body)
-        core.patch_node_status(NODE, {"status": status})
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
-        [device_class] = [
-            d
-            for d in yaml.safe_load_all((ROOT / "deploy" / "dra-driver.yaml").read_text())
-            if d["kind"] == "DeviceClass"
-        ]
-        objects.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", device_class)
-        driver = ManagedProcess(
-            "tessera-dra",
-            [
-                str(Path(sys.executable).parent / "tessera-dra"),
-                f"--node-name={NODE}",
-                f"--kubeconfig={plane.kubeconfig}",
-                f"--kubelet-dir={kubelet_dir}",
-                f"--cdi-dir={work / 'cdi'}",
-                f"--state-dir={work / 'state'}",
-                f"--hook-library={fakegpu.HOOK_LIBRARY}",
-                f"--speed-profiles={ROOT / 'deploy' / 'speed-profiles.yaml'}",
-            ],
-            work / "tessera-dra.log",
-            env=fakegpu.client_env(gpu_config, work / "fakegpu-state"),
+        state = cluster.up(cluster.dra(cluster.Options(root=root)), report=lambda _: None)
+        with contextlib.closing(config.new_client_from_config(config_file=state.kubeconfig)) as api:
+            core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+            runtime = core.read_node(state.node).status.node_info.container_runtime_version
+            running = Running(api)
+            to_running_ms: list[float] = []
+            for round_number in range(args.rounds):
+                names = [f"r{round_number}-c{n}" for n in range(args.claims)]
+                created: dict[str, float] = {}
+                for name in names:
+                    created[name] = time.monotonic()
+                    objects.create_namespaced_custom_object(
+                        GROUP, VERSION, NAMESPACE, "resourceclaims", claim_body(name)
+                    )
+                    core.create_namespaced_pod(NAMESPACE, pod_body(name))
+                running.wait(names)
+                to_running_ms += [(running.seen[n] - created[n]) * 1000 for n in names]
+                for name in names:
+                    core.delete_namespaced_pod(name, NAMESPACE)
+                wait_gone(lambda: core.list_namespaced_pod(NAMESPACE).items, "pods")
+                for name in names:
+                    objects.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)
+                wait_gone(
+                    lambda: objects.list_namespaced_custom_object(
+                        GROUP, VERSION, NAMESPACE, "resourceclaims"
+                    )["items"],
+                    "claims",
+                )
+            running.stop()
+            timings = driver_timings(api, state.node)
+        print(
+            f"Kubernetes {DRA_K8S_VERSION} (kubelet and control plane), {runtime}; "
+            f"{args.rounds} rounds x {args.claims} claims, one after the other"
         )
-        driver.start()
-        kubelet = register(kubelet_dir / "plugins_registry" / f"{KEYS.dra_driver}-reg.sock", KEYS.dra_driver)
-        slice_name = f"{NODE}-{KEYS.dra_driver}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                objects.get_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
-                break
-            except client.ApiException:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"no ResourceSlice:\n{driver.log_tail()}") from None
-                time.sleep(0.1)
-        allocations = Allocations(api)
-        allocate_ms: list[float] = []
-        prepare_ms: list[float] = []
-        unprepare_ms: list[float] = []
-        for round_number in range(args.rounds):
-            names = [f"r{round_number}-c{n}" for n in range(args.claims)]
-            created: dict[str, float] = {}
-            for name in names:
-                request = {
-                    "deviceClassName": KEYS.dra_device_class,
-                    "capacity": {"requests": {"memory": "1Gi", "cores": "5"}},
-                }
-                claim_body: dict[str, Any] = {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "ResourceClaim",
-                    "metadata": {"name": name},
-                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
-                }
-                created[name] = time.monotonic()
-                objects.create_namespaced_custom_object(
-                    GROUP, VERSION, NAMESPACE, "resourceclaims", claim_body
-                )
-                core.create_namespaced_pod(
-                    NAMESPACE,
-                    {
-                        "metadata": {"name": name},
-                        "spec": {
-                            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                            "containers": [
-                                {
-                                    "name": "main",
-                                    "image": "example.invalid/none",
-                                    "resources": {"claims": [{"name": "gpu"}]},
-                                }
-                            ],
-                        },
-                    },
-                )
-            allocations.wait(names)
-            allocate_ms += [(allocations.seen[n] - created[n]) * 1000 for n in names]
-            refs = []
-            for name in names:
-                uid = objects.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)[
-                    "metadata"
-                ]["uid"]
-                ref = claim(NAMESPACE, name, uid)
-                refs.append(ref)
-                started = time.monotonic()
-                answer = kubelet.prepare(ref)
-                prepare_ms.append((time.monotonic() - started) * 1000)
-                if answer.claims[uid].error:
-                    raise SystemExit(answer.claims[uid].error)
-            for name, ref in zip(names, refs, strict=True):
-                core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
-                started = time.monotonic()
-                kubelet.unprepare(ref)
-                unprepare_ms.append((time.monotonic() - started) * 1000)
-                objects.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", name)
-        allocations.stop()
-        kubelet.close()
-        print(f"Kubernetes {DRA_K8S_VERSION}; {args.rounds} rounds x {args.claims} claims created at once")
         print("| step | n | p50 ms | p99 ms | max ms |")
         print("| --- | --- | --- | --- | --- |")
-        print(f"| claim + pod created -> claim allocated | {len(allocate_ms)} | {percentiles(allocate_ms)} |")
-        print(f"| NodePrepareResources | {len(prepare_ms)} | {percentiles(prepare_ms)} |")
-        print(f"| NodeUnprepareResources | {len(unprepare_ms)} | {percentiles(unprepare_ms)} |")
+        print(f"| claim + pod created -> pod Running | {len(to_running_ms)} | {percentiles(to_running_ms)} |")
+        for call, samples in timings.items():
+            print(f"| {call} in the driver | {len(samples)} | {percentiles(samples)} |")
     finally:
-        if driver is not None:
-            driver.stop()
-        plane.stop()
-        shutil.rmtree(kubelet_dir, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
+        cluster.down(root, report=lambda _: None)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -48,11 +49,17 @@ def _failure(ref: ClaimRef, e: Exception) -> str:
     return f"{ref}: the API server cannot be reached: {e}"
 
 
+def _log_duration(call: str, claims: int, began: float) -> None:
+    """How long a call took in the driver (bench/dra_latency.py reads it from the driver's log)."""
+    log.info("%s: %d claim(s) in %.1f ms", call, claims, (time.perf_counter() - began) * 1000)
+
+
 class DraService(dra_grpc.DRAPluginServicer):  # type: ignore[misc]
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        began = time.perf_counter()
         response = dra.NodePrepareResourcesResponse()
         for claim in request.claims:
             ref = _ref(claim)
@@ -73,9 +80,11 @@ class DraService(dra_grpc.DRAPluginServicer):  # type: ignore[misc]
                 )
                 if d.share_id is not None:
                     device.share_id = d.share_id
+        _log_duration("NodePrepareResources", len(request.claims), began)
         return response
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        began = time.perf_counter()
         response = dra.NodeUnprepareResourcesResponse()
         for claim in request.claims:
             ref = _ref(claim)
@@ -85,6 +94,7 @@ class DraService(dra_grpc.DRAPluginServicer):  # type: ignore[misc]
                 response.claims[ref.uid].error = f"{ref}: {e}"
                 continue
             response.claims[ref.uid].SetInParent()
+        _log_duration("NodeUnprepareResources", len(request.claims), began)
         return response
 
 

@@ -1,13 +1,12 @@
 """Fixtures for the DRA driver's cluster tests: a real Kubernetes 1.37 control plane (etcd,
 kube-apiserver, kube-scheduler with its DRA allocator, kube-controller-manager's ResourceClaim
-controller), a node without a kubelet, fake GPUs, the real ``tessera-dra`` as a child process, and a
-kubelet stand-in that registers and prepares claims over the driver's real sockets, as the kubelet
-does."""
+controller), a node without a kubelet, fake GPUs and the real ``tessera-dra`` as a child process; and
+the admin's view of a namespace (:class:`Cluster`), which test_node.py uses on the sandbox's real node
+too."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import sys
 import tempfile
@@ -30,7 +29,6 @@ from sandbox.controlplane import (
     bin_dir_for,
     fake_node_body,
 )
-from sandbox.dra_standin import RegisteredDriver, claim, register
 from tessera.contract import KEYS
 from tests.deviceplugin.conftest import HOOK_LIBRARY, FakeGpus
 from tests.waiting import wait_for
@@ -195,10 +193,6 @@ class Cluster:
         assert reason == "Unschedulable", (reason, message)
         return message
 
-    def claim_ref(self, name: str) -> Any:
-        """The claim as the kubelet names it to the driver."""
-        return claim(self.namespace, name, self.claim(name)["metadata"]["uid"])
-
 
 @contextlib.contextmanager
 def namespace_view(api: client.ApiClient, container: dict[str, Any] = NO_CONTAINER) -> Iterator[Cluster]:
@@ -240,24 +234,9 @@ def cluster(dra_cluster: ControlPlane) -> Iterator[Cluster]:
 
 @dataclass
 class DriverProcess:
-    """``tessera-dra`` for the node, with its dirs; :meth:`register` does the kubelet's part."""
+    """``tessera-dra`` for the node."""
 
     process: ManagedProcess
-    kubelet_dir: Path
-    state_dir: Path
-    cdi_dir: Path
-    registered: list[RegisteredDriver] = field(default_factory=list)
-
-    @property
-    def registration_socket(self) -> Path:
-        return self.kubelet_dir / "plugins_registry" / f"{KEYS.dra_driver}-reg.sock"
-
-    def register(self) -> RegisteredDriver:
-        """The kubelet's part: registers the driver (the stand-in checks what GetInfo says)."""
-        assert self.process.running, f"tessera-dra exited:\n{self.process.log_tail()}"
-        registered = register(self.registration_socket, KEYS.dra_driver)
-        self.registered.append(registered)
-        return registered
 
     def slice(self, api: client.ApiClient) -> dict[str, Any] | None:
         with contextlib.suppress(client.ApiException):
@@ -267,24 +246,7 @@ class DriverProcess:
             return found
         return None
 
-    def files(self) -> list[str]:
-        """Every file the driver wrote for claims: their dirs and CDI specs."""
-        return sorted(
-            str(p.relative_to(self.state_dir.parent))
-            for root in (self.state_dir / "claims", self.cdi_dir)
-            for p in root.rglob("*")
-            if p.is_file()
-        )
-
-    def cdi_spec(self, claim_uid: str) -> dict[str, Any]:
-        [path] = self.cdi_dir.glob(f"*_{claim_uid}.json")
-        spec: dict[str, Any] = json.loads(path.read_text())
-        return spec
-
     def stop(self) -> None:
-        for registered in self.registered:
-            registered.close()
-        self.registered.clear()
         self.process.stop()
 
 
@@ -327,7 +289,7 @@ def start_driver(
             tmp_path / f"tessera-dra-{n}.log",
             env=fake_gpus.env(),
         )
-        driver = DriverProcess(process, kubelet_dir, tmp_path / "state", tmp_path / "cdi")
+        driver = DriverProcess(process)
         started.append(driver)
         process.start()
         return driver

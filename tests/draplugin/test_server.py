@@ -15,8 +15,8 @@ from deviceplugin.statedir import StateDir
 from draplugin.claims import ClaimRef
 from draplugin.driver import Driver
 from draplugin.server import Servers, serve_driver
-from sandbox.dra_standin import RegisteredDriver, claim, register
 from tessera.contract import KEYS
+from tests.draplugin.kubelet_standin import RegisteredDriver, claim, register
 from tests.draplugin.test_driver import A100, NODE, REF, T4, Claims
 from tests.draplugin.test_driver import claim as claim_object
 

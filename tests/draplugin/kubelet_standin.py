@@ -1,5 +1,7 @@
-"""A kubelet stand-in for the DRA driver's tests and benchmarks: the kubelet's side of plugin
-registration and of the DRA plugin API, over the driver's real unix sockets with the project's protos.
+"""The kubelet's side of plugin registration and of the DRA plugin API, over the driver's real unix
+sockets with the project's protos, for test_server.py: the driver's gRPC edge against a fake API
+server, whose failures (a claim not found, the API server unavailable) a real kubelet cannot be made
+to meet on cue. The real kubelet drives the driver in test_node.py.
 
 As the kubelet's plugin watcher does for a socket in its ``plugins_registry`` directory: call
 ``GetInfo``, check the plugin type and that ``v1.DRAPlugin`` is offered, dial the endpoint it names,
