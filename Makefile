@@ -24,7 +24,8 @@ proto: $(STAMP)
 	$(MAKE) -C proto PYTHON=$(abspath $(BIN)/python)
 
 # Two Kubernetes versions: the pinned one, and the newest, which the DRA path needs (docs/dra.md);
-# its version is tools/sandbox/controlplane.py's DRA_K8S_VERSION.
+# its version is tools/sandbox/controlplane.py's DRA_K8S_VERSION. The script also builds containerd 2
+# (CDI) once for the DRA sandbox and links it into each version's bin dir.
 DRA_K8S_VERSION := $(shell sed -nE 's/^DRA_K8S_VERSION = "(v[0-9.]+)"$$/\1/p' tools/sandbox/controlplane.py)
 
 k8s-binaries:

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config, watch
 
 from sandbox import cluster, install
@@ -61,12 +62,15 @@ class Running:
         self._thread.start()
 
     def _run(self) -> None:
-        for event in self._watch.stream(self._core.list_namespaced_pod, NAMESPACE):
-            pod = event["object"]
-            if pod.status.phase == "Running":
-                with self._changed:
-                    self.seen.setdefault(pod.metadata.name, time.monotonic())
-                    self._changed.notify_all()
+        # A watch cut short (stop(), or the API server gone) ends the thread; wait() then names
+        # the pods never seen Running.
+        with contextlib.suppress(urllib3.exceptions.HTTPError):
+            for event in self._watch.stream(self._core.list_namespaced_pod, NAMESPACE):
+                pod = event["object"]
+                if pod.status.phase == "Running":
+                    with self._changed:
+                        self.seen.setdefault(pod.metadata.name, time.monotonic())
+                        self._changed.notify_all()
 
     def wait(self, names: list[str], timeout: float = 300.0) -> None:
         with self._changed:
