@@ -22,7 +22,7 @@ from kubernetes import client, config
 
 import fakegpu
 from sandbox.controlplane import (
-    CONTROLLERS,
+    DRA_CONTROLLERS,
     DRA_K8S_VERSION,
     ControlPlane,
     ManagedProcess,
@@ -62,7 +62,7 @@ def dra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
         plane.start_scheduler(SCHEDULER_CONFIG)
         # The ResourceClaim controller takes a deleted pod off its claims' reservedFor and frees
         # the claims nobody uses any more; the garbage collector deletes claims made from templates.
-        plane.start_controller_manager(controllers=(*CONTROLLERS, "resourceclaim-controller"))
+        plane.start_controller_manager(controllers=DRA_CONTROLLERS)
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         try:
             core = client.CoreV1Api(api)

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from sandbox import addons, containerd, fakenode, gpu, host, images, install, kubelet, monitoring
 from sandbox.controlplane import (
     CONTROLLERS,
+    DRA_CONTROLLERS,
     DRA_K8S_VERSION,
     LOOPBACK,
     ControlPlane,
@@ -73,9 +74,6 @@ MODES: tuple[Mode, ...] = ("deviceplugin", "dra")
 # The chart in DRA mode: tessera-dra as the node agent, placement by the cluster's kube-scheduler, so
 # neither the chart's scheduler (whose image is built for the pinned Kubernetes only) nor the extender.
 DRA_VALUES = ("mode=dra", "scheduler.enabled=false", "extender.enabled=false")
-# kube-scheduler allocates claims; this controller makes the claims of ResourceClaimTemplates, takes
-# deleted pods off their claims' reservedFor and deallocates claims nobody uses any more.
-DRA_CONTROLLERS = (*CONTROLLERS, "resourceclaim-controller")
 
 
 def default_node_name() -> str:

@@ -58,6 +58,10 @@ CONTROLLERS = (
     "clusterrole-aggregation-controller",
     "disruption-controller",
 )
+# The DRA path's too: kube-scheduler allocates claims; the ResourceClaim controller makes the claims of
+# ResourceClaimTemplates, takes deleted pods off their claims' reservedFor and deallocates claims
+# nobody uses any more.
+DRA_CONTROLLERS = (*CONTROLLERS, "resourceclaim-controller")
 
 
 class ControlPlaneError(RuntimeError):
