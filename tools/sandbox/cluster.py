@@ -214,6 +214,14 @@ def _controller_manager_health(argv: Sequence[str]) -> str:
     return f"https://{LOOPBACK}:{port}/healthz"
 
 
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """The sandbox's node: its name and its kubelet's port."""
+
+    node: str
+    kubelet_port: int
+
+
 @dataclass
 class _Starting:
     """Processes started so far by one `up`, stopped newest first if a later step fails."""
@@ -309,7 +317,7 @@ def _start_all(
         report(f"Tessera: helm install {install.RELEASE} charts/tessera -n {install.NAMESPACE}")
         values = (*DRA_VALUES, *options.values) if options.mode == "dra" else options.values
         install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, values)
-        _wait_installed(api, options.node, options.timeout, options.mode)
+        _wait_installed(api, layout, _Node(options.node, options.kubelet_port), options.mode, options.timeout)
     if options.monitoring:
         report("Prometheus (Kubernetes discovery of Tessera's pods)")
         port = free_port()
@@ -322,27 +330,22 @@ def _start_all(
     return plane
 
 
-def _wait_installed(api: client.ApiClient, node: str, timeout: float, mode: Mode) -> None:
+def _wait_installed(api: client.ApiClient, layout: Layout, node: _Node, mode: Mode, timeout: float) -> None:
     """The chart's pods are up: the node agent registered the GPU slices and published the
     inventory, and every tessera-scheduler replica's extender has synced its caches; in DRA mode,
-    the driver published the node's ResourceSlice."""
+    the driver published the node's ResourceSlice and the kubelet registered it."""
     install.wait(
-        f"node {node}: the node agent's pod ready",
-        lambda: install.agent_ready(api, node),
+        f"node {node.node}: the node agent's pod ready",
+        lambda: install.agent_ready(api, node.node),
         timeout,
         lambda: install.describe_pods(api),
     )
     if mode == "dra":
-        install.wait(
-            f"node {node}: the DRA driver's ResourceSlice",
-            lambda: node_slice_devices(api, node) > 0,
-            timeout,
-            lambda: install.describe_pods(api),
-        )
+        _wait_dra_driver(api, layout, node, timeout)
         return
     install.wait(
-        f"node {node}: GPU slices and inventory",
-        lambda: node_has_gpus(api, node),
+        f"node {node.node}: GPU slices and inventory",
+        lambda: node_has_gpus(api, node.node),
         timeout,
         lambda: install.describe_pods(api),
     )
@@ -431,7 +434,8 @@ def restart(root: Path, name: str, timeout: float = 120.0, *, crash: bool = Fals
     process = _start_kubelet(options, layout, Path(state.kubeconfig))
     wait_for("the kubelet's health", lambda: kubelet.healthy(state.kubelet_healthz_port), process, timeout)
     if state.mode == "dra":
-        _wait_dra_slice(state, timeout)
+        with contextlib.closing(api_client(state)) as api:
+            _wait_dra_driver(api, layout, _Node(state.node, state.kubelet_port), timeout)
         state.replace(process)
         save_state(layout, state)
         return process
@@ -458,7 +462,7 @@ def replace_agent(root: Path, timeout: float = 120.0) -> str:
         began = time.time()
         new = install.restart_agent(api, state.node, timeout)
         if state.mode == "dra":
-            _wait_dra_slice(state, timeout)
+            _wait_dra_driver(api, layout, _Node(state.node, state.kubelet_port), timeout)
             return new
         # The kubelet keeps a dead plugin's devices for a grace period: first the new agent's own
         # socket, then the slices it offers.
@@ -472,14 +476,22 @@ def replace_agent(root: Path, timeout: float = 120.0) -> str:
     return new
 
 
-def _wait_dra_slice(state: SandboxState, timeout: float) -> None:
-    with contextlib.closing(api_client(state)) as api:
-        install.wait(
-            f"node {state.node}: the DRA driver's ResourceSlice",
-            lambda: node_slice_devices(api, state.node) > 0,
-            timeout,
-            lambda: install.describe_pods(api),
-        )
+def _wait_dra_driver(api: client.ApiClient, layout: Layout, node: _Node, timeout: float) -> None:
+    """The DRA driver published the node's ResourceSlice and the kubelet registered it (a pod
+    whose claims the kubelet prepares before that fails, and is retried only after a back-off)."""
+    install.wait(
+        f"node {node.node}: the DRA driver's ResourceSlice",
+        lambda: node_slice_devices(api, node.node) > 0,
+        timeout,
+        lambda: install.describe_pods(api),
+    )
+    registry = f"{layout.kubelet_root / 'plugins_registry'}/"
+    install.wait(
+        f"node {node.node}: the kubelet registered the DRA driver",
+        lambda: any(p.startswith(registry) for p in kubelet.registered_plugins(node.kubelet_port)),
+        timeout,
+        lambda: install.describe_pods(api),
+    )
 
 
 def _wait_slices(

@@ -6,6 +6,7 @@ without CAP_SYS_RESOURCE, containerd 1.6); docs/sandbox.md explains each setting
 from __future__ import annotations
 
 import contextlib
+import re
 import ssl
 import urllib.error
 import urllib.request
@@ -115,6 +116,27 @@ def plugin_socket_since(since: float) -> bool:
             if path.name != "kubelet.sock" and path.stat().st_mtime >= since - 1:
                 return True
     return False
+
+
+# The kubelet's plugin manager's gauge: one series per plugin socket it has registered.
+REGISTERED_PLUGIN = re.compile(
+    r'^plugin_manager_total_plugins\{socket_path="([^"]+)",state="actual_state_of_world"\} 1$', re.M
+)
+
+
+def registered_plugins(port: int) -> list[str]:
+    """The registration sockets of the plugins (DRA drivers, CSI) the kubelet has registered, from
+    its metrics; empty while they cannot be read."""
+    # Loopback only, the kubelet's self-signed serving certificate: nothing to verify it against.
+    unverified = ssl.create_default_context()
+    unverified.check_hostname = False
+    unverified.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(f"https://{LOOPBACK}:{port}/metrics", timeout=5, context=unverified) as r:
+            text = r.read().decode()
+    except (urllib.error.URLError, OSError, ssl.SSLError):
+        return []
+    return REGISTERED_PLUGIN.findall(text)
 
 
 def healthy(healthz_port: int) -> bool:
