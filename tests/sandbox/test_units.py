@@ -365,3 +365,12 @@ def test_controller_manager_runs_what_a_chart_needs_but_not_node_lifecycle() -> 
     wanted |= {"root-ca-certificate-publisher-controller", "replicaset-controller"}
     assert wanted <= set(controlplane.CONTROLLERS)
     assert "node-lifecycle-controller" not in controlplane.CONTROLLERS
+
+
+def test_registered_plugins_are_the_kubelets_actual_state_not_its_desired_one() -> None:
+    text = (
+        "# TYPE plugin_manager_total_plugins gauge\n"
+        'plugin_manager_total_plugins{socket_path="/k/plugins_registry/a-reg.sock",state="actual_state_of_world"} 1\n'
+        'plugin_manager_total_plugins{socket_path="/k/plugins_registry/b-reg.sock",state="desired_state_of_world"} 1\n'
+    )
+    assert kubelet.REGISTERED_PLUGIN.findall(text) == ["/k/plugins_registry/a-reg.sock"]
