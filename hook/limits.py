@@ -10,11 +10,14 @@ The device plugin writes it on the node and mounts it read-only at
     qos standard
     coordination /var/run/tessera/coordination
     device GPU-8f6d... memory 4294967296 cores 30
+    oversubscribed GPU-8f6d... wait 5000
 
 ``memory`` is in bytes; ``cores`` is the percent of the GPU's time, 0 meaning no compute quota;
 ``qos`` the container's class and ``coordination`` where its GPUs' coordination areas are mounted
-(both new in version 2). ``libvgpu.so`` parses it (``hook/src/limits.c``); this module only writes
-it.
+(both new in version 2). ``oversubscribed`` (version 3) marks a GPU whose memory best-effort
+neighbours borrow: an allocation within quota that the driver refuses for lack of memory waits up to
+``wait`` milliseconds for the node agent to evict them. ``libvgpu.so`` parses it
+(``hook/src/limits.c``); this module only writes it.
 """
 
 from __future__ import annotations
@@ -30,8 +33,12 @@ from tessera.contract import CONTAINER_STATE_DIR, MAX_CORES, MIB, ContractError,
 # The hook's copies of these are in hook/src/contract.h (VGPU_LIMITS_VERSION, VGPU_MAX_DEVICES,
 # VGPU_UUID_LEN, which counts the NUL) and hook/Makefile (REGION_FILE); tests/hook/test_constants.py
 # fails when they differ. The hook still reads version 1 (no qos, no coordination): the file of a
-# container started before an upgrade.
-LIMITS_FORMAT_VERSION = 2
+# container started before an upgrade. A file is written as version 3 only when it has an
+# `oversubscribed` line, so that a hook of before version 3 still reads every other file.
+LIMITS_FORMAT_VERSION = 3
+LIMITS_VERSION_WITHOUT_OVERSUBSCRIBED = 2
+# hook/src/contract.h VGPU_MAX_SHORTFALL_WAIT_MS: the longest wait of an `oversubscribed` line.
+MAX_SHORTFALL_WAIT_MS = 600_000
 # The shared accounting region of one container's processes, inside its state directory.
 CONTAINER_REGION_FILE = f"{CONTAINER_STATE_DIR}/region"
 MAX_DEVICES = 16
@@ -46,6 +53,9 @@ class DeviceLimit:
     memory_bytes: int
     # Percent of the GPU's time, 1..100; 0 = no compute quota (launches are never throttled).
     cores: int
+    # Best-effort neighbours borrow the GPU's memory: how long an allocation within quota that the
+    # driver refuses for lack of memory waits for their eviction, in ms; 0 = not oversubscribed.
+    shortfall_wait_ms: int = 0
 
     @classmethod
     def from_grant(cls, grant: GpuGrant) -> DeviceLimit:
@@ -60,6 +70,12 @@ class DeviceLimit:
             raise ContractError(f"limits: device {self.uuid}: memory_bytes {self.memory_bytes!r} must be > 0")
         if isinstance(self.cores, bool) or not 0 <= self.cores <= MAX_CORES:
             raise ContractError(f"limits: device {self.uuid}: cores {self.cores!r} is outside 0..{MAX_CORES}")
+        wait = self.shortfall_wait_ms
+        if isinstance(wait, bool) or not 0 <= wait <= MAX_SHORTFALL_WAIT_MS:
+            raise ContractError(
+                f"limits: device {self.uuid}: shortfall_wait_ms {wait!r} "
+                f"is outside 0..{MAX_SHORTFALL_WAIT_MS}"
+            )
 
 
 def _absolute(what: str, path: str) -> str:
@@ -87,14 +103,17 @@ def render_limits(
         raise ContractError(f"limits: device uuids must be distinct, got {uuids}")
     for device in devices:
         device.validate()
+    oversubscribed = [d for d in devices if d.shortfall_wait_ms]
+    version = LIMITS_FORMAT_VERSION if oversubscribed else LIMITS_VERSION_WITHOUT_OVERSUBSCRIBED
     lines = [
         "# Tessera limits, written by the device plugin; format in docs/hook.md",
-        f"version {LIMITS_FORMAT_VERSION}",
+        f"version {version}",
         f"region {_absolute('region', region)}",
         f"elastic {int(elastic)}",
         f"qos {qos.value}",
         *([f"coordination {_absolute('coordination', coordination)}"] if coordination is not None else []),
         *(f"device {d.uuid} memory {d.memory_bytes} cores {d.cores}" for d in devices),
+        *(f"oversubscribed {d.uuid} wait {d.shortfall_wait_ms}" for d in oversubscribed),
     ]
     return "\n".join(lines) + "\n"
 

@@ -47,6 +47,7 @@ class _DeviceUsageC(ctypes.Structure):
         ("launches", ctypes.c_uint64),
         ("memory_peak", ctypes.c_uint64),
         ("refused", ctypes.c_uint64),
+        ("memory_waiting", ctypes.c_uint64),
         ("cores", ctypes.c_uint32),
         ("elastic", ctypes.c_uint32),
         ("processes", ctypes.c_uint32),
@@ -65,6 +66,9 @@ class DeviceUsage:
     # allocations the quota refused.
     memory_peak_bytes: int
     allocations_refused: int
+    # Of memory_used_bytes, what allocations within quota wait for: the driver had no memory left
+    # (best-effort neighbours borrow it; hook/src/shortfall.c).
+    memory_waiting_bytes: int
     # Percent of the GPU's time; 0 = no compute quota.
     cores: int
     elastic: bool
@@ -114,6 +118,7 @@ def read_region(path: Path) -> RegionUsage:
                 memory_quota_bytes=d.memory_quota,
                 memory_peak_bytes=d.memory_peak,
                 allocations_refused=d.refused,
+                memory_waiting_bytes=d.memory_waiting,
                 cores=d.cores,
                 elastic=bool(d.elastic),
                 busy_seconds=d.busy_ns / NS_PER_SECOND,

@@ -8,8 +8,10 @@
 #ifndef VGPU_CONTRACT_H
 #define VGPU_CONTRACT_H
 
-#define VGPU_LIMITS_VERSION 2 /* hook.limits.LIMITS_FORMAT_VERSION: the `version` line written now */
+#define VGPU_LIMITS_VERSION 3 /* hook.limits.LIMITS_FORMAT_VERSION: the newest `version` line */
 #define VGPU_LIMITS_OLDEST_VERSION 1 /* still read: version 1 has no `qos` or `coordination` lines */
+#define VGPU_LIMITS_OVERSUBSCRIBED_VERSION 3 /* the first with `oversubscribed` lines (hook.limits) */
+#define VGPU_MAX_SHORTFALL_WAIT_MS 600000 /* hook.limits.MAX_SHORTFALL_WAIT_MS: an `oversubscribed` wait */
 #define VGPU_MAX_DEVICES 16   /* hook.limits.MAX_DEVICES: GPUs per container (also the region's) */
 #define VGPU_UUID_LEN 80      /* hook.limits.MAX_UUID_LENGTH + 1, for the NUL */
 #define VGPU_MAX_CORES 100    /* tessera.contract.MAX_CORES: cores are percent of a GPU's time */

@@ -140,6 +140,7 @@ void vgpu_devices_follow_limits(void) {
         struct vgpu_quota q = vgpu_quota_of(d->uuid, i);
         __atomic_store_n(&d->quota.memory, q.memory, __ATOMIC_RELAXED);
         __atomic_store_n(&d->quota.cores, q.cores, __ATOMIC_RELAXED);
+        __atomic_store_n(&d->quota.wait_ms, q.wait_ms, __ATOMIC_RELAXED);
         __atomic_store_n(&d->governed, d->qos || vgpu_cores_limit(q.cores), __ATOMIC_RELAXED);
         vgpu_region_set_quota(d->rdev, q.memory, q.cores);
     }

@@ -168,6 +168,33 @@ static int parse_qos_line(struct vgpu_limits *l, char **tok, int version, const 
     return 0;
 }
 
+/* `oversubscribed <uuid> wait <ms>` (version 3): best-effort containers borrow memory of the GPU of an
+ * earlier device line; an allocation the driver refuses for lack of memory waits up to ms. */
+static int parse_oversubscribed_line(struct vgpu_limits *l, char **tok, int ntok, int version, const char *where) {
+    if (version < VGPU_LIMITS_OVERSUBSCRIBED_VERSION) {
+        refuse(l, "%s: `oversubscribed` needs `version %d` (or later) before it", where,
+               VGPU_LIMITS_OVERSUBSCRIBED_VERSION);
+        return -1;
+    }
+    if (ntok != 4 || strcmp(tok[2], "wait")) {
+        refuse(l, "%s: expected `oversubscribed <uuid> wait <0-%d milliseconds>`", where, VGPU_MAX_SHORTFALL_WAIT_MS);
+        return -1;
+    }
+    int ms = parse_int(tok[3], 0, VGPU_MAX_SHORTFALL_WAIT_MS);
+    if (ms < 0) {
+        refuse(l, "%s: wait %s is not in 0..%d milliseconds", where, tok[3], VGPU_MAX_SHORTFALL_WAIT_MS);
+        return -1;
+    }
+    for (int i = 0; i < l->file_devices; i++) {
+        if (!strcmp(l->by_uuid[i].uuid, tok[1])) {
+            l->by_uuid[i].quota.wait_ms = ms;
+            return 0;
+        }
+    }
+    refuse(l, "%s: GPU %s has no device line before it", where, tok[1]);
+    return -1;
+}
+
 /* One line, NUL-terminated, without its newline: 0, or -1 once refused. */
 static int parse_line(struct vgpu_limits *l, char *line, int *version, const char *where) {
     char *hash = strchr(line, '#');
@@ -203,6 +230,8 @@ static int parse_line(struct vgpu_limits *l, char *line, int *version, const cha
         return parse_qos_line(l, tok, *version, where);
     } else if (!strcmp(tok[0], "device")) {
         return parse_device_line(l, tok, ntok, where);
+    } else if (!strcmp(tok[0], "oversubscribed")) {
+        return parse_oversubscribed_line(l, tok, ntok, *version, where);
     } else {
         refuse(l, "%s: unknown line starting with %s", where, tok[0]);
         return -1;
@@ -377,15 +406,17 @@ int vgpu_limits_refresh(void) {
     int changed = 0;
     for (int i = 0; i < limits.file_devices; i++) {
         struct vgpu_quota *q = &limits.by_uuid[i].quota;
-        struct vgpu_quota next = {.memory = 0, .cores = __atomic_load_n(&q->cores, __ATOMIC_RELAXED)};
+        struct vgpu_quota next = {.memory = 0, .cores = __atomic_load_n(&q->cores, __ATOMIC_RELAXED), .wait_ms = 0};
         for (int j = 0; !fresh.refuse_memory && j < fresh.file_devices; j++)
             if (!strcmp(fresh.by_uuid[j].uuid, limits.by_uuid[i].uuid)) next = fresh.by_uuid[j].quota;
         if (next.memory != __atomic_load_n(&q->memory, __ATOMIC_RELAXED) ||
-            next.cores != __atomic_load_n(&q->cores, __ATOMIC_RELAXED)) {
+            next.cores != __atomic_load_n(&q->cores, __ATOMIC_RELAXED) ||
+            next.wait_ms != __atomic_load_n(&q->wait_ms, __ATOMIC_RELAXED)) {
             __atomic_store_n(&q->memory, next.memory, __ATOMIC_RELAXED);
             __atomic_store_n(&q->cores, next.cores, __ATOMIC_RELAXED);
-            vgpu_log("GPU %s: quotas now %llu bytes, %d%% compute (limits file %s)", limits.by_uuid[i].uuid,
-                     (unsigned long long)next.memory, next.cores, limits_path);
+            __atomic_store_n(&q->wait_ms, next.wait_ms, __ATOMIC_RELAXED);
+            vgpu_log("GPU %s: quotas now %llu bytes, %d%% compute, shortfall wait %d ms (limits file %s)",
+                     limits.by_uuid[i].uuid, (unsigned long long)next.memory, next.cores, next.wait_ms, limits_path);
             changed = 1;
         }
     }
@@ -400,7 +431,8 @@ struct vgpu_quota vgpu_quota_of(const char *uuid, int ordinal) {
         for (int i = 0; i < c->file_devices; i++)
             if (!strcmp(c->by_uuid[i].uuid, uuid))
                 quota = (struct vgpu_quota){__atomic_load_n(&c->by_uuid[i].quota.memory, __ATOMIC_RELAXED),
-                                            __atomic_load_n(&c->by_uuid[i].quota.cores, __ATOMIC_RELAXED)};
+                                            __atomic_load_n(&c->by_uuid[i].quota.cores, __ATOMIC_RELAXED),
+                                            __atomic_load_n(&c->by_uuid[i].quota.wait_ms, __ATOMIC_RELAXED)};
     } else {
         quota = c->all;
         if (ordinal >= 0 && ordinal < VGPU_MAX_DEVICES) {

@@ -7,6 +7,18 @@
 
 #define PITCH_ALIGNMENT 512
 
+/* The driver refused `call` for lack of memory on a GPU whose memory best-effort neighbours borrow:
+ * wait for the node agent to evict them and ask again (shortfall.c). A successful call pays one
+ * compare. The region reservation (bytes on d) is held meanwhile. */
+#define AWAIT_MEMORY(r, d, bytes, call)                                                          \
+    do {                                                                                         \
+        if (__builtin_expect((r) == CUDA_ERROR_OUT_OF_MEMORY, 0) && vgpu_shortfall_wait_ms(d)) { \
+            struct vgpu_shortfall wait_ = vgpu_shortfall_begin((d), (bytes));                    \
+            while ((r) == CUDA_ERROR_OUT_OF_MEMORY && vgpu_shortfall_pause(&wait_)) (r) = (call); \
+            vgpu_shortfall_end(&wait_, (r));                                                     \
+        }                                                                                        \
+    } while (0)
+
 static CUcontext current_context(void) {
     CUcontext ctx = NULL;
     if (REAL(cuCtxGetCurrent)) REAL(cuCtxGetCurrent)(&ctx);
@@ -71,6 +83,7 @@ VGPU_API CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
     CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = fn(dptr, bytes);
+    AWAIT_MEMORY(r, d, bytes, fn(dptr, bytes));
     return record(r, ctx, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
 }
 
@@ -81,6 +94,7 @@ VGPU_API CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, uns
     CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuMemAllocManaged)(dptr, bytes, flags);
+    AWAIT_MEMORY(r, d, bytes, REAL(cuMemAllocManaged)(dptr, bytes, flags));
     return record(r, ctx, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
 }
 
@@ -95,6 +109,7 @@ VGPU_API CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, s
     CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, element_bytes);
+    AWAIT_MEMORY(r, d, bytes, REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, element_bytes));
     if (r == CUDA_SUCCESS) {
         /* Settle the reservation on the pitch the driver chose. */
         uint64_t actual = (uint64_t)*pitch * height;
@@ -122,6 +137,7 @@ static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUd
     CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = fn(dptr, bytes, stream);
+    AWAIT_MEMORY(r, d, bytes, fn(dptr, bytes, stream));
     return record(r, ctx, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
 }
 
@@ -141,6 +157,7 @@ static CUresult alloc_from_pool(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPo
     CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = fn(dptr, bytes, pool, stream);
+    AWAIT_MEMORY(r, d, bytes, fn(dptr, bytes, pool, stream));
     return record(r, ctx, VGPU_KIND_POINTER, r == CUDA_SUCCESS ? *dptr : 0, d, bytes, free_pointer);
 }
 
@@ -185,6 +202,7 @@ VGPU_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size
     CUresult r = reserve(prop->location.id, size, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuMemCreate)(handle, size, prop, flags);
+    AWAIT_MEMORY(r, d, size, REAL(cuMemCreate)(handle, size, prop, flags));
     return record(r, ctx, VGPU_KIND_HANDLE, r == CUDA_SUCCESS ? *handle : 0, d, size, release_handle);
 }
 
@@ -223,6 +241,7 @@ VGPU_API CUresult CUDAAPI cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESC
     CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuArrayCreate_v2)(array, desc);
+    AWAIT_MEMORY(r, d, bytes, REAL(cuArrayCreate_v2)(array, desc));
     return record(r, ctx, VGPU_KIND_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, d, bytes,
                   destroy_array);
 }
@@ -236,6 +255,7 @@ VGPU_API CUresult CUDAAPI cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_
     CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuArray3DCreate_v2)(array, desc);
+    AWAIT_MEMORY(r, d, bytes, REAL(cuArray3DCreate_v2)(array, desc));
     return record(r, ctx, VGPU_KIND_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, d, bytes,
                   destroy_array);
 }
@@ -257,6 +277,7 @@ VGPU_API CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *mipmap, const
     CUresult r = reserve(-1, bytes, &d, &ctx);
     if (r != CUDA_SUCCESS) return r;
     r = REAL(cuMipmappedArrayCreate)(mipmap, desc, levels);
+    AWAIT_MEMORY(r, d, bytes, REAL(cuMipmappedArrayCreate)(mipmap, desc, levels));
     return record(r, ctx, VGPU_KIND_MIPMAP, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*mipmap : 0, d, bytes,
                   destroy_mipmap);
 }

@@ -174,6 +174,7 @@ static void reclaim_slot(struct vgpu_region *r, uint32_t i) {
     for (uint32_t d = 0; d < vgpu_region_devices(r); d++) {
         r->dev[d].used -= r->proc[i].used[d];
         __atomic_store_n(&r->proc[i].used[d], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->proc[i].waiting[d], 0, __ATOMIC_RELAXED);
     }
     __atomic_store_n(&r->proc[i].pid, 0, __ATOMIC_RELEASE);
 }
@@ -210,6 +211,7 @@ static int claim_slot(struct vgpu_region *r) {
             lock_as(r, (int)i);
             if (r->proc[i].pid) reclaim_slot(r, i); /* its owner died: give its memory back */
             memset(r->proc[i].used, 0, sizeof r->proc[i].used);
+            memset(r->proc[i].waiting, 0, sizeof r->proc[i].waiting);
             __atomic_store_n(&r->proc[i].pid, (int32_t)attached_pid, __ATOMIC_RELEASE);
             if (i >= r->procs_hw) __atomic_store_n(&r->procs_hw, i + 1, __ATOMIC_RELEASE);
             vgpu_region_unlock(r);
@@ -323,6 +325,12 @@ void vgpu_region_release(int d, uint64_t bytes) {
     __atomic_store_n(&r->dev[d].used, r->dev[d].used - bytes, __ATOMIC_RELAXED);
     __atomic_store_n(&my_used[d], mine - bytes, __ATOMIC_RELAXED);
     vgpu_region_unlock(r);
+}
+
+void vgpu_region_waiting(int d, int64_t bytes) {
+    struct vgpu_region *r = attached_region();
+    if (!r || d < 0 || d >= VGPU_MAX_DEVICES) return;
+    __atomic_add_fetch(&r->proc[my_slot].waiting[d], (uint64_t)bytes, __ATOMIC_RELAXED);
 }
 
 /* Without the lock, for reporting: the total is one aligned word, and a moment-old one will do. */

@@ -22,8 +22,9 @@
 #define VGPU_MAX_PROCS 1024
 #define VGPU_REGION_MAGIC 0x3147455253534554ull /* "TESSREG1" */
 /* 2: the lock is region.c's owner word, not a pthread mutex. 3: per GPU the peak of used and the
- * count of refused allocations, which the node agent exports. */
-#define VGPU_REGION_VERSION 3
+ * count of refused allocations, which the node agent exports. 4: per process the memory its
+ * allocations wait for (shortfall.c), which the node agent reads to evict best-effort neighbours. */
+#define VGPU_REGION_VERSION 4
 #define VGPU_SLOT_LOCK_BASE (1ll << 30)
 
 struct vgpu_region_device {
@@ -47,6 +48,9 @@ struct vgpu_region_proc {
     int32_t pid; /* 0 = free */
     uint32_t reserved;
     uint64_t used[VGPU_MAX_DEVICES];
+    /* Bytes of this process's allocations that the driver refused for lack of memory and that wait
+     * for it (reserved in used[] all the while); written by the process alone, atomic adds. */
+    uint64_t waiting[VGPU_MAX_DEVICES];
 };
 
 struct vgpu_region {
@@ -70,6 +74,8 @@ void vgpu_region_set_quota(int d, uint64_t memory_quota, int cores);
 /* Reserves bytes on device d if the container's usage stays within quota: 0, or -1. */
 int vgpu_region_reserve(int d, uint64_t bytes, uint64_t quota);
 void vgpu_region_release(int d, uint64_t bytes);
+/* This process's allocations on device d wait for bytes more (or, negative, no longer). */
+void vgpu_region_waiting(int d, int64_t bytes);
 uint64_t vgpu_region_used(int d);
 /* Returns the memory of processes that died; returns how many slots were reclaimed. */
 int vgpu_region_reclaim_dead(void);

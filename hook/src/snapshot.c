@@ -53,6 +53,9 @@ int vgpu_region_snapshot(const struct vgpu_region *r, int fd, struct vgpu_device
             /* Saturating: a forged slot must not wrap the sum round to something small. */
             out[d].memory_used = used > UINT64_MAX - out[d].memory_used ? UINT64_MAX : out[d].memory_used + used;
             out[d].processes += used > 0;
+            uint64_t waiting = __atomic_load_n(&r->proc[i].waiting[d], __ATOMIC_RELAXED);
+            out[d].memory_waiting =
+                waiting > UINT64_MAX - out[d].memory_waiting ? UINT64_MAX : out[d].memory_waiting + waiting;
         }
     }
     /* The slots are summed without the lock, so a free in one slot and a reservation in another
@@ -61,6 +64,7 @@ int vgpu_region_snapshot(const struct vgpu_region *r, int fd, struct vgpu_device
     for (int d = 0; d < n; d++) {
         uint64_t total = __atomic_load_n(&r->dev[d].used, __ATOMIC_ACQUIRE);
         if (out[d].memory_used > total) out[d].memory_used = total;
+        if (out[d].memory_waiting > out[d].memory_used) out[d].memory_waiting = out[d].memory_used;
     }
     *live = alive;
     return n;

@@ -16,6 +16,7 @@ struct vgpu_device_usage {
     uint64_t launches;
     uint64_t memory_peak; /* the most the container has held on the GPU, dead processes' memory included */
     uint64_t refused;     /* allocations refused by the memory quota */
+    uint64_t memory_waiting; /* of memory_used, what allocations the driver refused wait for (live processes) */
     uint32_t cores;
     uint32_t elastic;
     uint32_t processes; /* live processes holding memory on the GPU */

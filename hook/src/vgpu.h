@@ -6,6 +6,7 @@
  *   tracking.c  this process's live allocations (what each free gives back)
  *   memory.c    memory wrappers (memory quota)
  *   nvml.c      NVML memory wrappers
+ *   shortfall.c the wait of an allocation the driver refused while best-effort neighbours borrow memory
  *   compute.c   launch wrappers (compute quota)
  *   qos.c       QoS classes: this container's slot of a GPU's coordination area, and its peers'
  *   monitor.c   background thread: dead processes, elastic neighbours
@@ -50,6 +51,10 @@ enum vgpu_qos { VGPU_QOS_CLASS_STANDARD = 0, VGPU_QOS_CLASS_LATENCY_CRITICAL, VG
 struct vgpu_quota {
     uint64_t memory; /* memory quota in bytes; VGPU_UNLIMITED when not configured */
     int cores;       /* compute quota, 1..VGPU_MAX_CORES percent; 0 = none */
+    /* Best-effort neighbours borrow this GPU's memory (the limits file's `oversubscribed` line): an
+     * allocation within quota that the driver refuses for lack of memory waits up to this long for
+     * the node agent to evict them, and is retried (shortfall.c). 0 = refused at once, as always. */
+    int wait_ms;
 };
 struct vgpu_limits {
     int refuse_memory; /* the limits file or the environment is broken: fail closed */
@@ -99,6 +104,9 @@ static inline uint64_t vgpu_memory_quota(const struct vgpu_device *d) {
     return *(const volatile uint64_t *)&d->quota.memory;
 }
 static inline int vgpu_cores_quota(const struct vgpu_device *d) { return *(const volatile int *)&d->quota.cores; }
+static inline int vgpu_shortfall_wait_ms(const struct vgpu_device *d) {
+    return *(const volatile int *)&d->quota.wait_ms;
+}
 static inline int vgpu_governed(const struct vgpu_device *d) { return *(const volatile int *)&d->governed; }
 /* The device of the current context (and, if current is not NULL, that context); NULL with *err set
  * when there is none. */
@@ -126,6 +134,21 @@ int vgpu_track_take(enum vgpu_kind kind, uint64_t key, int *rdev, uint64_t *byte
 /* Forgets every allocation of ctx, returning its quota. */
 void vgpu_track_drop_context(CUcontext ctx);
 void vgpu_track_after_fork_child(void);
+
+/* shortfall.c: an allocation within quota that the driver refused for lack of memory, on a GPU whose
+ * memory best-effort neighbours borrow, waits for the node agent to free it (docs/hook.md). */
+struct vgpu_shortfall {
+    const struct vgpu_device *device;
+    uint64_t bytes;
+    uint64_t deadline_ns;
+    int naps;
+};
+/* Publishes that bytes wait on d (in this process's region slot, where the node agent reads it). */
+struct vgpu_shortfall vgpu_shortfall_begin(const struct vgpu_device *d, uint64_t bytes);
+/* Sleeps a moment and returns 1 to retry, or 0 once the wait is over. */
+int vgpu_shortfall_pause(struct vgpu_shortfall *s);
+/* The allocation succeeded (r) or gave up: no longer waiting. */
+void vgpu_shortfall_end(struct vgpu_shortfall *s, CUresult r);
 
 /* compute.c */
 void vgpu_compute_after_fork_child(void);

@@ -30,6 +30,10 @@ def limits_seeds() -> dict[str, str]:
         "sixteen-gpus": render_limits(all_gpus),
         "no-compute-quota": render_limits([DeviceLimit(fakegpu.gpu_uuid(1), 1, 0)]),
         "best-effort": render_limits(one, qos=QosClass.BEST_EFFORT, coordination=CONTAINER_COORDINATION_DIR),
+        # A standard container beside oversubscribed best-effort ones (version 3).
+        "oversubscribed": render_limits(
+            [DeviceLimit(fakegpu.gpu_uuid(0), 4 * GIB, 30, 5000), DeviceLimit(fakegpu.gpu_uuid(1), GIB, 0)]
+        ),
         # What a device plugin before QoS classes wrote, still read by the hook.
         "version-1": f"version 1\nregion /var/run/tessera/state/region\nelastic 0\n"
         f"device {fakegpu.gpu_uuid(0)} memory {4 * GIB} cores 30\n",

@@ -22,7 +22,9 @@ from hook._library import load_library
 from hook.limits import (
     CONTAINER_REGION_FILE,
     LIMITS_FORMAT_VERSION,
+    LIMITS_VERSION_WITHOUT_OVERSUBSCRIBED,
     MAX_DEVICES,
+    MAX_SHORTFALL_WAIT_MS,
     MAX_UUID_LENGTH,
     DeviceLimit,
     write_limits,
@@ -59,6 +61,10 @@ def test_limits_file_bounds_match(c_side: dict[str, str]) -> None:
     assert int(c_side["VGPU_MAX_DEVICES"]) == MAX_DEVICES
     assert int(c_side["VGPU_UUID_LEN"]) == MAX_UUID_LENGTH + 1  # C counts the NUL
     assert int(c_side["VGPU_MAX_CORES"]) == MAX_CORES
+    assert int(c_side["VGPU_MAX_SHORTFALL_WAIT_MS"]) == MAX_SHORTFALL_WAIT_MS
+    # Files without an `oversubscribed` line keep the version before it, for older hooks.
+    assert int(c_side["VGPU_LIMITS_OVERSUBSCRIBED_VERSION"]) == LIMITS_FORMAT_VERSION
+    assert LIMITS_VERSION_WITHOUT_OVERSUBSCRIBED == LIMITS_FORMAT_VERSION - 1
 
 
 def test_qos_classes_and_coordination_slots_match(c_side: dict[str, str]) -> None:

@@ -129,9 +129,25 @@ def test_limits_file_wins_over_environment(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("version 3\n", "line 1: version 3 is not 1..2"),
+        ("version 4\n", "line 1: version 4 is not 1..3"),
         ("version 1\n", "no device lines"),
-        ("device GPU-x memory 1 cores 0\n", "no `version 2` line"),
+        ("device GPU-x memory 1 cores 0\n", "no `version 3` line"),
+        (
+            "version 2\ndevice GPU-x memory 1 cores 0\noversubscribed GPU-x wait 10\n",
+            "line 3: `oversubscribed` needs `version 3` (or later) before it",
+        ),
+        (
+            "version 3\noversubscribed GPU-x wait 10\ndevice GPU-x memory 1 cores 0\n",
+            "line 2: GPU GPU-x has no device line before it",
+        ),
+        (
+            "version 3\ndevice GPU-x memory 1 cores 0\noversubscribed GPU-x wait 600001\n",
+            "line 3: wait 600001 is not in 0..600000 milliseconds",
+        ),
+        (
+            "version 3\ndevice GPU-x memory 1 cores 0\noversubscribed GPU-x 10\n",
+            "line 3: expected `oversubscribed <uuid> wait <0-600000 milliseconds>`",
+        ),
         ("version 2\nqos urgent\n", "line 2: qos urgent is not latency-critical, standard or best-effort"),
         ("version 1\nqos best-effort\n", "line 2: `qos` needs `version 2` (or later) before it"),
         ("version 2\ncoordination run\n", "line 2: coordination run is not an absolute path"),

@@ -13,7 +13,7 @@ from tests.processes import Processes
 
 REGION_MAGIC = 0x3147455253534554  # "TESSREG1", hook/src/region.h
 SLOT_LOCK_BASE = 1 << 30  # hook/src/region.h: a live process holds byte SLOT_LOCK_BASE + its slot
-REGION_VERSION = 3  # hook/src/region.h
+REGION_VERSION = 4  # hook/src/region.h
 
 
 def write_version_1_region(gpu: FakeGpus) -> None:

@@ -23,6 +23,8 @@ int main(void) {
     printf("VGPU_ENV_QOS %s\n", VGPU_ENV_QOS);
     printf("VGPU_ENV_COORDINATION %s\n", VGPU_ENV_COORDINATION);
     printf("VGPU_LIMITS_OLDEST_VERSION %d\n", VGPU_LIMITS_OLDEST_VERSION);
+    printf("VGPU_LIMITS_OVERSUBSCRIBED_VERSION %d\n", VGPU_LIMITS_OVERSUBSCRIBED_VERSION);
+    printf("VGPU_MAX_SHORTFALL_WAIT_MS %d\n", VGPU_MAX_SHORTFALL_WAIT_MS);
     printf("VGPU_QOS_LATENCY_CRITICAL %s\n", VGPU_QOS_LATENCY_CRITICAL);
     printf("VGPU_QOS_STANDARD %s\n", VGPU_QOS_STANDARD);
     printf("VGPU_QOS_BEST_EFFORT %s\n", VGPU_QOS_BEST_EFFORT);
@@ -37,6 +39,7 @@ int main(void) {
     FIELD(launches);
     FIELD(memory_peak);
     FIELD(refused);
+    FIELD(memory_waiting);
     FIELD(cores);
     FIELD(elastic);
     FIELD(processes);
