@@ -28,8 +28,7 @@ import urllib.request
 from pathlib import Path
 
 import fakegpu
-from deviceplugin.metrics import REGION_NAME
-from deviceplugin.statedir import ServedRecord, StateDir
+from deviceplugin.statedir import REGION_NAME, ServedRecord, StateDir
 from tessera.contract import GpuGrant
 
 NODE = "bench-node"

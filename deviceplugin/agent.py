@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from deviceplugin.config import Config
 from deviceplugin.devices import GpuHealth, VirtualDevice, virtual_devices, with_health
@@ -29,6 +30,7 @@ from deviceplugin.matching import (
     preferred_devices,
     snapshot,
 )
+from deviceplugin.oversubscription import GpuPlan, Holder, measured_use, plan_gpu, usage_worth_publishing
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
 from deviceplugin.podresources import Owners, PodResourcesError, container_devices
@@ -37,12 +39,16 @@ from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir, create_s
 from hook.limits import DeviceLimit, write_limits
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
+    MIB,
     Allocation,
     ContractError,
     GpuGrant,
     GpuInfo,
+    GpuUsage,
+    NodeGpuUsage,
     Phase,
     QosClass,
+    dump_gpu_usage,
     dump_inventory,
     format_time,
     now,
@@ -60,6 +66,21 @@ TIDY_SECONDS = 5.0
 # this pause, then after pauses doubling up to the last while it does not name the devices yet.
 CONFIRM_FIRST_PAUSE = 0.05
 CONFIRM_MAX_PAUSE = 1.0
+# The Warning event on a best-effort pod evicted to give borrowed GPU memory back.
+EVICTED_REASON = "TesseraBestEffortEvicted"
+# A GPU's utilisation published before the next heartbeat once it moved by this many points.
+USAGE_CHANGE_PERCENT = 10
+# An eviction asked for is asked again (the pod still served) after its grace period and this long.
+EVICTION_RETRY_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodTarget:
+    """A served pod, as an event names it."""
+
+    namespace: str
+    name: str
+    uid: str
 
 
 class Agent:
@@ -114,6 +135,19 @@ class Agent:
         self._followed: dict[str, str] = {}
         # Told how many containers' limits files each follow rewrote (the exporter's counter).
         self.on_followed: Callable[[int], object] | None = None
+        # Best-effort pods that borrow memory (deviceplugin/oversubscription.py): each GPU's plan as of
+        # the last usage check, the limits last written per container, the pods being evicted (UID ->
+        # when asked, monotonic), and the measured use the node annotation is to say.
+        self.utilization: Callable[[str], int | None] = lambda _: None  # percent, from NVML
+        self._plans: dict[str, GpuPlan[ContainerDir]] = {}
+        self._written: dict[ContainerDir, tuple[DeviceLimit, ...]] = {}
+        self._evicting: dict[str, float] = {}
+        self._usage: NodeGpuUsage | None = None
+        self._published_usage: tuple[GpuUsage, ...] | None = None
+        self._usage_published_at = 0.0
+        self._check_wanted = threading.Event()
+        self.evictions = 0
+        self.on_evicted: Callable[[], object] | None = None
         if cache is not None:
             cache.on_pods = self.follow_resizes
 
@@ -326,6 +360,7 @@ class Agent:
         for c, answer in zip(chosen, answers, strict=True):
             self._records[answer.where] = answer.record
             self._unconfirmed[answer.where] = (c.pod, served_at)
+        self._check_wanted.set()  # a best-effort container that borrows memory gets its quota now
         return answers
 
     def _retire_records_of(self, device_sets: set[frozenset[str]]) -> None:
@@ -376,12 +411,31 @@ class Agent:
         create_state_dir(answer.where)
         for slot in answer.slots:
             self.state.create_slot(slot)
-        self._write_limits(answer.where, answer.limits, answer.qos)
+        self._write_limits(answer.where, answer.record)
         self.state.write_record(answer.where, answer.record)
 
-    @staticmethod
-    def _write_limits(where: ContainerDir, limits: Sequence[DeviceLimit], qos: QosClass) -> None:
-        write_limits(where.limits, limits, qos=qos, coordination=CONTAINER_COORDINATION_DIR)
+    def _limits_for(self, where: ContainerDir, record: ServedRecord) -> tuple[DeviceLimit, ...]:
+        """The container's limits: its grants, except that a best-effort container borrowing a GPU's
+        memory has the quota the GPU's plan gives it, and a guaranteed container on a GPU whose memory
+        is borrowed waits for it when short (docs/deviceplugin.md); under the lock."""
+        wait_ms = round(self.config.shortfall_wait_seconds * 1000)
+        limits = []
+        for grant in record.gpus:
+            plan = self._plans.get(grant.uuid)
+            memory = grant.memory_mib * MIB
+            wait = 0
+            if plan is not None:
+                memory = plan.quotas.get(where, memory)
+                wait = wait_ms if plan.oversubscribed and record.qos != QosClass.BEST_EFFORT else 0
+            limits.append(DeviceLimit(grant.uuid, memory, grant.cores, wait))
+        return tuple(limits)
+
+    def _write_limits(self, where: ContainerDir, record: ServedRecord) -> None:
+        """Write the container's limits file (atomically: the hook in each of its processes follows
+        it within 100 ms); under the lock."""
+        limits = self._limits_for(where, record)
+        write_limits(where.limits, limits, qos=record.qos, coordination=CONTAINER_COORDINATION_DIR)
+        self._written[where] = limits
 
     # ---------------------------------------------------------------------------------------------
     # Live resize
@@ -410,17 +464,15 @@ class Agent:
                 grants = None if allocation is None else resized_grants(record, allocation)
                 if allocation is None or grants is None:
                     continue
-                self._follow(where, record.model_copy(update={"gpus": grants}), grants, allocation.qos)
+                self._follow(where, record.model_copy(update={"gpus": grants}), grants)
                 followed += 1
             self._followed.update(texts)  # once written: a failed write is tried again by tidy_state
         if followed and self.on_followed is not None:
             self.on_followed(followed)
         return followed
 
-    def _follow(
-        self, where: ContainerDir, record: ServedRecord, grants: Sequence[GpuGrant], qos: QosClass
-    ) -> None:
-        self._write_limits(where, [DeviceLimit.from_grant(g) for g in grants], qos)
+    def _follow(self, where: ContainerDir, record: ServedRecord, grants: Sequence[GpuGrant]) -> None:
+        self._write_limits(where, record)
         self.state.write_record(where, record)
         self._records[where] = record
         quotas = ", ".join(f"{g.uuid}: {g.memory_mib} MiB, {g.cores}% compute" for g in grants)
@@ -454,12 +506,26 @@ class Agent:
         patch = {}
         if inventory != self._published_inventory:
             patch[keys.node_gpus] = inventory
+        usage = self._usage
+        if usage is not None and usage_worth_publishing(
+            self._published_usage,
+            usage.gpus,
+            change_mib=self.config.usage_change_mib,
+            change_percent=USAGE_CHANGE_PERCENT,
+            since_published=time.monotonic() - self._usage_published_at,
+            min_interval=self.config.usage_publish_seconds,
+            max_interval=self.config.heartbeat_seconds,
+        ):
+            patch[keys.node_gpu_usage] = dump_gpu_usage(usage)
         if heartbeat or patch:
             patch[keys.node_heartbeat] = format_time(now())
         if not patch:
             return False
         self.kube.annotate_node(patch)
         self._published_inventory = inventory
+        if keys.node_gpu_usage in patch and usage is not None:
+            self._published_usage = usage.gpus
+            self._usage_published_at = time.monotonic()
         return True
 
     def confirm_admissions(self) -> bool:
@@ -629,6 +695,110 @@ class Agent:
                 continue
             last_error = ""
             self.wait_for_change(version, timeout=max(0.0, min(1.0, next_heartbeat - time.monotonic())))
+
+    # ---------------------------------------------------------------------------------------------
+    # Measured use, and best-effort containers that borrow memory
+
+    def measured_usage(self) -> NodeGpuUsage | None:
+        """Each GPU's use as of the last check (None before the first)."""
+        return self._usage
+
+    def oversubscribed_gpus(self) -> frozenset[str]:
+        """The GPUs whose memory best-effort containers borrow, as of the last check."""
+        return frozenset(uuid for uuid, plan in self._plans.items() if plan.oversubscribed)
+
+    def check_usage(self) -> None:
+        """Read every served container's region, measure each GPU's use, rewrite the limits of the
+        containers whose quota or wait changed (best-effort ones that borrow memory follow what the
+        others leave) and evict best-effort pods for guaranteed ones that wait for memory."""
+        with self._lock:
+            records = dict(self._records)
+        holders: dict[str, list[Holder[ContainerDir]]] = defaultdict(list)
+        for where, record in records.items():
+            usage = where.usage()
+            for grant in record.gpus:
+                device = usage.device(grant.uuid) if usage is not None else None
+                holders[grant.uuid].append(
+                    Holder(
+                        key=where,
+                        qos=record.qos,
+                        grant_bytes=grant.memory_mib * MIB,
+                        oversubscribed=grant.oversubscribed and record.qos == QosClass.BEST_EFFORT,
+                        used_bytes=device.memory_used_bytes if device is not None else 0,
+                        waiting_bytes=device.memory_waiting_bytes if device is not None else 0,
+                        served_at=record.served_at,
+                    )
+                )
+        retry_after = time.monotonic() - self.config.eviction_grace_seconds - EVICTION_RETRY_SECONDS
+        served_pods = {r.pod_uid for r in records.values()}
+        self._evicting = {
+            uid: at for uid, at in self._evicting.items() if uid in served_pods and at > retry_after
+        }
+        evicting = frozenset(w for w, r in records.items() if r.pod_uid in self._evicting)
+        margin = self.config.oversubscription_margin_mib * MIB
+        plans = {
+            gpu.uuid: plan_gpu(gpu.memory_mib * MIB, holders.get(gpu.uuid, []), margin, evicting)
+            for gpu in self._gpus
+        }
+        with self._lock:
+            self._plans = plans
+            for where, record in self._records.items():
+                if self._written.get(where) != self._limits_for(where, record):
+                    self._write_limits(where, record)
+            for gone in set(self._written) - set(self._records):
+                del self._written[gone]
+        self._usage = NodeGpuUsage(
+            time=format_time(now()),
+            gpus=tuple(
+                measured_use(gpu.uuid, holders.get(gpu.uuid, []), self.utilization(gpu.uuid) or 0)
+                for gpu in self._gpus
+            ),
+        )
+        for uuid, plan in plans.items():
+            held = {h.key: h.used_bytes for h in holders.get(uuid, [])}
+            for where in plan.evict:
+                self._evict(records[where], uuid, plan.shortfall_bytes, held[where])
+
+    def _evict(self, record: ServedRecord, uuid: str, shortfall: int, held: int) -> None:
+        """Delete a best-effort pod that borrows memory a guaranteed container waits for, with a
+        short grace period (not the Eviction API: a disruption budget must not keep memory promised
+        to another pod), and say why on the pod."""
+        if record.pod_uid in self._evicting:
+            return
+        pod = PodTarget(record.namespace, record.pod, record.pod_uid)
+        message = (
+            f"evicted from GPU {uuid}: guaranteed containers wait for {-(-shortfall // MIB)} MiB of "
+            f"the memory best-effort pods borrow there; this pod held {-(-held // MIB)} MiB (the newest "
+            "go first)"
+        )
+        try:
+            self.kube.delete_pod(pod.namespace, pod.name, pod.uid, self.config.eviction_grace_seconds)
+        except Exception as e:  # asked again at the next check
+            log.warning("pod %s: cannot evict: %s", pod_ref(pod.namespace, pod.name), e)
+            return
+        self._evicting[pod.uid] = time.monotonic()
+        log.warning("pod %s %s", pod_ref(pod.namespace, pod.name), message)
+        self.evictions += 1
+        if self.on_evicted is not None:
+            self.on_evicted()
+        try:
+            self.kube.warn(pod, EVICTED_REASON, message)
+        except Exception as e:
+            log.warning("pod %s: cannot record event: %s", pod_ref(pod.namespace, pod.name), e)
+
+    def run_usage_checks(self, stop: threading.Event) -> None:
+        """:meth:`check_usage` every tick (and at once after an Allocate), until ``stop``."""
+        last_error = ""
+        while not stop.is_set():
+            try:
+                self.check_usage()
+                last_error = ""
+            except Exception as e:  # the loop must outlive any one failure; say so once
+                if str(e) != last_error:
+                    log.warning("checking the GPUs' use failed (retrying): %s", e)
+                    last_error = str(e)
+            self._check_wanted.wait(self.config.usage_tick_seconds)
+            self._check_wanted.clear()
 
     def run_presence_checks(self, present: Callable[[str], bool], stop: threading.Event) -> None:
         while not stop.wait(self.config.health_poll_seconds):

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from tessera.cliargs import port_or_zero, positive_int, seconds
+from hook.limits import MAX_SHORTFALL_WAIT_MS
+from tessera.cliargs import non_negative_int, port_or_zero, positive_int, seconds
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, ContractError, ContractKeys, keys_for
 from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
 
@@ -36,6 +37,15 @@ class Config:
     health_poll_seconds: float
     inflight_timeout: timedelta
     pod_resources_socket: Path
+    # Best-effort pods that borrow memory (docs/deviceplugin.md "Oversubscribed best-effort pods").
+    usage_tick_seconds: float = 0.1
+    oversubscription_margin_mib: int = 512
+    shortfall_wait_seconds: float = 30.0
+    eviction_grace_seconds: int = 5
+    # The node's measured use is published at most this often, and sooner than a heartbeat only when
+    # a GPU's use moved by this much.
+    usage_publish_seconds: float = 5.0
+    usage_change_mib: int = 256
 
     @property
     def kubelet_socket(self) -> Path:
@@ -133,6 +143,50 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="the kubelet's pod-resources socket, to confirm which pod each container belongs to "
         "(env TESSERA_POD_RESOURCES_SOCKET)",
     )
+    p.add_argument(
+        "--usage-tick-seconds",
+        type=seconds,
+        default=env("TESSERA_USAGE_TICK_SECONDS", "0.1"),
+        help="how often the containers' memory use is read and the quotas of best-effort containers "
+        "that borrow memory recomputed (env TESSERA_USAGE_TICK_SECONDS, default %(default)s)",
+    )
+    p.add_argument(
+        "--oversubscription-margin-mib",
+        type=non_negative_int,
+        default=env("TESSERA_OVERSUBSCRIPTION_MARGIN_MIB", "512"),
+        help="GPU memory left free by a best-effort container that borrows memory: its quota is at most "
+        "the GPU's memory minus the others' use minus this (env TESSERA_OVERSUBSCRIPTION_MARGIN_MIB, "
+        "default %(default)s)",
+    )
+    p.add_argument(
+        "--shortfall-wait-seconds",
+        type=seconds,
+        default=env("TESSERA_SHORTFALL_WAIT_SECONDS", "30"),
+        help="how long a guaranteed allocation the driver refuses for lack of memory waits for best-effort "
+        "pods that borrow it to be evicted (env TESSERA_SHORTFALL_WAIT_SECONDS, default %(default)s; at "
+        "most 600)",
+    )
+    p.add_argument(
+        "--eviction-grace-seconds",
+        type=non_negative_int,
+        default=env("TESSERA_EVICTION_GRACE_SECONDS", "5"),
+        help="grace period of a best-effort pod deleted to give memory back (env "
+        "TESSERA_EVICTION_GRACE_SECONDS, default %(default)s; keep it well under the shortfall wait)",
+    )
+    p.add_argument(
+        "--usage-publish-seconds",
+        type=seconds,
+        default=env("TESSERA_USAGE_PUBLISH_SECONDS", "5"),
+        help="the node's measured GPU use is patched at most this often (env TESSERA_USAGE_PUBLISH_SECONDS, "
+        "default %(default)s)",
+    )
+    p.add_argument(
+        "--usage-change-mib",
+        type=positive_int,
+        default=env("TESSERA_USAGE_CHANGE_MIB", "256"),
+        help="a GPU's measured use is patched before the next heartbeat only once it moved by this much "
+        "(env TESSERA_USAGE_CHANGE_MIB, default %(default)s)",
+    )
     return p
 
 
@@ -147,6 +201,15 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         keys = keys_for(args.domain)
     except ContractError as e:
         p.error(f"--domain: {e}")
+    if args.shortfall_wait_seconds * 1000 > MAX_SHORTFALL_WAIT_MS:
+        wait = args.shortfall_wait_seconds
+        p.error(f"--shortfall-wait-seconds: {wait:g} is more than {MAX_SHORTFALL_WAIT_MS // 1000}")
+    if args.eviction_grace_seconds >= args.shortfall_wait_seconds:
+        p.error(
+            f"--eviction-grace-seconds: {args.eviction_grace_seconds} must be less than "
+            f"--shortfall-wait-seconds ({args.shortfall_wait_seconds:g}): an evicted pod's memory must "
+            "come back before the wait ends"
+        )
     return Config(
         node_name=args.node_name,
         plugin_dir=args.plugin_dir,
@@ -161,4 +224,10 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         health_poll_seconds=args.health_poll_seconds,
         inflight_timeout=timedelta(seconds=args.inflight_timeout),
         pod_resources_socket=args.pod_resources_socket,
+        usage_tick_seconds=args.usage_tick_seconds,
+        oversubscription_margin_mib=args.oversubscription_margin_mib,
+        shortfall_wait_seconds=args.shortfall_wait_seconds,
+        eviction_grace_seconds=args.eviction_grace_seconds,
+        usage_publish_seconds=args.usage_publish_seconds,
+        usage_change_mib=args.usage_change_mib,
     )

@@ -43,6 +43,7 @@ CONNECT_SECONDS = 10.0
 # Reads of one pod or the node's pods: answered in milliseconds, or the API server is in trouble.
 READ_SECONDS = 30.0
 HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
 
 
 class KubeConfigError(RuntimeError):
@@ -238,6 +239,20 @@ class Kube:
                 "count": 1,
             },
         )
+
+    def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> None:
+        """Delete the pod with this UID (not a pod of the same name created since) after a grace
+        period; a pod already gone is no error."""
+        try:
+            self._core.delete_namespaced_pod(
+                name,
+                namespace,
+                body={"gracePeriodSeconds": grace_seconds, "preconditions": {"uid": uid}},
+                _request_timeout=(CONNECT_SECONDS, READ_SECONDS),
+            )
+        except client.ApiException as e:
+            if e.status not in (HTTP_NOT_FOUND, HTTP_CONFLICT):  # gone, or another pod of that name now
+                raise
 
     def node_annotations(self) -> dict[str, str]:
         response = self._core.read_node(self.node, _preload_content=False)

@@ -42,6 +42,12 @@ def run(config: Config, stop: threading.Event) -> None:
     def reading(uuid: str) -> GpuReading | None:
         return nvml.reading(uuid) if nvml is not None else None
 
+    def utilization(uuid: str) -> int | None:
+        read = reading(uuid)
+        return None if read is None else round(read.utilization_ratio * 100)
+
+    agent.utilization = utilization
+
     # Events go out on their own thread: a scrape never waits for the API server.
     events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
 
@@ -56,10 +62,18 @@ def run(config: Config, stop: threading.Event) -> None:
 
     registry = CollectorRegistry()
     registry.register(
-        AgentCollector(config.node_name, agent.inventory, reading, state, report_over=warn_over)
+        AgentCollector(
+            config.node_name,
+            agent.inventory,
+            reading,
+            state,
+            report_over=warn_over,
+            measured=agent.measured_usage,
+        )
     )
     plugin_metrics = PluginMetrics(registry)
     agent.on_followed = plugin_metrics.resizes_followed.inc
+    agent.on_evicted = plugin_metrics.best_effort_evictions.inc
     metrics_server, _ = start_http_server(config.metrics_port, config.metrics_address, registry=registry)
     log.info("metrics on http://%s:%d/metrics", config.metrics_address, metrics_server.server_port)
 
@@ -69,6 +83,7 @@ def run(config: Config, stop: threading.Event) -> None:
         threading.Thread(target=run_registration, args=(agent, config, plugin_metrics, stop), name="kubelet"),
         threading.Thread(target=agent.run_publisher, args=(stop,), name="publisher"),
         threading.Thread(target=agent.run_confirmations, args=(stop,), name="admissions"),
+        threading.Thread(target=agent.run_usage_checks, args=(stop,), name="usage"),
     ]
     if nvml is not None and gpus:
         threads.append(

@@ -30,9 +30,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from deviceplugin.nvml import GpuReading
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
-from hook.limits import CONTAINER_REGION_FILE
-from hook.region import RegionError, RegionUsage, read_region
-from tessera.contract import CONTAINER_STATE_DIR, MIB, GpuGrant, GpuInfo
+from tessera.contract import MIB, GpuGrant, GpuInfo, NodeGpuUsage, QosClass
 
 log = logging.getLogger(__name__)
 
@@ -141,13 +139,16 @@ class PluginMetrics:
             "Containers whose limits file was rewritten for a live resize (docs/placement.md)",
             registry=registry,
         )
+        self.best_effort_evictions = Counter(
+            "tessera_device_plugin_best_effort_evictions",
+            "Best-effort pods evicted because guaranteed containers waited for the memory they borrowed "
+            "(docs/deviceplugin.md)",
+            registry=registry,
+        )
 
 
 Inventory = tuple[GpuInfo, ...]
 Records = list[tuple[ContainerDir, ServedRecord]]
-
-# The region's path inside the container's state dir (the hook reads it from the limits file).
-REGION_NAME = CONTAINER_REGION_FILE.removeprefix(CONTAINER_STATE_DIR + "/")
 
 
 class AgentCollector(Collector):
@@ -161,6 +162,7 @@ class AgentCollector(Collector):
         processes: Callable[[str], tuple[GpuProcess, ...] | None] = nvml_processes,
         pod_of_pid: Callable[[int], str | None] = pod_uid_of,
         report_over: Callable[[OverQuota], None] = lambda _: None,
+        measured: Callable[[], NodeGpuUsage | None] = lambda: None,
     ) -> None:
         self._node = node
         self._inventory = inventory
@@ -169,6 +171,7 @@ class AgentCollector(Collector):
         self._processes = processes
         self._pod_of_pid = pod_of_pid
         self._report_over = report_over  # told once when a pod goes over (an event on the pod)
+        self._measured = measured  # each GPU's use as the node agent publishes it
         # (pod UID, GPU) found over quota at the last scrape: each is logged when it starts and ends.
         self._over: set[tuple[str, str]] = set()
 
@@ -179,6 +182,58 @@ class AgentCollector(Collector):
         yield from self._gpu_metrics(inventory, records)
         yield from self._container_metrics(inventory, records)
         yield from self._driver_crosscheck(inventory, records)
+        yield from self._oversubscription_metrics(inventory, records)
+
+    def _oversubscription_metrics(
+        self, inventory: Inventory, records: Records
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Best-effort containers that borrow memory (docs/deviceplugin.md), and the measured use
+        the node annotation publishes."""
+        oversubscribed = GaugeMetricFamily(
+            "tessera_gpu_oversubscribed",
+            "1 while best-effort containers borrow memory of the GPU that guaranteed ones were promised",
+            labels=GPU_LABELS,
+        )
+        refused = CounterMetricFamily(
+            "tessera_gpu_best_effort_allocations_refused",
+            "Allocations of best-effort containers that borrow the GPU's memory refused by their quota "
+            "(what the others leave unused; counted while they run)",
+            labels=GPU_LABELS,
+        )
+        measured_used = GaugeMetricFamily(
+            "tessera_gpu_measured_memory_used_bytes",
+            "GPU memory its containers hold, as published in the node's gpu-usage annotation",
+            labels=GPU_LABELS,
+        )
+        measured_guaranteed = GaugeMetricFamily(
+            "tessera_gpu_measured_guaranteed_memory_used_bytes",
+            "Of that, what guaranteed (standard, latency-critical) containers hold",
+            labels=GPU_LABELS,
+        )
+        measured_utilization = GaugeMetricFamily(
+            "tessera_gpu_measured_utilization_ratio",
+            "GPU utilisation as published in the node's gpu-usage annotation, 0..1",
+            labels=GPU_LABELS,
+        )
+        borrowing: dict[str, list[ContainerDir]] = defaultdict(list)
+        for where, record in records:
+            for grant in record.gpus:
+                if grant.oversubscribed and record.qos == QosClass.BEST_EFFORT:
+                    borrowing[grant.uuid].append(where)
+        measured = self._measured()
+        by_uuid = {g.uuid: g for g in measured.gpus} if measured is not None else {}
+        for gpu in inventory:
+            labels = (self._node, gpu.uuid, gpu.model)
+            oversubscribed.add_metric(labels, 1.0 if borrowing.get(gpu.uuid) else 0.0)
+            usages = [where.usage() for where in borrowing.get(gpu.uuid, [])]
+            devices = [u.device(gpu.uuid) for u in usages if u is not None]
+            refused.add_metric(labels, sum(d.allocations_refused for d in devices if d is not None))
+            use = by_uuid.get(gpu.uuid)
+            if use is not None:
+                measured_used.add_metric(labels, use.memory_used_mib * MIB)
+                measured_guaranteed.add_metric(labels, use.guaranteed_used_mib * MIB)
+                measured_utilization.add_metric(labels, use.utilization_percent / 100)
+        yield from (oversubscribed, refused, measured_used, measured_guaranteed, measured_utilization)
 
     def _gpu_metrics(self, inventory: Inventory, records: Records) -> Iterator[GaugeMetricFamily]:
         healthy = GaugeMetricFamily("tessera_gpu_healthy", "1 if the GPU is healthy", labels=GPU_LABELS)
@@ -273,7 +328,7 @@ class AgentCollector(Collector):
         )
         models = {gpu.uuid: gpu.model for gpu in inventory}
         for where, record in records:
-            usage = self._region(where.state / REGION_NAME)
+            usage = where.usage()
             for grant in record.gpus:
                 # A GPU gone from the inventory keeps its containers' series, with no model.
                 model = models.get(grant.uuid, "")
@@ -287,15 +342,6 @@ class AgentCollector(Collector):
                 busy.add_metric(labels, device.busy_seconds if device else 0.0)
                 throttled.add_metric(labels, device.throttled_seconds if device else 0.0)
         yield from (quota, used, peak, refused, cores, busy, throttled)
-
-    def _region(self, path: Path) -> RegionUsage | None:
-        if not path.exists():
-            return None  # no process of the container has used the GPU yet
-        try:
-            return read_region(path)
-        except RegionError as e:
-            log.warning("%s", e)
-            return None
 
     def _driver_crosscheck(self, inventory: Inventory, records: Records) -> Iterator[GaugeMetricFamily]:
         """Per pod and GPU: device memory its processes hold by NVML, and whether that exceeds

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from deviceplugin.matching import InFlight
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
-from hook.limits import DeviceLimit
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
     CONTAINER_HOOK_LIBRARY,
@@ -38,7 +38,6 @@ class ContainerAnswer:
     envs: dict[str, str]
     mounts: tuple[MountSpec, ...]
     where: ContainerDir
-    limits: tuple[DeviceLimit, ...]
     qos: QosClass
     slots: tuple[Path, ...]  # the container's coordination slots, one per GPU, created zeroed
     record: ServedRecord
@@ -82,7 +81,6 @@ def answer_for(
         envs={VISIBLE_DEVICES_ENV: ",".join(uuids)},
         mounts=(*hook_mounts(where, state, hook_library), *coordination),
         where=where,
-        limits=tuple(DeviceLimit.from_grant(g) for g in container.grants),
         qos=container.qos,
         slots=slots,
         record=ServedRecord(
@@ -92,6 +90,8 @@ def answer_for(
             container=container.container,
             gpus=container.grants,
             device_ids=tuple(device_ids),
+            qos=container.qos,
+            served_at=time.time(),
         ),
     )
 

@@ -25,6 +25,7 @@ The records survive a restart of the agent, so a restart never serves a containe
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -35,7 +36,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tessera.contract import CONTAINER_HOOK_LIBRARY, COORDINATION_SLOT_BYTES, GpuGrant, QosClass
+from hook.limits import CONTAINER_REGION_FILE
+from hook.region import RegionError, RegionUsage, read_region
+from tessera.contract import (
+    CONTAINER_HOOK_LIBRARY,
+    CONTAINER_STATE_DIR,
+    COORDINATION_SLOT_BYTES,
+    GpuGrant,
+    QosClass,
+)
 
 # Pod UIDs and container names are DNS labels / UUIDs in the API; anything else is refused so a
 # name can never point outside the state dir.
@@ -46,6 +55,12 @@ _SLOT_SEPARATOR = "_"
 SLOT_MODE = 0o666
 # The container's processes run as any user; the hook in each must create and map the region file.
 STATE_DIR_MODE = 0o777
+
+
+log = logging.getLogger(__name__)
+
+# The region's path inside the container's state dir (the hook reads it from the limits file).
+REGION_NAME = CONTAINER_REGION_FILE.removeprefix(CONTAINER_STATE_DIR + "/")
 
 
 def _check_names(*named: tuple[str, str]) -> None:
@@ -66,6 +81,10 @@ class ServedRecord(BaseModel):
     gpus: tuple[GpuGrant, ...]
     # The slice IDs the kubelet allocated: how the pod-resources API names this container.
     device_ids: tuple[str, ...] = ()
+    # The pod's class (a record of before classes: standard), and when it was served (Unix time; 0
+    # before this was kept): best-effort containers that borrow memory are evicted newest first.
+    qos: QosClass = QosClass.STANDARD
+    served_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +106,22 @@ class ContainerDir:
     @property
     def record(self) -> Path:
         return self.root / "allocation.json"
+
+    @property
+    def region(self) -> Path:
+        """The container's accounting region, which its processes' hook writes."""
+        return self.state / REGION_NAME
+
+    def usage(self) -> RegionUsage | None:
+        """What the region says; None before any process used a GPU, or (logged) when it cannot be
+        read: the container wrote it, and may have broken it."""
+        if not self.region.exists():
+            return None
+        try:
+            return read_region(self.region)
+        except RegionError as e:
+            log.warning("%s", e)
+            return None
 
 
 @dataclass(frozen=True, slots=True)

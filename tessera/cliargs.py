@@ -24,6 +24,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = _parse(text, int, "an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
+    return value
+
+
 def positive_number(text: str) -> float:
     value = _parse(text, float, "a number")
     if not 0 < value < float("inf"):

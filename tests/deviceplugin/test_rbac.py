@@ -16,7 +16,15 @@ from kubernetes import client, config
 
 from sandbox.controlplane import ControlPlane
 from sandbox.kubelet_standin import KubeletStandIn
-from tessera.contract import KEYS, Phase
+from tessera.contract import (
+    KEYS,
+    Allocation,
+    ContainerAllocation,
+    GpuGrant,
+    Phase,
+    QosClass,
+    dump_allocation,
+)
 from tests.deviceplugin.conftest import PluginProcess
 from tests.waiting import wait_for
 
@@ -214,6 +222,32 @@ def test_agent_works_with_exactly_the_deployed_rbac(
     with pytest.raises(client.ApiException) as forbidden:
         agent.list_namespaced_secret(namespace)
     assert forbidden.value.status == 403
-    with pytest.raises(client.ApiException) as forbidden:
+    # Deletes: only of best-effort pods on its own node that borrow GPU memory (evictions).
+    with pytest.raises(client.ApiException) as denied_pod:
         agent.delete_namespaced_pod(victim, namespace)
-    assert forbidden.value.status == 403
+    assert "may delete only best-effort pods that borrow GPU memory" in str(denied_pod.value.body)
+    borrowing = dump_allocation(
+        Allocation(
+            node=node,
+            containers=(
+                ContainerAllocation(
+                    name="main", gpus=(GpuGrant(uuid="GPU-0", memory_mib=1024, cores=0, oversubscribed=True),)
+                ),
+            ),
+            qos=QosClass.BEST_EFFORT,
+        )
+    )
+    here, there = f"borrower-{uuid.uuid4().hex[:6]}", f"borrower-{uuid.uuid4().hex[:6]}"
+    for name, on in ((here, node), (there, other)):
+        core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": name, "annotations": {KEYS.allocation: borrowing}},
+                "spec": {"nodeName": on, "containers": [{"name": "main", "image": "x"}]},
+            },
+        )
+    with pytest.raises(client.ApiException) as denied_pod:
+        agent.delete_namespaced_pod(there, namespace)
+    assert "may change only its own Node and the pods" in str(denied_pod.value.body)
+    agent.delete_namespaced_pod(here, namespace, grace_period_seconds=0)
+    core.delete_namespaced_pod(there, namespace, grace_period_seconds=0)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.metrics import REGION_NAME, AgentCollector, GpuProcess, OverQuota, pod_uid_of
-from deviceplugin.statedir import ServedRecord, StateDir
+from deviceplugin.metrics import AgentCollector, GpuProcess, OverQuota, pod_uid_of
+from deviceplugin.statedir import REGION_NAME, ServedRecord, StateDir
 from tessera.contract import GpuGrant, GpuInfo
 from tests.hook.conftest import GIB, Clients, FakeGpus
 from tests.processes import Processes

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.metrics import REGION_NAME, AgentCollector
-from deviceplugin.statedir import ServedRecord, StateDir
+from deviceplugin.metrics import AgentCollector
+from deviceplugin.statedir import REGION_NAME, ServedRecord, StateDir
 from hook.limits import CONTAINER_REGION_FILE, DeviceLimit, render_limits, write_limits
 from hook.region import RegionError, RegionUsage, read_region
 from tessera.contract import CONTAINER_COORDINATION_DIR, ContractError, GpuGrant, QosClass

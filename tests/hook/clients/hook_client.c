@@ -358,6 +358,8 @@ int main(int argc, char **argv) {
             printf("child %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
         } else if (!strcmp(cmd, "end")) {
             exit(0);
+        } else if (!strcmp(cmd, "sleep-ms")) {
+            usleep((useconds_t)atoi(argv[++i]) * 1000u);
         } else if (!strcmp(cmd, "wait-stdin")) {
             char line[64];
             printf("waiting\n");

@@ -1,0 +1,146 @@
+"""The pure rules of best-effort containers that borrow GPU memory: their quota is what the others
+leave, never below what they hold; guaranteed containers' waits evict them newest first; the measured
+use is published on real change only."""
+
+from __future__ import annotations
+
+import pytest
+
+from deviceplugin.oversubscription import Holder, measured_use, plan_gpu, usage_worth_publishing
+from tessera.contract import MIB, GpuUsage, QosClass
+
+GPU = 16384 * MIB
+MARGIN = 512 * MIB
+
+
+def holder(
+    key: str,
+    qos: QosClass,
+    *,
+    grant: int,
+    used: int = 0,
+    waiting: int = 0,
+    oversubscribed: bool = False,
+    served_at: float = 0.0,
+) -> Holder[str]:
+    return Holder(
+        key=key,
+        qos=qos,
+        grant_bytes=grant * MIB,
+        oversubscribed=oversubscribed,
+        used_bytes=used * MIB,
+        waiting_bytes=waiting * MIB,
+        served_at=served_at,
+    )
+
+
+def guaranteed(key: str, grant: int, used: int = 0, waiting: int = 0) -> Holder[str]:
+    return holder(key, QosClass.STANDARD, grant=grant, used=used, waiting=waiting)
+
+
+def borrower(key: str, grant: int, used: int = 0, served_at: float = 0.0) -> Holder[str]:
+    return holder(key, QosClass.BEST_EFFORT, grant=grant, used=used, oversubscribed=True, served_at=served_at)
+
+
+def test_a_borrowers_quota_is_what_the_others_leave_less_the_margin() -> None:
+    plan = plan_gpu(GPU, [guaranteed("g", 12288, used=4096), borrower("b", 16384)], MARGIN, frozenset())
+    assert plan.quotas == {"b": (16384 - 4096 - 512) * MIB}
+    assert plan.oversubscribed
+    assert plan.evict == () and plan.shortfall_bytes == 0
+
+
+def test_a_borrowers_quota_never_exceeds_its_grant() -> None:
+    plan = plan_gpu(GPU, [guaranteed("g", 12288, used=1024), borrower("b", 4096)], MARGIN, frozenset())
+    assert plan.quotas == {"b": 4096 * MIB}
+
+
+def test_shrinking_never_goes_below_what_the_borrower_holds() -> None:
+    # The guaranteed container grew to 12 GiB while the borrower holds 6 GiB: its quota is what it
+    # holds (new allocations refused), nothing is taken from it.
+    plan = plan_gpu(
+        GPU, [guaranteed("g", 16384, used=12288), borrower("b", 8192, used=6144)], MARGIN, frozenset()
+    )
+    assert plan.quotas == {"b": 6144 * MIB}
+
+
+def test_a_borrower_with_nothing_left_gets_one_byte() -> None:
+    plan = plan_gpu(GPU, [guaranteed("g", 16384, used=16000), borrower("b", 8192)], MARGIN, frozenset())
+    assert plan.quotas == {"b": 1}
+
+
+def test_best_effort_placed_by_requests_and_guaranteed_containers_keep_their_grants() -> None:
+    placed = holder("p", QosClass.BEST_EFFORT, grant=2048, used=1024)
+    plan = plan_gpu(GPU, [guaranteed("g", 8192, used=8000), placed], MARGIN, frozenset())
+    assert plan.quotas == {} and not plan.oversubscribed
+    # A guaranteed container that waits beside no borrower evicts nothing: nobody borrows.
+    plan = plan_gpu(GPU, [guaranteed("g", 8192, used=8000, waiting=100), placed], MARGIN, frozenset())
+    assert plan.evict == ()
+
+
+def test_a_wait_evicts_borrowers_newest_first_until_what_they_hold_covers_it() -> None:
+    holders = [
+        guaranteed("g", 16384, used=8192, waiting=3000),
+        borrower("old", 4096, used=3072, served_at=1.0),
+        borrower("mid", 4096, used=2048, served_at=2.0),
+        borrower("new", 4096, used=2048, served_at=3.0),
+        borrower("idle", 4096, used=0, served_at=4.0),  # holds nothing: evicting it frees nothing
+    ]
+    plan = plan_gpu(GPU, holders, MARGIN, frozenset())
+    assert plan.shortfall_bytes == 3000 * MIB
+    assert plan.evict == ("new", "mid")
+
+
+def test_evictions_under_way_count_as_memory_coming_back() -> None:
+    holders = [
+        guaranteed("g", 16384, used=8192, waiting=3000),
+        borrower("old", 4096, used=3072, served_at=1.0),
+        borrower("new", 4096, used=2048, served_at=3.0),
+    ]
+    plan = plan_gpu(GPU, holders, MARGIN, frozenset({"new"}))
+    assert plan.shortfall_bytes == 952 * MIB
+    assert plan.evict == ("old",)
+    assert plan_gpu(GPU, holders, MARGIN, frozenset({"new", "old"})).evict == ()
+
+
+def test_measured_use_rounds_up_and_splits_the_guaranteed_part() -> None:
+    holders = [guaranteed("g", 8192, used=100), borrower("b", 4096, used=50), guaranteed("h", 10)]
+    use = measured_use("GPU-0", [*holders, holder("x", QosClass.LATENCY_CRITICAL, grant=1, used=0)], 140)
+    assert use == GpuUsage(
+        uuid="GPU-0", memory_used_mib=150, guaranteed_used_mib=100, utilization_percent=100
+    )
+    one_byte = Holder("k", QosClass.STANDARD, MIB, False, 1, 0, 0.0)
+    assert measured_use("GPU-0", [one_byte], 5).memory_used_mib == 1
+
+
+def use(mib: int, guaranteed_mib: int = 0, percent: int = 0, uuid: str = "GPU-0") -> GpuUsage:
+    return GpuUsage(
+        uuid=uuid, memory_used_mib=mib, guaranteed_used_mib=guaranteed_mib, utilization_percent=percent
+    )
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "since", "publish"),
+    [
+        (None, [use(0)], 0.0, True),  # never published
+        ([use(100)], [use(100)], 1000.0, False),  # nothing changed
+        ([use(100)], [use(1000)], 1.0, False),  # too soon after the last patch
+        ([use(100)], [use(356)], 6.0, True),  # moved by the threshold
+        ([use(100)], [use(355)], 6.0, False),  # moved by less
+        ([use(100, 0)], [use(100, 0, 10)], 6.0, True),  # utilisation moved by 10 points
+        ([use(100)], [use(101)], 60.0, True),  # a heartbeat's time passed: any change
+        ([use(100)], [use(100), use(0, uuid="GPU-1")], 6.0, True),  # a GPU more
+    ],
+)
+def test_the_measured_use_is_published_on_real_change_and_never_too_often(
+    before: list[GpuUsage] | None, after: list[GpuUsage], since: float, publish: bool
+) -> None:
+    worth = usage_worth_publishing(
+        before,
+        after,
+        change_mib=256,
+        change_percent=10,
+        since_published=since,
+        min_interval=5.0,
+        max_interval=30.0,
+    )
+    assert worth == publish
