@@ -28,6 +28,7 @@ from tessera.contract import (
     CONTAINER_STATE_DIR,
     COORDINATION_SLOT_BYTES,
     KEYS,
+    MIB,
     Allocation,
     ContainerAllocation,
     ContainerRequest,
@@ -38,6 +39,7 @@ from tessera.contract import (
     dump_allocation,
     format_time,
     parse_allocation,
+    parse_gpu_usage,
 )
 from tessera.inflight import inflight_conflict
 
@@ -323,6 +325,39 @@ def test_inventory_is_patched_only_when_it_changes(tmp_path: Path) -> None:
     assert agent.publish(heartbeat=False)
     assert '"health":"Unhealthy"' in kube.node[KEYS.node_gpus]
     assert agent.publish(heartbeat=True)
+
+
+def test_measured_use_is_published_with_the_inventory_and_limits_follow_borrowing(tmp_path: Path) -> None:
+    # A best-effort pod whose grant borrows GPU-0's memory beside a standard one.
+    borrowing = Allocation(
+        node=NODE,
+        containers=(
+            ContainerAllocation(
+                name="main", gpus=(GpuGrant(uuid="GPU-0", memory_mib=16384, cores=0, oversubscribed=True),)
+            ),
+        ),
+        qos=QosClass.BEST_EFFORT,
+    )
+    be = in_flight_pod("be", {"main": [("GPU-0", 16384, 0)]}, bind=1, qos=QosClass.BEST_EFFORT)
+    be = dataclasses.replace(be, annotations={**be.annotations, KEYS.allocation: dump_allocation(borrowing)})
+    pods = [in_flight_pod("std", {"main": [("GPU-0", 4096, 10)]}, bind=0), be]
+    agent, kube = make_agent(tmp_path, pods)
+    agent.allocate([["GPU-0::0"]])
+    agent.allocate([["GPU-0::1"]])
+    agent.check_usage()
+    assert agent.oversubscribed_gpus() == {"GPU-0"}
+    limits = {
+        p.parent.parent.parent.name: p.read_text()
+        for p in (tmp_path / "containers").glob("*/*/limits.d/limits")
+    }
+    # Nothing used yet: the borrower may take the GPU less the margin; the standard one waits if short.
+    assert f"device GPU-0 memory {(16384 - 512) * MIB} cores 0" in limits["uid-be"]
+    assert "oversubscribed GPU-0 wait 30000" in limits["uid-std"] and "version 3" in limits["uid-std"]
+    assert "oversubscribed" not in limits["uid-be"]
+    assert agent.publish(heartbeat=False)
+    usage = parse_gpu_usage(kube.node[KEYS.node_gpu_usage])
+    assert [(g.uuid, g.memory_used_mib) for g in usage.gpus] == [(g.uuid, 0) for g in GPUS]
+    assert not agent.publish(heartbeat=False)  # nothing changed
 
 
 def test_state_of_containers_whose_pods_are_gone_is_removed(tmp_path: Path) -> None:

@@ -22,6 +22,9 @@ def test_defaults() -> None:
     assert config.heartbeat_seconds == 30
     assert config.inflight_timeout == timedelta(minutes=5)
     assert config.kubeconfig is None
+    assert (config.shortfall_wait_seconds, config.eviction_grace_seconds) == (30, 5)
+    assert (config.usage_tick_seconds, config.oversubscription_margin_mib) == (0.1, 512)
+    assert (config.usage_publish_seconds, config.usage_change_mib) == (5, 256)
 
 
 def test_environment_then_flags() -> None:
@@ -52,6 +55,15 @@ def test_environment_then_flags() -> None:
         (
             ["--node-name=n", "--domain=Not A Domain"],
             "--domain: domain: 'Not A Domain' is not a DNS subdomain",
+        ),
+        (
+            ["--node-name=n", "--oversubscription-margin-mib=-1"],
+            "argument --oversubscription-margin-mib: '-1' must be at least 0",
+        ),
+        (["--node-name=n", "--shortfall-wait-seconds=601"], "--shortfall-wait-seconds: 601 is more than 600"),
+        (
+            ["--node-name=n", "--shortfall-wait-seconds=10", "--eviction-grace-seconds=10"],
+            "--eviction-grace-seconds: 10 must be less than --shortfall-wait-seconds (10)",
         ),
     ],
 )

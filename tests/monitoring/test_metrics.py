@@ -12,7 +12,7 @@ from deviceplugin.metrics import AgentCollector
 from deviceplugin.nvml import GpuReading
 from deviceplugin.statedir import ServedRecord, StateDir
 from extender.metrics import Metrics
-from tessera.contract import MIB, GpuGrant, GpuInfo
+from tessera.contract import MIB, GpuGrant, GpuInfo, GpuUsage, NodeGpuUsage, QosClass
 
 MODEL = "NVIDIA A100-SXM4-40GB"
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -109,3 +109,50 @@ def test_every_counter_ends_in_total_and_every_unit_is_a_base_unit(tmp_path: Pat
             assert unit not in family.name, family.name
     assert "tessera_extender_binds_total" in text
     assert 'tessera_extender_request_seconds_bucket{le="0.001",verb="filter"} 1.0' in text
+
+
+def test_oversubscribed_gpus_and_the_measured_use_are_exported(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "state")
+    borrowing = GpuGrant(uuid=GPU_A, memory_mib=8192, cores=0, oversubscribed=True)
+    where = state.container("uid-batch", "main")
+    state.write_record(
+        where,
+        ServedRecord(
+            namespace="ml",
+            pod="batch",
+            pod_uid="uid-batch",
+            container="main",
+            gpus=(borrowing,),
+            qos=QosClass.BEST_EFFORT,
+        ),
+    )
+    measured = NodeGpuUsage(
+        time="2026-11-26T05:00:00Z",
+        gpus=(
+            GpuUsage(uuid=GPU_A, memory_used_mib=3000, guaranteed_used_mib=1000, utilization_percent=40),
+            GpuUsage(uuid=GPU_B, memory_used_mib=0, guaranteed_used_mib=0, utilization_percent=0),
+        ),
+    )
+    registry = CollectorRegistry()
+    registry.register(
+        AgentCollector(
+            "node-1",
+            lambda: (gpu(GPU_A, 0), gpu(GPU_B, 1)),
+            lambda uuid: None,
+            state,
+            processes=lambda uuid: (),
+            pod_of_pid=lambda pid: None,
+            measured=lambda: measured,
+        )
+    )
+    found = samples(generate_latest(registry).decode())
+    gpu_a = {"Hostname": "node-1", "UUID": GPU_A, "modelName": MODEL}
+    gpu_b = {**gpu_a, "UUID": GPU_B}
+    assert (gpu_a, 1) in found["tessera_gpu_oversubscribed"] and (gpu_b, 0) in found[
+        "tessera_gpu_oversubscribed"
+    ]
+    # No process has run yet: nothing refused.
+    assert (gpu_a, 0) in found["tessera_gpu_best_effort_allocations_refused_total"]
+    assert (gpu_a, 3000 * MIB) in found["tessera_gpu_measured_memory_used_bytes"]
+    assert (gpu_a, 1000 * MIB) in found["tessera_gpu_measured_guaranteed_memory_used_bytes"]
+    assert (gpu_a, 0.4) in found["tessera_gpu_measured_utilization_ratio"]
