@@ -173,6 +173,8 @@ class Agent:
             return self._version
 
     def wake_waiters(self) -> None:
+        """Wake the loops that wait for a change or a tick (to see that they are stopped)."""
+        self._check_wanted.set()
         with self._changed:
             self._changed.notify_all()
 
@@ -786,8 +788,18 @@ class Agent:
         except Exception as e:
             log.warning("pod %s: cannot record event: %s", pod_ref(pod.namespace, pod.name), e)
 
+    def _borrowing(self) -> bool:
+        """Whether a served container borrows memory (an oversubscribed best-effort grant)."""
+        with self._lock:
+            return any(
+                r.qos == QosClass.BEST_EFFORT and any(g.oversubscribed for g in r.gpus)
+                for r in self._records.values()
+            )
+
     def run_usage_checks(self, stop: threading.Event) -> None:
-        """:meth:`check_usage` every tick (and at once after an Allocate), until ``stop``."""
+        """:meth:`check_usage` every ``--usage-tick-seconds`` while a container borrows memory, else
+        every ``--usage-publish-seconds`` (only the measured use needs it then), and at once after an
+        Allocate, until ``stop``."""
         last_error = ""
         while not stop.is_set():
             try:
@@ -797,7 +809,10 @@ class Agent:
                 if str(e) != last_error:
                     log.warning("checking the GPUs' use failed (retrying): %s", e)
                     last_error = str(e)
-            self._check_wanted.wait(self.config.usage_tick_seconds)
+            config = self.config
+            self._check_wanted.wait(
+                config.usage_tick_seconds if self._borrowing() else config.usage_publish_seconds
+            )
             self._check_wanted.clear()
 
     def run_presence_checks(self, present: Callable[[str], bool], stop: threading.Event) -> None:
