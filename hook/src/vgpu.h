@@ -17,7 +17,8 @@
  *   spinlock.h  the lock of the process-local tables (tracking, compute)
  *
  * Calls go one way: the wrappers (memory, nvml, compute) use devices, tracking, the region and
- * limits (compute also the monitor's elastic verdict and qos.c); devices joins the region and starts
+ * limits (compute also the monitor's elastic verdict and qos.c; memory also shortfall.c, which uses
+ * the region, the clock and the log); devices joins the region and starts
  * the monitor and qos.c (the monitor also refreshes qos.c's peers, and has devices.c follow the
  * limits file: live resize); qos.c, tracking and snapshot use the region, which uses limits, the
  * clock and the log; process.c calls each file's fork handler. Two links go both ways: the one
