@@ -6,8 +6,10 @@ pod's allocations up to its quota all succeed.
 
 The placement side of issue #16 (the extender placing best-effort pods against measured use) is not
 merged yet: the borrower is bound here as the extender would bind it, its allocation written with an
-oversubscribed grant. Once the extender places such pods, this test should ask it to (a best-effort
-pod with the scheduler's name) instead of binding the pod itself."""
+oversubscribed grant, which needs the chart's policy that only Tessera writes placement annotations
+off (extender.annotationPolicy=false, this module's sandbox only). Once the extender places such
+pods, this test should ask it to (a best-effort pod with the scheduler's name) instead of binding the
+pod itself, with the policy on."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ IDLE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
 @pytest.fixture(scope="module")
 def sbx() -> Iterator[Sandbox]:
     running: tuple[Sandbox, HostView]
-    with running_sandbox("borrow") as running:
+    with running_sandbox("borrow", values=("extender.annotationPolicy=false",)) as running:
         yield running[0]
 
 
