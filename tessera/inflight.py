@@ -10,7 +10,7 @@ Pure: no I/O. The words are the glossary's (docs/glossary.md); both sides import
   on both binaries). A pod bound longer ago is *stale*: the extender no longer holds other pods back
   for it, so a lost pod never blocks a node for long.
 * **In-flight key** of a container's allocation (:func:`container_key`): (GPU count, sorted GPU
-  UUIDs, memory and cores per GPU in UUID order).
+  UUIDs, memory, cores and whether oversubscribed per GPU in UUID order).
 * **The rule** (:func:`keys_conflict`): for every GPU count, the in-flight containers of *different
   pods* on a node share one in-flight key. One pod's own containers may differ: the kubelet allocates
   a pod's containers one after the other, in spec order, before the next pod. The extender refuses a
@@ -44,14 +44,18 @@ class InflightKey(NamedTuple):
 
     gpu_count: int
     uuids: tuple[str, ...]  # sorted
-    quotas: tuple[tuple[int, int], ...]  # (memory MiB, cores) per GPU, in the order of ``uuids``
+    # (memory MiB, cores, oversubscribed) per GPU, in the order of ``uuids``: two containers whose
+    # grants differ only in being oversubscribed are enforced differently by the hook.
+    quotas: tuple[tuple[int, int, bool], ...]
 
 
 def container_key(container: ContainerAllocation) -> InflightKey:
     """The in-flight key of one container's allocation."""
     grants = sorted(container.gpus, key=lambda g: g.uuid)
     return InflightKey(
-        len(grants), tuple(g.uuid for g in grants), tuple((g.memory_mib, g.cores) for g in grants)
+        len(grants),
+        tuple(g.uuid for g in grants),
+        tuple((g.memory_mib, g.cores, g.oversubscribed) for g in grants),
     )
 
 

@@ -16,6 +16,8 @@ No I/O here. The extender (kube-scheduler adapter) and the simulator call the sa
 * :mod:`.qos`: a pod's QoS class (``qos_class``: its annotation, else its priority).
 * :mod:`.preemption`: ``choose_victims``, the lower-priority pods to evict on a node so a pod fits.
 * :mod:`.resize`: ``resize``, a placed pod's new quotas on the GPUs it has (live resize).
+* :mod:`.usage`: ``UsageRule`` (the safety margin and staleness of measured use) and
+  ``placed_since``, for placing best-effort pods against measured use.
 """
 
 from tessera.placement.engine import POLICIES, Evaluation, PlacementEngine
@@ -46,6 +48,7 @@ from tessera.placement.qos import QosThresholds, qos_class
 from tessera.placement.resize import ResizeRefusal, resize
 from tessera.placement.score import best_fits, choose, score_fits, score_nodes
 from tessera.placement.speed import SpeedProfiles
+from tessera.placement.usage import UsageRule, placed_since
 
 __all__ = [
     "POLICIES",
@@ -68,6 +71,7 @@ __all__ = [
     "ShapeMix",
     "Shortfall",
     "SpeedProfiles",
+    "UsageRule",
     "Victim",
     "apply",
     "best_fits",
@@ -79,6 +83,7 @@ __all__ = [
     "find_placement",
     "fit_keeping_inflight_rule",
     "make_fit",
+    "placed_since",
     "placement_keys",
     "placement_of",
     "qos_class",

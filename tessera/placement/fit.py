@@ -13,6 +13,10 @@ Rules (docs/placement.md has them with examples):
   island, then inside one NUMA node, then any set. Containers are placed biggest first, with
   backtracking (bounded by ``SEARCH_LIMIT`` tries per node), so a fit is found whenever one exists
   for the pods real clusters run.
+* A best-effort pod that fits nowhere on the node by requests may be placed against the GPUs'
+  measured use (:mod:`.usage`): ``by_use`` here, on GPUs with a free slice and ``measured_mib`` +
+  its memory within the GPU's memory (compute reserves nothing then), the GPUs with the most
+  measured headroom left first; all its grants are then oversubscribed.
 * A rejection names the shortfall: ``no GPU with 8192 MiB free; largest free 6144 MiB``. It is
   *unresolvable* when even an empty node could not take the pod (wrong models, too little memory,
   too few GPUs, node unusable), so kube-scheduler does not try preemption there.
@@ -23,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import combinations, repeat
 
-from tessera.contract import MAX_CORES, PodPreferences
+from tessera.contract import MAX_CORES, PodPreferences, QosClass
 from tessera.placement.model import (
     ContainerShape,
     GpuState,
@@ -72,11 +76,22 @@ def eligible_gpus(node: NodeState, shape: PodShape, profiles: SpeedProfiles) -> 
     return [i for i in healthy if allowed[node.gpus[i].model]]
 
 
-def _fitting(gpus: Sequence[GpuState], positions: Iterable[int], container: ContainerShape) -> list[int]:
+def _fitting(
+    gpus: Sequence[GpuState], positions: Iterable[int], container: ContainerShape, by_use: bool = False
+) -> list[int]:
     """The ``positions`` (in their order) whose GPU can take one GPU of ``container`` now: a free
-    slice, the compute and the memory (``container.memory_on``, inlined: this runs per GPU tried)."""
+    slice, the compute and the memory (``container.memory_on``, inlined: this runs per GPU tried);
+    ``by_use``: a free slice and the memory against the GPU's measured use (:mod:`.usage`)."""
     cores = container.cores_needed
     memory = container.memory_mib
+    if by_use:
+        return [
+            i
+            for i in positions
+            if (gpu := gpus[i]).free_slices >= 1
+            and gpu.measured_mib is not None
+            and gpu.measured_mib + (gpu.memory_mib if memory is None else memory) <= gpu.memory_mib
+        ]
     return [
         i
         for i in positions
@@ -86,9 +101,21 @@ def _fitting(gpus: Sequence[GpuState], positions: Iterable[int], container: Cont
     ]
 
 
-def gpu_takes(gpu: GpuState, container: ContainerShape) -> bool:
+def gpu_takes(gpu: GpuState, container: ContainerShape, by_use: bool = False) -> bool:
     """Whether ``gpu`` can take one GPU of ``container`` now (the rule of :func:`_fitting`)."""
-    return bool(_fitting((gpu,), (0,), container))
+    return bool(_fitting((gpu,), (0,), container, by_use))
+
+
+def headroom_mib(gpu: GpuState) -> int:
+    """What the GPU's measured use (with the margin and the grants placed since) leaves; 0 when
+    it has no fresh measurement."""
+    return 0 if gpu.measured_mib is None else max(0, gpu.memory_mib - gpu.measured_mib)
+
+
+def _use_key(gpu: GpuState, container: ContainerShape) -> tuple[float, ...]:
+    """The order of GPUs for a placement against measured use: the most headroom left after it first
+    (the least likely to need its memory back), then the lowest index."""
+    return (-(headroom_mib(gpu) - container.memory_on(gpu)) / gpu.memory_mib, gpu.index)
 
 
 def _islands(node: NodeState, positions: Sequence[int]) -> list[list[int]]:
@@ -144,11 +171,13 @@ def find_placement(
     context: ClusterContext,
     *,
     pinned: Mapping[int, Sequence[int]] | None = None,
+    by_use: bool = False,
 ) -> Placement | None:
     """The placement the policy prefers among those that fit, or None. ``pinned`` limits containers
-    (by index in the shape) to some GPU positions (see :mod:`.inflight`)."""
+    (by index in the shape) to some GPU positions (see :mod:`.inflight`); ``by_use``: against the
+    GPUs' measured use, every grant oversubscribed (:mod:`.usage`)."""
     if pinned is None and len(shape.containers) == 1:
-        return _place_one_container(node, shape.containers[0], eligible, policy, context)
+        return _place_one_container(node, shape.containers[0], eligible, policy, context, by_use=by_use)
     gpus = list(node.gpus)
     order = sorted(
         range(len(shape.containers)),
@@ -167,20 +196,25 @@ def find_placement(
             return True
         container = shape.containers[order[step]]
         if pinned is not None and order[step] in pinned:
-            candidates = _fitting(gpus, [i for i in pinned[order[step]] if i in eligible], container)
+            candidates = _fitting(gpus, [i for i in pinned[order[step]] if i in eligible], container, by_use)
         else:
-            candidates = _fitting(gpus, eligible, container)
+            candidates = _fitting(gpus, eligible, container, by_use)
         if len(candidates) < container.gpu_count:
             return False
-        candidates.sort(key=lambda i: policy.gpu_key(gpus[i], container, context))
+        if by_use:
+            candidates.sort(key=lambda i: _use_key(gpus[i], container))
+        else:
+            candidates.sort(key=lambda i: policy.gpu_key(gpus[i], container, context))
         for gpu_set in _gpu_sets(node, candidates, container.gpu_count):
             if budget <= 0:
                 return False
             budget -= 1
-            grants = tuple(Grant(i, container.memory_on(gpus[i]), container.cores_needed) for i in gpu_set)
+            grants = tuple(
+                Grant(i, container.memory_on(gpus[i]), container.cores_needed, by_use) for i in gpu_set
+            )
             before = [gpus[g.gpu] for g in grants]
             for g in grants:
-                gpus[g.gpu] = gpus[g.gpu].with_use(g.memory_mib, g.cores, 1)
+                gpus[g.gpu] = gpus[g.gpu].with_use(g.memory_mib, g.cores, 1, by_use)
             chosen[order[step]] = grants
             if place(step + 1):
                 return True
@@ -199,22 +233,28 @@ def _place_one_container(
     eligible: Sequence[int],
     policy: PlacementPolicy,
     context: ClusterContext,
+    *,
+    by_use: bool,
 ) -> Placement | None:
     """:func:`find_placement` for the common pod of one container, without the search: with no
     container placed after it, the search keeps the first GPU set it tries, and this is that set."""
     gpus = node.gpus
-    candidates = _fitting(gpus, eligible, container)
+    candidates = _fitting(gpus, eligible, container, by_use)
     if len(candidates) < container.gpu_count:
         return None
     # The policy's keys in one C-level pass (map), not a lambda call per GPU.
-    keys = list(map(policy.gpu_key, map(gpus.__getitem__, candidates), repeat(container), repeat(context)))
+    keys: list[tuple[float, ...]] = (
+        [_use_key(gpus[i], container) for i in candidates]
+        if by_use
+        else list(map(policy.gpu_key, map(gpus.__getitem__, candidates), repeat(container), repeat(context)))
+    )
     if container.gpu_count == 1:
         # The first of the smallest keys: what the stable sort would put first, without sorting.
         gpu_set: tuple[int, ...] = (candidates[keys.index(min(keys))],)
     else:
         ranked = [candidates[k] for k in sorted(range(len(keys)), key=keys.__getitem__)]
         gpu_set = next(_gpu_sets(node, ranked, container.gpu_count))
-    grants = tuple(Grant(i, container.memory_on(gpus[i]), container.cores_needed) for i in gpu_set)
+    grants = tuple(Grant(i, container.memory_on(gpus[i]), container.cores_needed, by_use) for i in gpu_set)
     return Placement(node=node.name, containers=(grants,))
 
 
@@ -236,6 +276,8 @@ def filter_node(
         return NodeRejection(node.name, host, Shortfall.HOST)
     eligible = eligible_gpus(node, shape, profiles)
     placement = find_placement(node, shape, eligible, policy, context) if eligible else None
+    if placement is None and eligible and shape.qos == QosClass.BEST_EFFORT:
+        placement = find_placement(node, shape, eligible, policy, context, by_use=True)
     if placement is None:
         return explain_rejection(node, shape, eligible, profiles)
     return make_fit(node, shape, placement, profiles=profiles, policy=policy, context=context)
@@ -250,7 +292,9 @@ def make_fit(
     policy: PlacementPolicy,
     context: ClusterContext,
 ) -> NodeFit:
-    """The fit of ``placement`` with its policy score and speed gain."""
+    """The fit of ``placement`` with its policy score and speed gain. A placement against measured
+    use scores by the headroom it leaves (:func:`use_score`), not by the policy: requests say
+    nothing of a GPU full by requests."""
     workload = shape.preferences.workload
     # Without a workload profile every gain is 1.0, and so is their minimum. A pod asking no GPU
     # (the simulator places CPU-only trace pods on GPU nodes) has no speed gain either.
@@ -259,7 +303,27 @@ def make_fit(
         if profiles.has_workload(workload)
         else 1.0
     )
-    return NodeFit(node, placement, policy.score(node, placement, shape, context), gain)
+    score = (
+        use_score(node, placement)
+        if placement.oversubscribed
+        else policy.score(node, placement, shape, context)
+    )
+    return NodeFit(node, placement, score, gain)
+
+
+def use_score(node: NodeState, placement: Placement) -> float:
+    """0..1: the smallest share of a chosen GPU's memory that its measured use leaves after the
+    placement (the node least likely to need the memory back scores highest)."""
+    taken: dict[int, int] = {}
+    for grant in placement.grants():
+        taken[grant.gpu] = taken.get(grant.gpu, 0) + grant.memory_mib
+    return min(
+        (
+            max(0, headroom_mib(node.gpus[i]) - memory) / node.gpus[i].memory_mib
+            for i, memory in taken.items()
+        ),
+        default=0.0,
+    )
 
 
 def _host_shortfall(node: NodeState, shape: PodShape) -> str | None:
@@ -278,22 +342,35 @@ def _host_shortfall(node: NodeState, shape: PodShape) -> str | None:
 def explain_rejection(
     node: NodeState, shape: PodShape, eligible: Sequence[int], profiles: SpeedProfiles
 ) -> NodeRejection:
-    """The rejection of a pod that found no placement on ``node``."""
+    """The rejection of a pod that found no placement on ``node`` (for a best-effort pod, neither
+    by requests nor against measured use: the reason says what measured use leaves)."""
     ineligible = _ineligibility(node, shape, eligible, profiles)
     if ineligible is not None:
         return NodeRejection(node.name, *ineligible)
     several = len(shape.containers) > 1
+    by_use = _by_use_shortfall(node, eligible) if shape.qos == QosClass.BEST_EFFORT else ""
     for container in shape.containers:
         found = _container_shortfall(node, container, eligible)
         if found is not None:
             reason, shortfall = found
             return NodeRejection(
-                node.name, f"{container.describe()}: {reason}" if several else reason, shortfall
+                node.name,
+                f"{container.describe()}: {reason}{by_use}" if several else f"{reason}{by_use}",
+                shortfall,
             )
     wanted = " + ".join(c.describe() for c in shape.containers)
     return NodeRejection(
-        node.name, f"the containers fit one by one but not together ({wanted})", Shortfall.TOGETHER
+        node.name, f"the containers fit one by one but not together ({wanted}){by_use}", Shortfall.TOGETHER
     )
+
+
+def _by_use_shortfall(node: NodeState, eligible: Sequence[int]) -> str:
+    """What measured use leaves on the eligible GPUs, for a best-effort pod's rejection."""
+    measured = [node.gpus[i] for i in eligible if node.gpus[i].measured_mib is not None]
+    if not measured:
+        return "; no fresh measured use to place a best-effort pod against"
+    most = max(headroom_mib(g) for g in measured)
+    return f"; against measured use (with the safety margin) largest headroom {most} MiB"
 
 
 def _models(node: NodeState, positions: Sequence[int]) -> str:

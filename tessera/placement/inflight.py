@@ -30,17 +30,18 @@ def placement_keys(node: NodeState, placement: Placement) -> list[InflightKey]:
             InflightKey(
                 len(ordered),
                 tuple(node.gpus[g.gpu].uuid for g in ordered),
-                tuple((g.memory_mib, g.cores) for g in ordered),
+                tuple((g.memory_mib, g.cores, g.oversubscribed) for g in ordered),
             )
         )
     return keys
 
 
 def _pins(
-    node: NodeState, shape: PodShape, inflight: Mapping[str, Sequence[InflightKey]]
+    node: NodeState, shape: PodShape, inflight: Mapping[str, Sequence[InflightKey]], by_use: bool
 ) -> dict[int, list[int]] | None:
     """For each container of the pod whose GPU count other in-flight pods use: the GPU positions of
-    their (single) key, if the container's quotas on those GPUs equal the key's; None if impossible."""
+    their (single) key, if the container's quotas on those GPUs (placed by requests, or against
+    measured use when ``by_use``) equal the key's; None if impossible."""
     keys: dict[int, set[InflightKey]] = {}
     for pod_keys in inflight.values():
         for key in pod_keys:
@@ -57,7 +58,8 @@ def _pins(
         known = [p for p in positions if p is not None]
         if len(known) != len(positions):
             return None
-        if tuple((container.memory_on(node.gpus[p]), container.cores_needed) for p in known) != key.quotas:
+        quotas = tuple((container.memory_on(node.gpus[p]), container.cores_needed, by_use) for p in known)
+        if quotas != key.quotas:
             return None
         pins[index] = known
     return pins
@@ -81,11 +83,14 @@ def fit_keeping_inflight_rule(
     conflict = keys_conflict(node.name, placement_keys(node, fit.placement), inflight)
     if conflict is None:
         return fit
-    pins = _pins(node, shape, inflight)
+    # The same way the fit was placed: by requests, or against measured use (only where a
+    # best-effort pod fits by requests nowhere on the node).
+    by_use = fit.placement.oversubscribed
+    pins = _pins(node, shape, inflight, by_use)
     if not pins:
         return conflict
     placement = find_placement(
-        node, shape, eligible_gpus(node, shape, profiles), policy, context, pinned=pins
+        node, shape, eligible_gpus(node, shape, profiles), policy, context, pinned=pins, by_use=by_use
     )
     if placement is None or keys_conflict(node.name, placement_keys(node, placement), inflight):
         return conflict

@@ -10,7 +10,10 @@ Vocabulary:
 * a :class:`ContainerShape` is what one container asks for, without its name; a :class:`PodShape` is
   the tuple of them plus the pod's placement preferences (hashable, so caches key on it);
 * a :class:`Placement` says, per container, which GPUs (by position in ``NodeState.gpus``) with how
-  much memory and compute.
+  much memory and compute;
+* an *oversubscribed* grant (best-effort pods only, :mod:`.usage`) was placed against the GPU's
+  measured use, not its requests: it takes a slice but none of the memory or compute that placement
+  by requests counts (``used_memory_mib``, ``used_cores``); its memory is ``borrowed_mib``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ class GpuState:
     used_memory_mib: int = 0
     used_cores: int = 0
     used_slices: int = 0
+    # The memory of the oversubscribed grants on it: in no fit by requests (see the module's notes).
+    borrowed_mib: int = 0
+    # What usage-aware placement counts as taken (:mod:`.usage`): the memory measured in use, plus
+    # the safety margin, plus every grant placed since the measurement in full; None: no fresh
+    # measurement, so nothing may be placed against use here.
+    measured_mib: int | None = None
     # Derived once here, not in properties: the fit search reads them for every GPU of every node it
     # tries. Left out of equality and repr: they follow from the fields above.
     free_memory_mib: int = field(init=False, repr=False, compare=False)
@@ -60,9 +69,34 @@ class GpuState:
         object.__setattr__(self, "free_cores", MAX_CORES - self.used_cores)
         object.__setattr__(self, "free_slices", self.slices - self.used_slices)
 
-    def with_use(self, memory_mib: int, cores: int, slices: int) -> GpuState:
+    def with_use(self, memory_mib: int, cores: int, slices: int, oversubscribed: bool = False) -> GpuState:
         """This GPU with ``memory_mib``, ``cores`` and ``slices`` added to its use (negative: given
-        back). What ``dataclasses.replace`` would make, without its per-field introspection."""
+        back); ``oversubscribed``: of grants placed against measured use, whose memory is borrowed
+        and whose cores reserve nothing. What ``dataclasses.replace`` would make, without its
+        per-field introspection.
+
+        A grant added counts in full on top of the measured use (it has not started using); one
+        given back leaves the measured use as it is until the next measurement (what it really used
+        is in it, and unknown)."""
+        measured = self.measured_mib
+        if measured is not None and memory_mib > 0:
+            measured += memory_mib
+        if oversubscribed:
+            return GpuState(
+                uuid=self.uuid,
+                index=self.index,
+                model=self.model,
+                memory_mib=self.memory_mib,
+                slices=self.slices,
+                numa=self.numa,
+                nvlink_peers=self.nvlink_peers,
+                healthy=self.healthy,
+                used_memory_mib=self.used_memory_mib,
+                used_cores=self.used_cores,
+                used_slices=self.used_slices + slices,
+                borrowed_mib=self.borrowed_mib + memory_mib,
+                measured_mib=measured,
+            )
         return GpuState(
             uuid=self.uuid,
             index=self.index,
@@ -75,6 +109,8 @@ class GpuState:
             used_memory_mib=self.used_memory_mib + memory_mib,
             used_cores=self.used_cores + cores,
             used_slices=self.used_slices + slices,
+            borrowed_mib=self.borrowed_mib,
+            measured_mib=measured,
         )
 
     @property
@@ -157,16 +193,21 @@ class PodShape:
     preferences: PodPreferences = field(default_factory=PodPreferences)
     cpu_milli: int = 0
     memory_mib: int = 0
+    # The pod's class as decided (tessera.placement.qos): a best-effort pod that does not fit by
+    # requests may be placed against measured use (:mod:`.usage`).
+    qos: QosClass = QosClass.STANDARD
 
     @property
     def gpu_count(self) -> int:
         return sum(c.gpu_count for c in self.containers)
 
 
-def shape_of(request: PodRequest) -> PodShape:
+def shape_of(request: PodRequest, qos: QosClass = QosClass.STANDARD) -> PodShape:
+    """The shape of a pod's request, with the class decided for it (its annotation, else its priority)."""
     return PodShape(
         containers=tuple(ContainerShape(c.gpu_count, c.memory_mib, c.cores) for c in request.containers),
         preferences=request.preferences,
+        qos=qos,
     )
 
 
@@ -177,14 +218,21 @@ class Grant:
     gpu: int
     memory_mib: int
     cores: int
+    oversubscribed: bool = False  # placed against measured use (:mod:`.usage`)
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where each container of a pod goes on one node; ``containers[i]`` matches the shape's i-th."""
+    """Where each container of a pod goes on one node; ``containers[i]`` matches the shape's i-th.
+    A pod is placed by requests or against measured use as a whole: its grants are all oversubscribed
+    or none is."""
 
     node: str
     containers: tuple[tuple[Grant, ...], ...]
+
+    @property
+    def oversubscribed(self) -> bool:
+        return any(g.oversubscribed for grants in self.containers for g in grants)
 
     def grants(self) -> Iterable[Grant]:
         for grants in self.containers:
@@ -205,12 +253,14 @@ class NodeFit:
     gain: float
     # Derived once here, not in properties: scoring reads them for thousands of fits per request.
     name: str = field(init=False)
+    oversubscribed: bool = field(init=False)  # the placement is against measured use
     policy_share: float = field(init=False)  # policy_score clamped to 0..1
     policy_points: int = field(init=False)  # round(MAX_SCORE * policy_share)
 
     def __post_init__(self) -> None:
         share = min(max(self.policy_score, 0.0), 1.0)
         object.__setattr__(self, "name", self.node.name)
+        object.__setattr__(self, "oversubscribed", self.placement.oversubscribed)
         object.__setattr__(self, "policy_share", share)
         object.__setattr__(self, "policy_points", round(MAX_SCORE * share))
 
@@ -276,6 +326,8 @@ class _Usage:
     memory_mib: int = 0
     cores: int = 0
     slices: int = 0
+    borrowed_mib: int = 0
+    pending_mib: int = 0
 
 
 def build_node(
@@ -285,8 +337,14 @@ def build_node(
     *,
     schedulable: bool = True,
     unschedulable_reason: str = "",
+    measured: Mapping[str, int] | None = None,
+    placed_since: Iterable[Allocation] = (),
 ) -> NodeState:
     """A node's state from its inventory annotation and the allocations of the pods placed on it.
+
+    ``measured`` (by GPU UUID) is what usage-aware placement counts as taken on each GPU with a
+    fresh measurement (:func:`tessera.placement.usage.measured_bounds`); ``placed_since`` are those
+    of ``allocations`` placed since that measurement, counted in full on top of it.
 
     Grants naming a GPU the inventory lacks are ignored (that GPU is gone; nothing to protect).
     """
@@ -296,15 +354,36 @@ def build_node(
         for container in allocation.containers:
             for grant in container.gpus:
                 used = usage.get(grant.uuid)
-                if used is not None:
+                if used is None:
+                    continue
+                used.slices += 1
+                if grant.oversubscribed:
+                    used.borrowed_mib += grant.memory_mib
+                else:
                     used.memory_mib += grant.memory_mib
                     used.cores += grant.cores
-                    used.slices += 1
+    for allocation in placed_since:
+        for container in allocation.containers:
+            for grant in container.gpus:
+                if (used := usage.get(grant.uuid)) is not None:
+                    used.pending_mib += grant.memory_mib
+    measured = measured or {}
+
+    def gpu_state(gpu: GpuState) -> GpuState:
+        used = usage[gpu.uuid]
+        bound = measured.get(gpu.uuid)
+        return replace(
+            gpu,
+            used_memory_mib=used.memory_mib,
+            used_cores=used.cores,
+            used_slices=used.slices,
+            borrowed_mib=used.borrowed_mib,
+            measured_mib=None if bound is None else bound + used.pending_mib,
+        )
+
     return NodeState(
         name=name,
-        gpus=tuple(
-            g.with_use(usage[g.uuid].memory_mib, usage[g.uuid].cores, usage[g.uuid].slices) for g in gpus
-        ),
+        gpus=tuple(gpu_state(g) for g in gpus),
         schedulable=schedulable,
         unschedulable_reason=unschedulable_reason,
     )
@@ -316,7 +395,9 @@ def _with_usage(node: NodeState, placements: Iterable[Placement], sign: int) -> 
         if placement.node != node.name:
             raise ValueError(f"placement for node {placement.node!r} applied to node {node.name!r}")
         for grant in placement.grants():
-            gpus[grant.gpu] = gpus[grant.gpu].with_use(sign * grant.memory_mib, sign * grant.cores, sign)
+            gpus[grant.gpu] = gpus[grant.gpu].with_use(
+                sign * grant.memory_mib, sign * grant.cores, sign, grant.oversubscribed
+            )
     return replace(node, gpus=tuple(gpus))
 
 
@@ -366,7 +447,12 @@ def to_allocation(
             ContainerAllocation(
                 name=name,
                 gpus=tuple(
-                    GpuGrant(uuid=node.gpus[g.gpu].uuid, memory_mib=g.memory_mib, cores=g.cores)
+                    GpuGrant(
+                        uuid=node.gpus[g.gpu].uuid,
+                        memory_mib=g.memory_mib,
+                        cores=g.cores,
+                        oversubscribed=g.oversubscribed,
+                    )
                     for g in grants
                 ),
             )
@@ -385,7 +471,7 @@ def placement_of(node: NodeState, allocation: Allocation) -> Placement:
         for grant in container.gpus:
             if grant.uuid not in positions:
                 raise ValueError(f"allocation names GPU {grant.uuid!r}, not on node {node.name!r}")
-            grants.append(Grant(positions[grant.uuid], grant.memory_mib, grant.cores))
+            grants.append(Grant(positions[grant.uuid], grant.memory_mib, grant.cores, grant.oversubscribed))
         containers.append(tuple(grants))
     return Placement(node=node.name, containers=tuple(containers))
 

@@ -17,6 +17,11 @@ over plain data:
   kube-scheduler's own order of preference between nodes, with the count moved up to second;
 * when no eviction of lower-priority pods makes room, the answer is the reason.
 
+Oversubscribed grants (best-effort pods placed against measured use, :mod:`.usage`) free a slice
+when evicted and nothing else that placement by requests counts, so a pod preempts them only for a
+slice. The measured use stays as measured until the next measurement: evictions never make room
+against measured use (that room appears when the node agent measures again).
+
 The in-flight rule is not a reason to evict: it holds for seconds, while the pod binds only once its
 victims are gone, and bind checks the rule then.
 
@@ -131,10 +136,9 @@ class _Search:
         of one GPU (only that GPU's state is made anew), else anywhere on the node
         (:func:`filter_node`'s search, without the reason it does not)."""
         if gpu is not None:
-            freed = [g for v in victims for g in v.placement.grants() if g.gpu == gpu]
-            after = self.node.gpus[gpu].with_use(
-                -sum(g.memory_mib for g in freed), -sum(g.cores for g in freed), -len(freed)
-            )
+            after = self.node.gpus[gpu]
+            for g in (g for v in victims for g in v.placement.grants() if g.gpu == gpu):
+                after = after.with_use(-g.memory_mib, -g.cores, -1, g.oversubscribed)
             return gpu_takes(after, self.shape.containers[0])
         node = _without(self.node, victims)
         eligible = eligible_gpus(node, self.shape, self.profiles)
@@ -235,10 +239,18 @@ def _fewest_on_gpu(node: NodeState, shape: PodShape, gpu: int, group: Sequence[V
     missing (a bound: those largest need not be the same pods)."""
     state = node.gpus[gpu]
     container = shape.containers[0]
+    # Oversubscribed grants hold no memory or compute that placement by requests counts.
     memory = sorted(
-        (sum(g.memory_mib for g in v.placement.grants() if g.gpu == gpu) for v in group), reverse=True
+        (
+            sum(g.memory_mib for g in v.placement.grants() if g.gpu == gpu and not g.oversubscribed)
+            for v in group
+        ),
+        reverse=True,
     )
-    cores = sorted((sum(g.cores for g in v.placement.grants() if g.gpu == gpu) for v in group), reverse=True)
+    cores = sorted(
+        (sum(g.cores for g in v.placement.grants() if g.gpu == gpu and not g.oversubscribed) for v in group),
+        reverse=True,
+    )
     missing_memory = container.memory_on(state) - state.free_memory_mib
     missing_cores = container.cores_needed - state.free_cores
     missing_slices = 1 - state.free_slices

@@ -4,6 +4,11 @@
 (pods placed and pods in flight alike, as the node's state counts them) plus the new quotas must stay
 within each GPU's memory and compute. A pod never moves: what does not fit is refused, naming the
 GPU and the shortfall. Shrinking always fits.
+
+An oversubscribed grant (a best-effort pod placed against measured use, :mod:`.usage`) stays
+oversubscribed: it grows only as far as the GPU's measured use (with the margin and the grants placed
+since) leaves room, as it was placed, and never by requests (that would promise it memory that
+guaranteed pods were promised); its cores change freely, as they reserve nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from tessera.contract import (
     QuotaChange,
     ResizeRequest,
 )
+from tessera.placement.fit import headroom_mib
 from tessera.placement.model import NodeState, Shortfall
 
 
@@ -60,6 +66,7 @@ def _resized(container: ContainerAllocation, change: QuotaChange | None) -> Cont
                 uuid=g.uuid,
                 memory_mib=g.memory_mib if change.memory_mib is None else change.memory_mib,
                 cores=g.cores if change.cores is None else change.cores,
+                oversubscribed=g.oversubscribed,
             )
             for g in container.gpus
         ),
@@ -80,17 +87,28 @@ def resize(node: NodeState, allocation: Allocation, request: ResizeRequest) -> A
         containers=tuple(_resized(c, changes.get(c.name)) for c in allocation.containers),
         qos=allocation.qos,
     )
+    # By GPU: the memory and cores asked more by requests, and the memory asked more against use.
     delta: dict[str, list[int]] = {}
     for before, after in zip(allocation.containers, resized.containers, strict=True):
         for old, new in zip(before.gpus, after.gpus, strict=True):
-            memory_cores = delta.setdefault(old.uuid, [0, 0])
-            memory_cores[0] += new.memory_mib - old.memory_mib
-            memory_cores[1] += new.cores - old.cores
-    for uuid, (memory, cores) in delta.items():
+            asked = delta.setdefault(old.uuid, [0, 0, 0])
+            if old.oversubscribed:
+                asked[2] += new.memory_mib - old.memory_mib
+            else:
+                asked[0] += new.memory_mib - old.memory_mib
+                asked[1] += new.cores - old.cores
+    for uuid, (memory, cores, against_use) in delta.items():
         position = node.gpu_position(uuid)
         if position is None:
             return ResizeRefusal(f"GPU {uuid} is no longer in node {node.name!r}'s inventory", Shortfall.NODE)
         gpu = node.gpus[position]
+        if against_use > 0 and (gpu.measured_mib is None or gpu.measured_mib + against_use > gpu.memory_mib):
+            left = "no fresh measured use" if gpu.measured_mib is None else f"{headroom_mib(gpu)} MiB left"
+            return ResizeRefusal(
+                f"GPU {uuid} on node {node.name}: {against_use} MiB more memory asked for a best-effort "
+                f"grant placed against measured use; {left} by measured use (with the safety margin)",
+                Shortfall.MEMORY,
+            )
         if memory > 0 and memory > gpu.free_memory_mib:
             return ResizeRefusal(
                 f"GPU {uuid} on node {node.name}: {memory} MiB more memory asked, "

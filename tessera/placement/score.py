@@ -7,6 +7,12 @@ together. When every node offers the same gain (no workload profile, or one GPU 
 the score is the policy's alone. The speed term dominates, so a pod that profits from fast GPUs more
 than the average workload goes to them first, and one that profits less stays on slower GPUs while
 they fit (heterogeneity-aware placement in the manner of Gavel, OSDI '20).
+
+A best-effort pod is placed against measured use only where it fits by requests nowhere
+(:mod:`.usage`): when some of the fits scored together are by requests, those score as above but at
+least 1, on the scale of the fits by requests alone, and the fits against measured use score 0, so
+neither :func:`best_fits` nor :func:`choose` ever prefers one. Fits against measured use scored among
+themselves score by the headroom they leave (:func:`tessera.placement.fit.use_score`).
 """
 
 from __future__ import annotations
@@ -24,9 +30,13 @@ _GAIN_EPSILON = 1e-9
 _GAIN = attrgetter("gain")
 _POLICY_SHARE = attrgetter("policy_share")
 _POLICY_POINTS = attrgetter("policy_points")
+_OVERSUBSCRIBED = attrgetter("oversubscribed")
+
+# (lowest gain, points per unit of gain, points per unit of policy share), or None: see _scale.
+_Scale = tuple[float, float, float] | None
 
 
-def _scale(fits: Sequence[NodeFit]) -> tuple[float, float, float] | None:
+def _scale(fits: Sequence[NodeFit]) -> _Scale:
     """(lowest gain, points per unit of gain, points per unit of policy share) of fits scored
     together; None when every fit offers the same gain (the score is then the policy's alone)."""
     gains = list(map(_GAIN, fits))  # attrgetter and map: C-level loops over thousands of fits
@@ -39,10 +49,23 @@ def _scale(fits: Sequence[NodeFit]) -> tuple[float, float, float] | None:
 
 def score_fits(fits: Sequence[NodeFit]) -> list[int]:
     """kube-scheduler scores (0..10) of the fits of one pod, scored together, in their order."""
-    return _scores(fits, _scale(fits)) if fits else []
+    return _scored(fits)[1] if fits else []
 
 
-def _scores(fits: Sequence[NodeFit], scale: tuple[float, float, float] | None) -> list[int]:
+def _scored(fits: Sequence[NodeFit]) -> tuple[_Scale, list[int], bool]:
+    """The scale, the scores of ``fits`` (not empty) and whether they mix fits by requests and
+    against measured use (see the module's notes)."""
+    over = list(map(_OVERSUBSCRIBED, fits))
+    if not any(over) or all(over):
+        scale = _scale(fits)
+        return scale, _scores(fits, scale), False
+    by_requests = [fit for fit, o in zip(fits, over, strict=True) if not o]
+    scale = _scale(by_requests)
+    points = iter(_scores(by_requests, scale))
+    return scale, [0 if o else max(1, next(points)) for o in over], True
+
+
+def _scores(fits: Sequence[NodeFit], scale: _Scale) -> list[int]:
     if scale is None:
         return list(map(_POLICY_POINTS, fits))
     low, speed, policy = scale
@@ -68,8 +91,7 @@ def best_fits(
     """
     if not fits:
         return []
-    scale = _scale(fits)
-    scores = _scores(fits, scale)
+    scale, scores, mixed = _scored(fits)
     if vet is None or (suspects is not None and not suspects):
         top = max(scores)
         return list(compress(fits, map(top.__eq__, scores)))
@@ -79,7 +101,7 @@ def best_fits(
             fit = fits[i]
             kept = fit if suspects is not None and fit.name not in suspects else vet(fit)
             if kept is not None:
-                score = level if kept is fit else _score_one(kept, scale)
+                score = level if kept is fit else _score_one(kept, scale, mixed)
                 vetted.setdefault(score, []).append((i, kept))
         # Every fit scoring above ``level`` is vetted: the best vetted score at or above it is final.
         best = max(vetted, default=-1)
@@ -88,10 +110,12 @@ def best_fits(
     return []
 
 
-def _score_one(fit: NodeFit, scale: tuple[float, float, float] | None) -> int:
+def _score_one(fit: NodeFit, scale: _Scale, mixed: bool) -> int:
     """``fit``'s score on another set's scale, kept within 0..MAX_SCORE (its gain may lie outside
-    that set's range)."""
-    return min(MAX_SCORE, max(0, _scores([fit], scale)[0]))
+    that set's range); ``mixed``: that set mixes fits by requests and against measured use."""
+    if mixed and fit.oversubscribed:
+        return 0
+    return min(MAX_SCORE, max(1 if mixed else 0, _scores([fit], scale)[0]))
 
 
 def score_nodes(fits: Sequence[NodeFit]) -> dict[str, int]:

@@ -222,7 +222,7 @@ def test_a_replica_joins_the_inflight_key_instead_of_being_refused() -> None:
     s = shape((1, 4096, 25))
     # GPU 1 is partly used, so binpack prefers it; an in-flight replica sits on GPU 0.
     n = apply(n, Placement("n", ((Grant(1, 2048, 10),),)))
-    inflight = {"ns/first": [InflightKey(1, ("GPU-n-0",), ((4096, 25),))]}
+    inflight = {"ns/first": [InflightKey(1, ("GPU-n-0",), ((4096, 25, False),))]}
     fit = _fit_on(n, s)
     assert fit.placement.containers[0][0].gpu == 1
     kept = fit_keeping_inflight_rule(
@@ -239,7 +239,7 @@ def test_a_replica_joins_the_inflight_key_instead_of_being_refused() -> None:
 
 def test_other_quotas_are_refused_with_the_reason() -> None:
     n = node("n", count=2)
-    inflight = {"ns/first": [InflightKey(1, ("GPU-n-0",), ((4096, 25),))]}
+    inflight = {"ns/first": [InflightKey(1, ("GPU-n-0",), ((4096, 25, False),))]}
     s = shape((1, 8192, 25))
     refused = fit_keeping_inflight_rule(
         _fit_on(n, s),
