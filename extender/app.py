@@ -38,6 +38,7 @@ def create_app(
     metrics = extender.metrics
     priorities = wire.HostPriorityWriter()
     metrics.nodes.set_function(extender.state.node_count)
+    metrics.oversubscribed_gpus.set_function(extender.state.oversubscribed_gpus)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -29,8 +29,9 @@ from extender.watch import Watcher
 from tessera.cliargs import positive_int, seconds
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, Policy, keys_for, now
 from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
-from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles
+from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles, UsageRule
 from tessera.placement.qos import BEST_EFFORT_PRIORITY, LATENCY_CRITICAL_PRIORITY
+from tessera.placement.usage import MARGIN_MIB, MARGIN_PERCENT, MAX_AGE
 
 log = logging.getLogger("tessera.extender")
 
@@ -148,6 +149,34 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)d: a negative PriorityClass)",
     )
     parser.add_argument(
+        "--best-effort-oversubscription",
+        action="store_true",
+        help="place a best-effort pod that fits nowhere by requests against the GPUs' measured use "
+        "(the node agent's tessera.io/gpu-usage annotation) plus a safety margin; off by default "
+        "(docs/placement.md, 'Usage-aware placement of best-effort pods')",
+    )
+    parser.add_argument(
+        "--best-effort-margin-mib",
+        type=int,
+        default=MARGIN_MIB,
+        metavar="MIB",
+        help="the safety margin on top of a GPU's measured use is at least this (default %(default)d)",
+    )
+    parser.add_argument(
+        "--best-effort-margin-percent",
+        type=float,
+        default=MARGIN_PERCENT,
+        metavar="PERCENT",
+        help="... and at least this percent of the GPU's memory (default %(default)g)",
+    )
+    parser.add_argument(
+        "--best-effort-usage-max-age",
+        type=seconds,
+        default=MAX_AGE.total_seconds(),
+        metavar="SECONDS",
+        help="a node's measured use older than this allows no placement against it (default %(default)g)",
+    )
+    parser.add_argument(
         "--domain",
         default=None,
         help=f"resource and annotation domain (default ${DOMAIN_ENV} or {DEFAULT_DOMAIN})",
@@ -239,6 +268,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--client-ca-file needs --tls-cert-file")
     try:
         qos_thresholds = QosThresholds(args.qos_latency_critical_priority, args.qos_best_effort_priority)
+        usage_rule = UsageRule(
+            margin_mib=args.best_effort_margin_mib,
+            margin_percent=args.best_effort_margin_percent,
+            max_age=timedelta(seconds=args.best_effort_usage_max_age),
+        )
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level.upper())
@@ -264,7 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         leader = LeaderLease(namespace, name, args.pod_name)
     engine = PlacementEngine(profiles, default_policy=Policy(args.policy))
-    state = ClusterState(engine, keys, heartbeat_timeout=timedelta(seconds=args.heartbeat_timeout))
+    state = ClusterState(
+        engine,
+        keys,
+        heartbeat_timeout=timedelta(seconds=args.heartbeat_timeout),
+        usage_rule=usage_rule if args.best_effort_oversubscription else None,
+    )
     try:
         kube = KubeApi(load_configuration(args.kubeconfig))
     except (ConfigException, OSError) as e:

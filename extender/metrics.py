@@ -95,6 +95,16 @@ class Metrics:
         self.nodes = Gauge(
             "tessera_extender_nodes", "Nodes with a Tessera GPU inventory", registry=self.registry
         )
+        self.oversubscribed_binds = Counter(
+            "tessera_extender_oversubscribed_binds",
+            "Best-effort pods bound against measured GPU use (oversubscribed grants), not requests",
+            registry=self.registry,
+        )
+        self.oversubscribed_gpus = Gauge(
+            "tessera_extender_oversubscribed_gpus",
+            "GPUs holding at least one best-effort grant placed against measured use",
+            registry=self.registry,
+        )
 
         for verb in get_args(VerbName):
             self.latency.labels(verb)

@@ -41,6 +41,7 @@ from tessera.inflight import read_bind_time
 from tessera.placement import (
     NodeFit,
     NodeRejection,
+    PodShape,
     QosThresholds,
     Shortfall,
     best_fits,
@@ -192,7 +193,7 @@ class Extender:
             return FilterAnswer(passed=[], unresolvable=dict.fromkeys(names, f"pod {ref_of(pod)}: {e}"))
         if not request.wants_gpu:
             return FilterAnswer(passed=list(names))
-        shape = shape_of(request)
+        shape = self.shape(pod, request)
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         evaluation = self.state.evaluate(shape, names)
         # Nodes where other pods are in flight: the rule may refuse this pod there.
@@ -277,7 +278,7 @@ class Extender:
         )
         metadata = pod.get("metadata") or {}
         now = self.clock()
-        shape = shape_of(remembered.request)
+        shape = self.shape(pod, remembered.request)
         record = PodAllocation(
             uid=str(metadata.get("uid")),
             namespace=str(metadata.get("namespace", "")),
@@ -309,7 +310,7 @@ class Extender:
         metadata = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         try:
-            shape = shape_of(parse_pod_request(pod, self.keys))
+            shape = self.shape(pod, parse_pod_request(pod, self.keys))
         except ContractError:
             shape = None
         if (
@@ -347,7 +348,7 @@ class Extender:
             return [0] * len(names)
         if not request.wants_gpu:
             return [0] * len(names)
-        fits = self.state.evaluate(shape_of(request), names).fits
+        fits = self.state.evaluate(self.shape(pod, request), names).fits
         by_name = dict(zip((f.name for f in fits), score_fits(fits), strict=True))
         return [by_name.get(n, 0) for n in names]
 
@@ -375,7 +376,7 @@ class Extender:
         if not request.wants_gpu:
             return proposed
         priority = pod_priority(pod)
-        shape = shape_of(request)
+        shape = self.shape(pod, request)
         budgets = await self._disruption_budgets()
         answer: dict[str, Victims] = {}
         # The call's sets shared among its nodes: kube-scheduler waits for the answer (httpTimeout).
@@ -508,7 +509,7 @@ class Extender:
         else:
             self._undo(pod_uid, early)
             reserved = self.state.reservation(pod_uid)
-            if reserved is not None and reserved.shape != shape_of(request):
+            if reserved is not None and reserved.shape != self.shape(pod, request):
                 # A reservation made from a filter body asking something else than the pod does.
                 self.state.unreserve(pod_uid)
             now = self.clock()
@@ -536,7 +537,9 @@ class Extender:
                 return self._fail("conflict", f"pod {ref} changed while binding: {e.message}"), True
             return self._fail("api", f"pod {ref}: binding to {node} failed: {e}"), False
         self._filtered.pop(pod_uid, None)
-        self.state.placed(shape_of(request))
+        self.state.placed(self.shape(pod, request))
+        if any(g.oversubscribed for c in decided.containers for g in c.gpus):
+            self.metrics.oversubscribed_binds.inc()
         return "", False
 
     async def leads(self) -> str:
@@ -662,7 +665,7 @@ class Extender:
         once; or why not."""
         uid = str((pod.get("metadata") or {}).get("uid"))
         ref = ref_of(pod)
-        shape = shape_of(request)
+        shape = self.shape(pod, request)
         # Usually filter reserved the pod on this very node: that placement becomes the decision.
         confirmed = self.state.confirm_reservation(uid, node, Phase.ALLOCATING.value, now)
         if confirmed is not None:
@@ -682,6 +685,11 @@ class Extender:
         )
         self.state.assume(self._record(pod, allocation, now))
         return allocation
+
+    def shape(self, pod: JsonObject, request: PodRequest) -> PodShape:
+        """The pod's shape for placement, with its QoS class (a best-effort pod may be placed against
+        measured use)."""
+        return shape_of(request, self.qos(pod, request))
 
     def qos(self, pod: JsonObject, request: PodRequest) -> QosClass:
         """The pod's QoS class, written into its allocation: its annotation, else its priority's."""

@@ -3,6 +3,11 @@
 * Nodes: the device plugin's inventory annotation (``KEYS.node_gpus``) and heartbeat
   (``KEYS.node_heartbeat``). A node whose heartbeat is missing or older than the timeout stays in
   the placement engine as unschedulable, with the reason, so pods are told why.
+* Nodes' measured GPU use (``KEYS.node_gpu_usage``), read only with a :class:`UsageRule` (the flag
+  ``--best-effort-oversubscription``): best-effort pods may then be placed against it
+  (docs/placement.md, "Usage-aware placement of best-effort pods"). A measurement older than the
+  rule's max age, or unreadable (logged, naming the node and the field), allows nothing against use
+  on its node; the sweep re-judges its age as it does heartbeats'.
 * Pods: allocation annotations (``KEYS.allocation``) of pods bound and not finished, with their
   phase and bind time. An allocation decided at bind is *assumed* at once, before the API server
   echoes it back through the watch, so the next pod never sees the capacity as free; the assumption
@@ -34,8 +39,10 @@ from tessera.contract import (
     ContractKeys,
     GpuInfo,
     JsonObject,
+    NodeGpuUsage,
     PodShapeError,
     parse_allocation,
+    parse_gpu_usage,
     parse_inventory,
     parse_time,
     pod_priority,
@@ -50,11 +57,13 @@ from tessera.placement import (
     PlacementPolicy,
     PodShape,
     Preemption,
+    UsageRule,
     Victim,
     apply,
     build_node,
     choose_victims,
     fit_keeping_inflight_rule,
+    placed_since,
     placement_of,
 )
 from tessera.placement.engine import UNKNOWN_NODE
@@ -140,6 +149,10 @@ class _Node:
     heartbeat: datetime | None
     heartbeat_error: str | None
     stale_reason: str | None = None
+    # Its measured GPU use, when read (a UsageRule set) and readable, with the time it was measured.
+    usage: NodeGpuUsage | None = None
+    measured_at: datetime | None = None
+    usage_fresh: bool = False  # measured within the rule's max age, as of the last judgement
 
 
 @dataclass(slots=True)
@@ -184,11 +197,15 @@ class ClusterState:
         keys: ContractKeys,
         heartbeat_timeout: timedelta,
         reservation_ttl: timedelta = timedelta(seconds=10),
+        usage_rule: UsageRule | None = None,
     ) -> None:
+        """``usage_rule``: read the nodes' measured GPU use and trust it this far (None: never place
+        against measured use)."""
         self.engine = engine
         self.keys = keys
         self.heartbeat_timeout = heartbeat_timeout
         self.reservation_ttl = reservation_ttl
+        self.usage_rule = usage_rule
         # Called whenever a pod's allocation or phase changes (a bind waiting on the in-flight rule).
         self.on_pods_changed: Callable[[], None] | None = None
         self._nodes: dict[str, _Node] = {}
@@ -342,8 +359,32 @@ class ClusterState:
             return
         record = _Node(inventory, inventory_error, heartbeat, heartbeat_error)
         record.stale_reason = self._staleness(record, now)
+        if self.usage_rule is not None:
+            record.usage, record.measured_at = self._measured_use(
+                name, annotations.get(self.keys.node_gpu_usage)
+            )
+            record.usage_fresh = self._usage_fresh(record, now)
         self._nodes[name] = record
         self._rebuild(name)
+
+    def _measured_use(self, name: str, text: str | None) -> tuple[NodeGpuUsage | None, datetime | None]:
+        """The node's measured use and its time; (None, None) when absent or unreadable (logged,
+        naming the node and the field: the node is then treated as unmeasured)."""
+        if text is None:
+            return None, None
+        try:
+            usage = parse_gpu_usage(text, node=name)
+            measured_at = parse_time(
+                usage.time, field=f"node {name!r}: annotation {self.keys.node_gpu_usage}: time"
+            )
+        except ContractError as e:
+            log.warning("%s; no best-effort pod is placed against measured use there", e)
+            return None, None
+        return usage, measured_at
+
+    def _usage_fresh(self, record: _Node, now: datetime) -> bool:
+        rule = self.usage_rule
+        return rule is not None and record.measured_at is not None and rule.fresh(record.measured_at, now)
 
     def delete_node(self, name: str) -> None:
         self._nodes.pop(name, None)
@@ -377,8 +418,10 @@ class ClusterState:
         changed = []
         for name, record in self._nodes.items():
             stale = self._staleness(record, now)
-            if (stale is None) != (record.stale_reason is None):
+            fresh = self._usage_fresh(record, now)
+            if (stale is None) != (record.stale_reason is None) or fresh != record.usage_fresh:
                 record.stale_reason = stale
+                record.usage_fresh = fresh
                 changed.append(name)
                 self._rebuild(name)
         return changed
@@ -574,6 +617,10 @@ class ClusterState:
             record.observed = None
         self._reindex(uid, touched)
 
+    def oversubscribed_gpus(self) -> int:
+        """GPUs holding at least one grant placed against measured use (a metric)."""
+        return sum(1 for node in self.engine.nodes.values() for gpu in node.gpus if gpu.borrowed_mib > 0)
+
     def node(self, name: str) -> NodeState | None:
         """The node as placement sees it now (every pod counted on it), if it is known."""
         return self.engine.nodes.get(name)
@@ -664,7 +711,7 @@ class ClusterState:
         """Recompute the pods in flight on node ``name`` (before any change of its state: what was
         derived from them goes too); returns all its pods."""
         pods = self.pods_on(name)
-        inflight = [p for p in pods if is_allocating(p.phase) or self._pods[p.uid].reserved_at is not None]
+        inflight = [p for p in pods if self._in_flight(p)]
         if inflight:
             self._inflight[name] = _Inflight(inflight)
         else:
@@ -681,6 +728,16 @@ class ClusterState:
             reason = record.inventory_error or "no inventory"
             self.engine.set_node(build_node(name, (), schedulable=False, unschedulable_reason=reason))
             return
+        measured = None
+        since: list[Allocation] = []
+        if self.usage_rule is not None and record.usage_fresh and record.usage is not None:
+            assert record.measured_at is not None  # set with usage
+            measured = self.usage_rule.bounds(record.inventory, record.usage)
+            since = [
+                allocation
+                for pod, allocation in zip(pods, allocations, strict=True)
+                if placed_since(record.measured_at, pod.bind_time, self._in_flight(pod))
+            ]
         self.engine.set_node(
             build_node(
                 name,
@@ -688,8 +745,14 @@ class ClusterState:
                 allocations,
                 schedulable=record.stale_reason is None,
                 unschedulable_reason=record.stale_reason or "",
+                measured=measured,
+                placed_since=since,
             )
         )
+
+    def _in_flight(self, pod: PodAllocation) -> bool:
+        """Bound and not yet served by the device plugin (phase allocating), or reserved."""
+        return is_allocating(pod.phase) or self._pods[pod.uid].reserved_at is not None
 
 
 def _with_resize(allocation: Allocation, resized: Allocation | None) -> Allocation:

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from tessera.contract import GpuInfo, NodeGpuUsage, parse_time
+from tessera.contract import GpuInfo, NodeGpuUsage
 
 # The defaults of the extender's --best-effort-margin-mib, --best-effort-margin-percent and
 # --best-effort-usage-max-age (the node agent measures every few seconds).
@@ -62,12 +62,9 @@ class UsageRule:
         """The safety margin on a GPU of ``memory_mib``: the larger of the floor and the percent."""
         return max(self.margin_mib, int(memory_mib * self.margin_percent / 100))
 
-    def fresh(self, usage: NodeGpuUsage, now: datetime) -> datetime | None:
-        """The measurement's time when it is fresh at ``now`` (not older than ``max_age``); None when
-        it is stale. Raises :class:`tessera.contract.ContractError` naming the field when the time
-        is unreadable."""
-        measured_at = parse_time(usage.time, field="time")
-        return measured_at if now - measured_at <= self.max_age else None
+    def fresh(self, measured_at: datetime, now: datetime) -> bool:
+        """Whether a measurement taken at ``measured_at`` may still be trusted at ``now``."""
+        return now - measured_at <= self.max_age
 
     def bounds(self, inventory: Iterable[GpuInfo], usage: NodeGpuUsage) -> dict[str, int]:
         """By GPU UUID: the measured use plus the margin, for the inventory's GPUs that the

@@ -100,7 +100,7 @@ def test_reservations_count_as_in_flight_and_expire(state: ClusterState) -> None
     assert used(state) == 4096
     assert state.nodes_with_inflight() == {"n"}
     assert state.inflight_pods("n", NOW, timedelta(minutes=5)).without("other") == {
-        "ns/a": ((1, ("GPU-n-0",), ((4096, 30),)),)
+        "ns/a": ((1, ("GPU-n-0",), ((4096, 30, False),)),)
     }
     state.expire_reservations(NOW + timedelta(seconds=5))
     assert used(state) == 4096
@@ -113,7 +113,7 @@ def test_the_pods_in_flight_on_a_node_are_one_object_until_they_change(state: Cl
     timeout = timedelta(minutes=5)
     state.assume(record("a"))
     first = state.inflight_pods("n", NOW, timeout)
-    assert first.keys == {"ns/a": ((1, ("GPU-n-0",), ((4096, 30),)),)}
+    assert first.keys == {"ns/a": ((1, ("GPU-n-0",), ((4096, 30, False),)),)}
     assert first.without("a") == {}
     assert first.without("other") is first.keys
     # Unchanged: the same object (filter's in-flight answers are remembered by it).
