@@ -343,6 +343,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.filter_keeps,
         keys.domain,
     )
+    if args.best_effort_oversubscription:
+        log.info(
+            "best-effort pods may be placed against measured use: margin max(%d MiB, %g%%), max age %g s",
+            usage_rule.margin_mib,
+            usage_rule.margin_percent,
+            usage_rule.max_age.total_seconds(),
+        )
     # uvloop: with the verbs answered straight from ASGI messages, it cut the extender's CPU per
     # scheduled pod by about a fifth against the stdlib loop (docs/benchmarks.md, Extender).
     # No proxy headers: kube-scheduler calls the extender directly, and the middleware that would

@@ -130,6 +130,27 @@ def test_chart_calls_the_preempt_verb_and_sets_the_qos_priorities(repo_root: Pat
     assert {"--qos-latency-critical-priority=2000000000", "--qos-best-effort-priority=-100"} <= set(args)
 
 
+def test_chart_turns_best_effort_oversubscription_on_with_its_margin_and_max_age(repo_root: Path) -> None:
+    chart = str(repo_root / "charts" / "tessera")
+    _, args = _scheduler_and_extender(helm("template", "t", chart))
+    assert not [a for a in args if a.startswith("--best-effort")]  # off by default
+    _, args = _scheduler_and_extender(
+        helm(
+            "template", "t", chart,
+            "--set", "extender.bestEffortOversubscription.enabled=true",
+            "--set", "extender.bestEffortOversubscription.marginMiB=2048",
+            "--set", "extender.bestEffortOversubscription.marginPercent=5",
+            "--set", "extender.bestEffortOversubscription.usageMaxAgeSeconds=30",
+        )
+    )  # fmt: skip
+    assert {
+        "--best-effort-oversubscription",
+        "--best-effort-margin-mib=2048",
+        "--best-effort-margin-percent=5",
+        "--best-effort-usage-max-age=30",
+    } <= set(args)
+
+
 def test_one_chart_value_sets_the_in_flight_timeout_of_both_sides(repo_root: Path) -> None:
     rendered = helm("template", "t", str(repo_root / "charts" / "tessera"), "--set", "inflightTimeout=42")
     docs = [d for d in yaml.safe_load_all(rendered) if d]

@@ -78,6 +78,14 @@ tolerations:
     - --filter-keeps={{ $ext.filterKeeps }}
     - --qos-latency-critical-priority={{ int64 $ext.qos.latencyCriticalPriority }}
     - --qos-best-effort-priority={{ int64 $ext.qos.bestEffortPriority }}
+    {{- with $ext.bestEffortOversubscription }}
+    {{- if .enabled }}
+    - --best-effort-oversubscription
+    - --best-effort-margin-mib={{ int64 .marginMiB }}
+    - --best-effort-margin-percent={{ .marginPercent }}
+    - --best-effort-usage-max-age={{ .usageMaxAgeSeconds }}
+    {{- end }}
+    {{- end }}
     - --domain={{ $root.Values.domain }}
     - --scheduler-name={{ $root.Values.scheduler.name }}
     - --health-listen=0.0.0.0:{{ $ext.healthPort }}
