@@ -7,6 +7,7 @@ simulator's dependencies (matplotlib above all) load when this command runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -25,6 +26,25 @@ def _fraction(text: str) -> float:
     if value > 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at most 1 (a share of solo throughput)")
     return value
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be within 0..1")
+    return value
+
+
+def _use_ratio(text: str) -> Any:
+    from simulator.usage import UseRatio  # noqa: PLC0415
+
+    try:
+        return UseRatio.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _policies(text: str) -> tuple[str, ...]:
@@ -65,9 +85,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--experiment",
-        choices=("packing", "time", "both"),
+        choices=("packing", "time", "both", "usage"),
         default="both",
-        help="which experiment (default both)",
+        help="which experiment (default both: packing and time); usage: by requests against usage-aware "
+        "placement of best-effort pods (Tessera binpack; the options below)",
     )
     parser.add_argument(
         "--seed", type=int, default=42, help="seed of the arrival order and node order (default 42)"
@@ -83,6 +104,47 @@ def register(subparsers: Any) -> None:
         type=_fraction,
         default=0.68,
         help="time: share of solo throughput a pod keeps on a shared GPU (default 0.68, Gavel's V100 median)",
+    )
+    usage = parser.add_argument_group("usage experiment")
+    usage.add_argument(
+        "--best-effort-share",
+        type=_share,
+        default=0.3,
+        help="share of GPU pods that are best-effort (default 0.3)",
+    )
+    usage.add_argument(
+        "--use-ratio",
+        type=_use_ratio,
+        default="beta:2,3",
+        help="distribution of a pod's used / requested GPU memory: beta:A,B, uniform:LOW,HIGH or fixed:X "
+        "(default beta:2,3, mean 0.4)",
+    )
+    usage.add_argument(
+        "--burst",
+        type=_share,
+        default=0.05,
+        help="chance per measurement that a guaranteed pod uses its whole request (default 0.05)",
+    )
+    usage.add_argument(
+        "--arrivals-per-measurement",
+        type=positive_int,
+        default=20,
+        help="pods arriving between two measurements of GPU use (default 20)",
+    )
+    usage.add_argument(
+        "--settle-measurements",
+        type=positive_int,
+        default=100,
+        help="measurements after the last arrival, with use changing and evictions (default 100)",
+    )
+    usage.add_argument(
+        "--margin-mib", type=int, default=1024, help="safety margin floor, MiB (default 1024, the extender's)"
+    )
+    usage.add_argument(
+        "--margin-percent",
+        type=float,
+        default=10.0,
+        help="safety margin, percent of a GPU's memory (default 10, the extender's)",
     )
     parser.add_argument(
         "--speed-profiles",
@@ -124,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         sys.stderr.write(f"tessera simulate: error: {e.filename}: {e.strerror}\n")
         return 2
+    if args.experiment == "usage":
+        return _run_usage(args, inputs)
     experiments = {
         "packing": (Experiment.PACKING,),
         "time": (Experiment.TIME,),
@@ -157,4 +221,47 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"tessera simulate: error: cannot write the report: {e.filename}: {e.strerror}\n")
         return 1
     sys.stdout.write(f"\nWrote {', '.join(str(p) for p in written)}\n")
+    return 0
+
+
+def _run_usage(args: argparse.Namespace, inputs: Any) -> int:
+    from simulator import usage  # noqa: PLC0415
+    from simulator.experiment import progress_bar  # noqa: PLC0415
+    from simulator.packing import arrival_order  # noqa: PLC0415
+    from tessera.placement import UsageRule  # noqa: PLC0415
+
+    try:
+        rule = UsageRule(margin_mib=args.margin_mib, margin_percent=args.margin_percent)
+    except ValueError as e:
+        sys.stderr.write(f"tessera simulate: error: {e}\n")
+        return 2
+    options = usage.UsageOptions(
+        seed=args.seed,
+        inflation=args.inflation,
+        best_effort_share=args.best_effort_share,
+        use_ratio=args.use_ratio,
+        burst=args.burst,
+        arrivals_per_measurement=args.arrivals_per_measurement,
+        settle_measurements=args.settle_measurements,
+        rule=rule,
+    )
+    total = 2 * len(arrival_order(inputs.workload, inputs.cluster, options.seed, options.inflation))
+    with progress_bar(total) as show:
+        done = 0
+
+        def count(n: int) -> None:
+            nonlocal done
+            done += n
+            show(done)
+
+        results = usage.run_usage(inputs.cluster, inputs.workload, options, count)
+    sys.stdout.write(usage.render(inputs.description, inputs.cluster, options, results) + "\n")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / "usage.json"
+        path.write_text(json.dumps(usage.to_json(inputs.description, options, results), indent=2) + "\n")
+    except OSError as e:
+        sys.stderr.write(f"tessera simulate: error: cannot write the report: {e.filename}: {e.strerror}\n")
+        return 1
+    sys.stdout.write(f"\nWrote {path}\n")
     return 0

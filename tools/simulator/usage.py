@@ -12,7 +12,9 @@ The experiment, for both placements (by requests only, and usage-aware: the prod
 ``tessera.placement.usage``, with its default margin) over the same seeded input:
 
 * pods arrive in the packing experiment's seeded order (up to ``inflation`` x the cluster's GPU
-  capacity) and never leave; a share (``best_effort_share``) of the GPU pods is best-effort;
+  capacity) and never leave; a share (``best_effort_share``) of the GPU pods is best-effort; a pod
+  that fits nowhere stays pending and is tried again after each measurement, in arrival order (as
+  kube-scheduler retries unschedulable pods);
 * time advances in measurement periods: each period the node agent measures (every pod's use this
   period: ``its request x its ratio x a log-normal jitter``, at most its request; a guaranteed pod
   uses its whole request with probability ``burst``, which is how guaranteed use grows), then
@@ -33,7 +35,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from simulator.model import Cluster, Progress, SimPod, Workload
 from simulator.packing import arrival_order
@@ -107,6 +110,7 @@ class UsageResult:
     placed_best_effort: int = 0
     placed_against_use: int = 0
     evicted: int = 0
+    pending: int = 0  # never placed
     running: int = 0
     running_best_effort: int = 0
     guaranteed_failures: int = 0
@@ -132,36 +136,57 @@ class _Running:
 
 class _Run:
     def __init__(
-        self, cluster: Cluster, workload: Workload, options: UsageOptions, usage_aware: bool
+        self,
+        cluster: Cluster,
+        workload: Workload,
+        options: UsageOptions,
+        *,
+        usage_aware: bool,
+        order: list[SimPod],
+        drawn: list[tuple[bool, float]],
     ) -> None:
+        """``order``: the arrivals; ``drawn``: each one's class (best-effort or not) and use ratio."""
         self.options = options
+        self.order = order
+        self.drawn = drawn
+        self.pending: list[int] = []  # arrivals no node took yet, in arrival order
         self.usage_aware = usage_aware
         self.scheduler = SimScheduler(
             cluster, system_named(SYSTEM), SpeedProfiles(), workload.pods, options.seed
         )
-        self.result = UsageResult("usage-aware" if usage_aware else "by requests")
+        self.result = UsageResult("usage-aware" if usage_aware else "by requests", pods=len(order))
         # Each period's uses (the same sequence of draws for both runs).
         self.rng = random.Random(options.seed + 2)
         self.running: dict[int, _Running] = {}
         self.on_gpu: dict[tuple[str, int], list[int]] = {}
 
-    def place(self, seq: int, pod: SimPod, best_effort: bool, ratio: float) -> None:
+    def period(self, arrivals: range) -> None:
+        """A measurement, then the pending pods tried again and the ``arrivals`` placed."""
+        self.measure()
+        still = []
+        for seq in [*self.pending, *arrivals]:
+            if not self.place(seq, self.order[seq], *self.drawn[seq]):
+                still.append(seq)
+        self.pending = still
+
+    def place(self, seq: int, pod: SimPod, best_effort: bool, ratio: float) -> bool:
+        """Place the pod now if a node takes it (else it stays pending: False)."""
         shape = self.scheduler.shape(pod)
         if best_effort:
             shape = replace(shape, qos=QosClass.BEST_EFFORT)
         engine = self.scheduler.engine
         fit = choose(engine.evaluate(shape).fits)
         if fit is None:
-            return
+            return False
         engine.commit(shape, fit)
         self.result.placed += 1
         self.result.placed_best_effort += best_effort
         self.result.placed_against_use += fit.oversubscribed
-        if not pod.num_gpu:
-            return  # CPU only: nothing on a GPU to measure
-        self.running[seq] = _Running(pod, shape, fit, ratio, seq, guaranteed=not best_effort)
-        for grant in fit.placement.grants():
-            self.on_gpu.setdefault((fit.name, grant.gpu), []).append(seq)
+        if pod.num_gpu:  # a CPU-only pod has nothing on a GPU to measure
+            self.running[seq] = _Running(pod, shape, fit, ratio, seq, guaranteed=not best_effort)
+            for grant in fit.placement.grants():
+                self.on_gpu.setdefault((fit.name, grant.gpu), []).append(seq)
+        return True
 
     def evict(self, seq: int) -> None:
         running = self.running.pop(seq)
@@ -212,6 +237,7 @@ class _Run:
         engine = self.scheduler.engine
         total = sum(g.memory_mib for node in engine.nodes.values() for g in node.gpus)
         in_use = sum(r.use * r.pod.num_gpu for r in self.running.values())
+        self.result.pending = len(self.pending)
         self.result.running = self.result.placed - self.result.evicted
         self.result.running_best_effort = self.result.placed_best_effort - self.result.evicted
         self.result.memory_used_percent = 100 * in_use / total if total else 0.0
@@ -231,15 +257,81 @@ def run_usage(
     ]
     results = []
     for usage_aware in (False, True):
-        run = _Run(cluster, workload, options, usage_aware)
-        run.result.pods = len(order)
+        run = _Run(cluster, workload, options, usage_aware=usage_aware, order=order, drawn=drawn)
         for start in range(0, len(order), options.arrivals_per_measurement):
-            run.measure()
-            for seq in range(start, min(start + options.arrivals_per_measurement, len(order))):
-                run.place(seq, order[seq], *drawn[seq])
+            arrivals = range(start, min(start + options.arrivals_per_measurement, len(order)))
+            run.period(arrivals)
             if progress is not None:
-                progress(min(options.arrivals_per_measurement, len(order) - start))
+                progress(len(arrivals))
         for _ in range(options.settle_measurements):
-            run.measure()
+            run.period(range(0))
         results.append(run.finish())
     return results
+
+
+def render(description: str, cluster: Cluster, options: UsageOptions, results: list[UsageResult]) -> str:
+    """The experiment as text: what was run, a row per placement, and the difference."""
+    header = ["placement", "placed", "against use", "evicted", "running", "best-effort running",
+              "guaranteed failures", "GPU memory used"]  # fmt: skip
+    rows = [
+        [
+            r.placement,
+            f"{r.placed}/{r.pods}",
+            str(r.placed_against_use),
+            str(r.evicted),
+            str(r.running),
+            str(r.running_best_effort),
+            str(r.guaranteed_failures),
+            f"{r.memory_used_percent:.1f}%",
+        ]
+        for r in results
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    lines = [
+        f"Input: {description}",
+        f"Cluster: {len(cluster.nodes)} nodes, {cluster.total_gpus} GPUs. Seed {options.seed}.",
+        "",
+        f"Usage: pods arrive until {100 * options.inflation:.0f}% of GPU capacity and never leave, "
+        f"{options.arrivals_per_measurement} per measurement, then {options.settle_measurements} more "
+        f"measurements; {100 * options.best_effort_share:.0f}% of GPU pods best-effort; use/request "
+        f"{options.use_ratio}, guaranteed bursts to the full request {100 * options.burst:g}% of "
+        f"measurements; margin max({options.rule.margin_mib} MiB, {options.rule.margin_percent:g}%).",
+        "  ".join(
+            h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        ),
+        "  ".join("-" * w for w in widths),
+    ]
+    for row in rows:
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    by_requests, usage_aware = results
+    more = usage_aware.running - by_requests.running
+    share = 100 * more / max(1, by_requests.running)
+    lines += [
+        "",
+        f"usage-aware placement runs {more:+d} pods ({share:+.1f}%) at the "
+        f"end, after {usage_aware.evicted} best-effort evictions; guaranteed failures: "
+        f"{by_requests.guaranteed_failures} by requests, {usage_aware.guaranteed_failures} usage-aware.",
+    ]
+    return "\n".join(lines)
+
+
+def to_json(description: str, options: UsageOptions, results: list[UsageResult]) -> dict[str, Any]:
+    return {
+        "input": description,
+        "options": {
+            "seed": options.seed,
+            "inflation": options.inflation,
+            "best_effort_share": options.best_effort_share,
+            "use_ratio": str(options.use_ratio),
+            "burst": options.burst,
+            "arrivals_per_measurement": options.arrivals_per_measurement,
+            "settle_measurements": options.settle_measurements,
+            "margin_mib": options.rule.margin_mib,
+            "margin_percent": options.rule.margin_percent,
+        },
+        "placements": [asdict(r) for r in results],
+    }
