@@ -687,8 +687,12 @@ class Extender:
         return allocation
 
     def shape(self, pod: JsonObject, request: PodRequest) -> PodShape:
-        """The pod's shape for placement, with its QoS class (a best-effort pod may be placed against
-        measured use)."""
+        """The pod's shape for placement. With usage-aware placement on (``--best-effort-oversubscription``)
+        it carries the pod's class, and a best-effort pod may be placed against measured use; off,
+        every shape is standard's (the class changes nothing else in placement), so rejections say
+        nothing of measured use and shapes of all classes share their cached outcomes."""
+        if self.state.usage_rule is None:
+            return shape_of(request)
         return shape_of(request, self.qos(pod, request))
 
     def qos(self, pod: JsonObject, request: PodRequest) -> QosClass:

@@ -414,7 +414,8 @@ class ClusterState:
         return None
 
     def sweep_heartbeats(self, now: datetime) -> list[str]:
-        """Re-judge every node's heartbeat at ``now``; returns the nodes whose standing changed."""
+        """Re-judge every node's heartbeat, and the age of its measured use, at ``now``; returns the
+        nodes whose standing changed."""
         changed = []
         for name, record in self._nodes.items():
             stale = self._staleness(record, now)

@@ -190,7 +190,9 @@ class Watcher:
                 continue
             if changed:
                 log.info(
-                    "heartbeat standing changed on %d node(s): %s", len(changed), ", ".join(changed[:10])
+                    "heartbeat or measured-use standing changed on %d node(s): %s",
+                    len(changed),
+                    ", ".join(changed[:10]),
                 )
 
 

@@ -206,3 +206,10 @@ def test_the_flags_make_the_rule() -> None:
         20.0,
     )
     assert not build_parser().parse_args([]).best_effort_oversubscription
+
+
+def test_without_the_flag_a_best_effort_pod_is_placed_and_told_by_requests_only() -> None:
+    state = make_state(None, usage_text(2048), [guaranteed()])
+    answer = make_extender(state).filter(best_effort("borrower", 8192), ["n"])
+    assert answer.passed == []
+    assert answer.failed["n"] == "no GPU with 8192 MiB free; largest free 4096 MiB"
