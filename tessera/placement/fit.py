@@ -101,9 +101,9 @@ def _fitting(
     ]
 
 
-def gpu_takes(gpu: GpuState, container: ContainerShape, by_use: bool = False) -> bool:
+def gpu_takes(gpu: GpuState, container: ContainerShape) -> bool:
     """Whether ``gpu`` can take one GPU of ``container`` now (the rule of :func:`_fitting`)."""
-    return bool(_fitting((gpu,), (0,), container, by_use))
+    return bool(_fitting((gpu,), (0,), container))
 
 
 def headroom_mib(gpu: GpuState) -> int:

@@ -372,8 +372,15 @@ def build_node(
     def gpu_state(gpu: GpuState) -> GpuState:
         used = usage[gpu.uuid]
         bound = measured.get(gpu.uuid)
-        return replace(
-            gpu,
+        return GpuState(
+            uuid=gpu.uuid,
+            index=gpu.index,
+            model=gpu.model,
+            memory_mib=gpu.memory_mib,
+            slices=gpu.slices,
+            numa=gpu.numa,
+            nvlink_peers=gpu.nvlink_peers,
+            healthy=gpu.healthy,
             used_memory_mib=used.memory_mib,
             used_cores=used.cores,
             used_slices=used.slices,
