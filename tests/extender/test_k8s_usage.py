@@ -5,6 +5,8 @@ best-effort pod were not there."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -55,6 +57,15 @@ def bound(core: client.CoreV1Api, namespace: str, name: str) -> str:
     return node
 
 
+def filter_passes(extender: ExtenderServer, pod: dict[str, Any]) -> bool:
+    body = json.dumps({"Pod": pod, "NodeNames": [NODE]}).encode()
+    request = urllib.request.Request(
+        f"{extender.url}/filter", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return bool(json.loads(response.read())["NodeNames"])
+
+
 def test_a_best_effort_pod_runs_on_measured_use_and_a_standard_pod_still_gets_its_request(
     kube: client.ApiClient,
     namespace: str,
@@ -90,6 +101,10 @@ def test_a_best_effort_pod_runs_on_measured_use_and_a_standard_pod_still_gets_it
             ),
         )
         core.patch_node(NODE, {"metadata": {"annotations": {KEYS.node_gpu_usage: dump_gpu_usage(usage)}}})
+        # kube-scheduler does not retry an unschedulable pod on a node's annotation change: ask the
+        # extender (a pod without a UID holds no reservation) until its watch has the measurement.
+        probe = gpu_pod("probe", memory=8192, cores=20, annotations={KEYS.qos: QosClass.BEST_EFFORT.value})
+        wait_for(lambda: filter_passes(extender, probe), what="the extender placing against the measurement")
 
         # 8192 MiB fit only against measured use: 2048 + 4096 + 8192 <= 40960.
         create(
