@@ -74,6 +74,7 @@ def test_guaranteed_pods_never_lack_their_memory_and_the_counts_add_up(
         assert result.guaranteed_failures == 0
         assert result.running == result.placed - result.evicted
         assert result.running_best_effort == result.placed_best_effort - result.evicted
+        assert result.running_guaranteed + result.running_best_effort <= result.running
     assert (by_requests.placed_against_use, by_requests.evicted) == (0, 0)
     assert usage_aware.evicted <= usage_aware.placed_against_use
 

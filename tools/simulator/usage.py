@@ -27,8 +27,11 @@ The experiment, for both placements (by requests only, and usage-aware: the prod
   broken). It must stay 0;
 * after the last arrival, ``settle_measurements`` more periods pass (use changing, evictions).
 
-Reported per placement: pods placed, placed against use, evicted, running at the end, guaranteed
-failures, and the GPU memory really in use at the end (share of the cluster's).
+Reported per placement: pods placed, placed against use, evicted, running at the end (all, best-effort,
+guaranteed GPU pods), guaranteed failures, and the GPU memory really in use at the end (share of the
+cluster's). There is no preemption here: a guaranteed pod arriving after a borrower took the host CPU,
+memory or slice it needed stays pending, where kube-scheduler would preempt the borrower when its
+priority is lower (a best-effort pod's usually is).
 """
 
 from __future__ import annotations
@@ -113,6 +116,9 @@ class UsageResult:
     pending: int = 0  # never placed
     running: int = 0
     running_best_effort: int = 0
+    # Guaranteed GPU pods running (never evicted): fewer usage-aware when borrowers took the host
+    # CPU, memory or slices a later guaranteed pod needed (the simulation has no preemption).
+    running_guaranteed: int = 0
     guaranteed_failures: int = 0
     # GPU memory really in use at the end, % of the cluster's.
     memory_used_percent: float = 0.0
@@ -182,6 +188,7 @@ class _Run:
         self.result.placed += 1
         self.result.placed_best_effort += best_effort
         self.result.placed_against_use += fit.oversubscribed
+        self.result.running_guaranteed += bool(pod.num_gpu) and not best_effort
         if pod.num_gpu:  # a CPU-only pod has nothing on a GPU to measure
             self.running[seq] = _Running(pod, shape, fit, ratio, seq, guaranteed=not best_effort)
             for grant in fit.placement.grants():
@@ -272,7 +279,7 @@ def run_usage(
 def render(description: str, cluster: Cluster, options: UsageOptions, results: list[UsageResult]) -> str:
     """The experiment as text: what was run, a row per placement, and the difference."""
     header = ["placement", "placed", "against use", "evicted", "running", "best-effort running",
-              "guaranteed failures", "GPU memory used"]  # fmt: skip
+              "guaranteed running", "guaranteed failures", "GPU memory used"]  # fmt: skip
     rows = [
         [
             r.placement,
@@ -281,6 +288,7 @@ def render(description: str, cluster: Cluster, options: UsageOptions, results: l
             str(r.evicted),
             str(r.running),
             str(r.running_best_effort),
+            str(r.running_guaranteed),
             str(r.guaranteed_failures),
             f"{r.memory_used_percent:.1f}%",
         ]
