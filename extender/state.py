@@ -150,6 +150,7 @@ class _Node:
     heartbeat_error: str | None
     stale_reason: str | None = None
     # Its measured GPU use, when read (a UsageRule set) and readable, with the time it was measured.
+    usage_text: str | None = None
     usage: NodeGpuUsage | None = None
     measured_at: datetime | None = None
     usage_fresh: bool = False  # measured within the rule's max age, as of the last judgement
@@ -360,9 +361,13 @@ class ClusterState:
         record = _Node(inventory, inventory_error, heartbeat, heartbeat_error)
         record.stale_reason = self._staleness(record, now)
         if self.usage_rule is not None:
-            record.usage, record.measured_at = self._measured_use(
-                name, annotations.get(self.keys.node_gpu_usage)
-            )
+            record.usage_text = annotations.get(self.keys.node_gpu_usage)
+            before = self._nodes.get(name)
+            if before is not None and before.usage_text == record.usage_text:
+                # Unchanged (a heartbeat's update): not parsed, nor logged, again.
+                record.usage, record.measured_at = before.usage, before.measured_at
+            else:
+                record.usage, record.measured_at = self._measured_use(name, record.usage_text)
             record.usage_fresh = self._usage_fresh(record, now)
         self._nodes[name] = record
         self._rebuild(name)

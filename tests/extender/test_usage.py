@@ -179,6 +179,13 @@ def test_an_unreadable_measurement_leaves_the_node_unmeasured_with_a_log_line(
     assert state.engine.nodes["n"].schedulable  # by requests, the node serves as ever
     [line] = [r.getMessage() for r in caplog.records]
     assert "node 'n'" in line and field in line
+    # The same text again (the node updated for its heartbeat): no second line.
+    with caplog.at_level(logging.WARNING, logger="extender.state"):
+        state.upsert_node(gpu_node(text), NOW + timedelta(seconds=5))
+    assert len(caplog.records) == 1
+    # Fixed: measured at once.
+    state.upsert_node(gpu_node(usage_text(2048)), NOW)
+    assert measured(state) == 2048 + 4096
 
 
 def test_pods_in_flight_or_bound_since_the_measurement_count_in_full() -> None:
