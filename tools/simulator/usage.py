@@ -170,16 +170,23 @@ class _Run:
         """A measurement, then the pending pods tried again and the ``arrivals`` placed."""
         self.measure()
         still = []
+        # Within a period placements only take room: a shape that found none finds none again.
+        refused: set[PodShape] = set()
         for seq in [*self.pending, *arrivals]:
-            if not self.place(seq, self.order[seq], *self.drawn[seq]):
+            shape = self.shape(seq)
+            if shape in refused or not self.place(seq, shape):
+                refused.add(shape)
                 still.append(seq)
         self.pending = still
 
-    def place(self, seq: int, pod: SimPod, best_effort: bool, ratio: float) -> bool:
-        """Place the pod now if a node takes it (else it stays pending: False)."""
-        shape = self.scheduler.shape(pod)
-        if best_effort:
-            shape = replace(shape, qos=QosClass.BEST_EFFORT)
+    def shape(self, seq: int) -> PodShape:
+        shape = self.scheduler.shape(self.order[seq])
+        return replace(shape, qos=QosClass.BEST_EFFORT) if self.drawn[seq][0] else shape
+
+    def place(self, seq: int, shape: PodShape) -> bool:
+        """Place arrival ``seq`` (of ``shape``) now if a node takes it (else it stays pending: False)."""
+        pod = self.order[seq]
+        best_effort, ratio = self.drawn[seq]
         engine = self.scheduler.engine
         fit = choose(engine.evaluate(shape).fits)
         if fit is None:
