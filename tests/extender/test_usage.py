@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from extender.main import build_parser
+from extender.main import build_parser, main
 from extender.service import Extender
 from extender.state import ClusterState
 from tessera.contract import (
@@ -220,3 +220,10 @@ def test_without_the_flag_a_best_effort_pod_is_placed_and_told_by_requests_only(
     answer = make_extender(state).filter(best_effort("borrower", 8192), ["n"])
     assert answer.passed == []
     assert answer.failed["n"] == "no GPU with 8192 MiB free; largest free 4096 MiB"
+
+
+def test_a_bad_margin_flag_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--best-effort-oversubscription", "--best-effort-margin-percent=150"])
+    assert exit_.value.code == 2
+    assert "margin_percent: 150.0 is not within 0..100" in capsys.readouterr().err
