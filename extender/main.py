@@ -174,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=seconds,
         default=MAX_AGE.total_seconds(),
         metavar="SECONDS",
-        help="a node's measured use older than this allows no placement against it (default %(default)g)",
+        help="a node's measured use that holds as of neither its own time nor the node's heartbeat "
+        "within this many seconds allows no placement against it (default %(default)g)",
     )
     parser.add_argument(
         "--domain",

@@ -5,9 +5,10 @@
   the placement engine as unschedulable, with the reason, so pods are told why.
 * Nodes' measured GPU use (``KEYS.node_gpu_usage``), read only with a :class:`UsageRule` (the flag
   ``--best-effort-oversubscription``): best-effort pods may then be placed against it
-  (docs/placement.md, "Usage-aware placement of best-effort pods"). A measurement older than the
-  rule's max age, or unreadable (logged, naming the node and the field), allows nothing against use
-  on its node; the sweep re-judges its age as it does heartbeats'.
+  (docs/placement.md, "Usage-aware placement of best-effort pods"). A measurement that holds as of
+  neither its own time nor the node's heartbeat within the rule's max age, or is unreadable (logged,
+  naming the node and the field), allows nothing against use on its node; the sweep re-judges its
+  age as it does heartbeats'.
 * Pods: allocation annotations (``KEYS.allocation``) of pods bound and not finished, with their
   phase and bind time. An allocation decided at bind is *assumed* at once, before the API server
   echoes it back through the watch, so the next pod never sees the capacity as free; the assumption
@@ -388,8 +389,17 @@ class ClusterState:
         return usage, measured_at
 
     def _usage_fresh(self, record: _Node, now: datetime) -> bool:
+        """Whether the node's measured use still holds at ``now``: it holds as of the node agent's
+        latest heartbeat, when that is newer (the agent patches its measured use with every heartbeat
+        whenever it changed at all, docs/deviceplugin.md: an older one with a newer heartbeat is
+        unchanged since, within the agent's --usage-change-mib, which the margin covers)."""
         rule = self.usage_rule
-        return rule is not None and record.measured_at is not None and rule.fresh(record.measured_at, now)
+        if rule is None or record.measured_at is None:
+            return False
+        holds_at = (
+            record.measured_at if record.heartbeat is None else max(record.measured_at, record.heartbeat)
+        )
+        return rule.fresh(holds_at, now)
 
     def delete_node(self, name: str) -> None:
         self._nodes.pop(name, None)

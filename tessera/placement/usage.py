@@ -13,8 +13,10 @@ The rule (docs/placement.md, "Usage-aware placement of best-effort pods"):
   placed since the measurement (its pod in flight, or bound at or after the measurement's time) is
   counted at its full request: it has not started using yet. Such grants are *oversubscribed*; a pod's
   grants are all oversubscribed or none is.
-* A measurement older than ``max_age`` (or missing, unreadable, or without the GPU) allows nothing
-  against use on that node (that GPU).
+* A measurement that holds as of nothing within ``max_age`` (or is missing, unreadable, or without
+  the GPU) allows nothing against use on that node (that GPU). When it holds is the adapter's: the
+  extender takes the newer of its time and the node agent's heartbeat (the agent republishes a
+  changed use with every heartbeat).
 * Oversubscribed grants count for nothing when any pod is placed by requests (memory or compute): a
   guaranteed pod is promised exactly what it would be without them. They take a slice (the device
   plugin's virtual devices are real). Their cores are the container's cap on its share of the GPU's

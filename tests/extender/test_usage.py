@@ -47,8 +47,8 @@ def usage_text(used_mib: int, at: datetime = NOW) -> str:
     )
 
 
-def gpu_node(usage: str | None) -> dict[str, Any]:
-    node = node_object("n", inventory("n", "NVIDIA A100-SXM4-40GB", 40960, count=1, split=4), NOW)
+def gpu_node(usage: str | None, heartbeat: datetime = NOW) -> dict[str, Any]:
+    node = node_object("n", inventory("n", "NVIDIA A100-SXM4-40GB", 40960, count=1, split=4), heartbeat)
     if usage is not None:
         node["metadata"]["annotations"][KEYS.node_gpu_usage] = usage
     return node
@@ -151,7 +151,11 @@ def test_a_standard_pod_is_placed_by_requests_as_if_the_borrower_were_not_there(
 
 
 def test_a_stale_measurement_allows_nothing_and_the_sweep_notices() -> None:
-    state = make_state(RULE, usage_text(2048, at=NOW - timedelta(seconds=20)), [guaranteed()])
+    # The node agent's last heartbeat and measurement 20 s ago (max age 30 s).
+    state = ClusterState(PlacementEngine(SpeedProfiles()), KEYS, timedelta(seconds=600), usage_rule=RULE)
+    before = NOW - timedelta(seconds=20)
+    state.replace_nodes([gpu_node(usage_text(2048, at=before), heartbeat=before)], NOW)
+    state.replace_pods([guaranteed()])
     extender = make_extender(state)
     pod = best_effort("borrower", 8192)
     assert extender.filter(pod, ["n"]).passed == ["n"]
@@ -160,6 +164,20 @@ def test_a_stale_measurement_allows_nothing_and_the_sweep_notices() -> None:
     answer = extender.filter(best_effort("other", 8192), ["n"])
     assert answer.passed == []
     assert "no fresh measured use" in answer.failed["n"]
+
+
+def test_an_old_measurement_holds_as_of_a_newer_heartbeat() -> None:
+    """The node agent patches its measured use with a heartbeat whenever it changed at all: an old
+    measurement beside a fresh heartbeat is unchanged since."""
+    old = guaranteed(bind_time=NOW - timedelta(minutes=20))
+    state = make_state(RULE, usage_text(2048, at=NOW - timedelta(minutes=10)), [old])
+    assert measured(state) == 2048 + 4096
+    # A pod bound after the measurement counts in full still: the heartbeat says nothing of it.
+    newer = make_state(RULE, usage_text(2048, at=NOW - timedelta(minutes=10)), [old, guaranteed("new", 1024)])
+    assert measured(newer) == 2048 + 4096 + 1024
+    # The agent gone quiet: its heartbeat and measurement age together.
+    assert state.sweep_heartbeats(NOW + timedelta(seconds=31)) == ["n"]
+    assert measured(state) is None
 
 
 @pytest.mark.parametrize(
