@@ -144,6 +144,9 @@ class Agent:
         self._evicting: dict[str, float] = {}
         self._usage: NodeGpuUsage | None = None
         self._published_usage: tuple[GpuUsage, ...] | None = None
+        # The containers the last check measured, and those the last patch published.
+        self._usage_measured: frozenset[ContainerDir] = frozenset()
+        self._published_measured: frozenset[ContainerDir] = frozenset()
         self._usage_published_at = 0.0
         self._check_wanted = threading.Event()
         self.evictions = 0
@@ -508,7 +511,7 @@ class Agent:
         patch = {}
         if inventory != self._published_inventory:
             patch[keys.node_gpus] = inventory
-        usage = self._usage
+        usage, measured = self._usage, self._usage_measured
         if usage is not None and usage_worth_publishing(
             self._published_usage,
             usage.gpus,
@@ -517,6 +520,7 @@ class Agent:
             since_published=time.monotonic() - self._usage_published_at,
             min_interval=self.config.usage_publish_seconds,
             max_interval=self.config.heartbeat_seconds,
+            newly_measured=bool(measured - self._published_measured),
         ):
             patch[keys.node_gpu_usage] = dump_gpu_usage(usage)
         if heartbeat or patch:
@@ -527,6 +531,7 @@ class Agent:
         self._published_inventory = inventory
         if keys.node_gpu_usage in patch and usage is not None:
             self._published_usage = usage.gpus
+            self._published_measured = measured
             self._usage_published_at = time.monotonic()
         return True
 
@@ -749,8 +754,14 @@ class Agent:
                     self._write_limits(where, record)
             for gone in set(self._written) - set(self._records):
                 del self._written[gone]
+        # The measurement's time has whole seconds, as the pods' bind times do, and the extender
+        # counts a pod at its full request unless measured after the second it was bound in: a
+        # container served in this second counts as measured only from the next check on.
+        measured_at = now()
+        second = int(measured_at.timestamp())
+        self._usage_measured = frozenset(w for w, r in records.items() if int(r.served_at) < second)
         self._usage = NodeGpuUsage(
-            time=format_time(now()),
+            time=format_time(measured_at),
             gpus=tuple(
                 measured_use(gpu.uuid, holders.get(gpu.uuid, []), self.utilization(gpu.uuid) or 0)
                 for gpu in self._gpus

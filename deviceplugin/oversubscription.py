@@ -105,13 +105,20 @@ def usage_worth_publishing(
     since_published: float,
     min_interval: float,
     max_interval: float,
+    newly_measured: bool = False,
 ) -> bool:
     """Whether to patch the node with ``measured``: never sooner than ``min_interval`` seconds after
-    the last patch; then when some GPU's use moved by ``change_mib`` or its utilisation by
-    ``change_percent``, or anything changed and ``max_interval`` has passed."""
+    the last patch; then when it measures containers the last patch did not (the extender counts a
+    pod at its full request until a measurement newer than its bind), when some GPU's use moved by
+    ``change_mib`` or its utilisation by ``change_percent``, or anything changed and
+    ``max_interval`` has passed."""
     if published is None:
         return True
-    if since_published < min_interval or tuple(published) == tuple(measured):
+    if since_published < min_interval:
+        return False
+    if newly_measured:
+        return True
+    if tuple(published) == tuple(measured):
         return False
     if since_published >= max_interval:
         return True

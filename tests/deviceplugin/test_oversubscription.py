@@ -144,3 +144,22 @@ def test_the_measured_use_is_published_on_real_change_and_never_too_often(
         max_interval=30.0,
     )
     assert worth == publish
+
+
+@pytest.mark.parametrize(("since", "publish"), [(6.0, True), (1.0, False)])
+def test_a_measurement_of_newly_served_containers_is_published_though_nothing_moved(
+    since: float, publish: bool
+) -> None:
+    """A new container that uses nothing yet changes no number, but the extender counts its pod at
+    the full request until a measurement newer than its bind."""
+    worth = usage_worth_publishing(
+        [use(100)],
+        [use(100)],
+        change_mib=256,
+        change_percent=10,
+        since_published=since,
+        min_interval=5.0,
+        max_interval=30.0,
+        newly_measured=True,
+    )
+    assert worth == publish

@@ -1,15 +1,9 @@
 """Best-effort pods that borrow GPU memory on a real node (chart-installed extender and
 kube-scheduler, the node agent as a pod, the kubelet and containerd, the hook in the containers over
-the fake driver): a best-effort pod borrows what a guaranteed pod requested but does not use; when
-the guaranteed pod takes its memory back, the borrower is evicted with an event and the guaranteed
-pod's allocations up to its quota all succeed.
-
-The placement side of issue #16 (the extender placing best-effort pods against measured use) is not
-merged yet: the borrower is bound here as the extender would bind it, its allocation written with an
-oversubscribed grant, which needs the chart's policy that only Tessera writes placement annotations
-off (extender.annotationPolicy=false, this module's sandbox only). Once the extender places such
-pods, this test should ask it to (a best-effort pod with the scheduler's name) instead of binding the
-pod itself, with the policy on."""
+the fake driver): the extender places a best-effort pod against what the node agent measures, on a
+GPU whose guaranteed pod requested nearly all memory but uses none; when the guaranteed pod takes
+its memory back, the borrower is evicted with an event and the guaranteed pod's allocations up to its
+quota all succeed."""
 
 from __future__ import annotations
 
@@ -22,16 +16,10 @@ from kubernetes.stream import stream
 from deviceplugin.agent import EVICTED_REASON
 from tessera.contract import (
     KEYS,
-    Allocation,
-    ContainerAllocation,
-    GpuGrant,
-    Phase,
     QosClass,
-    dump_allocation,
-    format_time,
-    now,
     parse_allocation,
     parse_gpu_usage,
+    parse_time,
 )
 from tests.sandbox.conftest import HostView, Sandbox, running_sandbox
 from tests.waiting import wait_for
@@ -47,7 +35,7 @@ IDLE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
 @pytest.fixture(scope="module")
 def sbx() -> Iterator[Sandbox]:
     running: tuple[Sandbox, HostView]
-    with running_sandbox("borrow", values=("extender.annotationPolicy=false",)) as running:
+    with running_sandbox("borrow", values=("extender.bestEffortOversubscription.enabled=true",)) as running:
         yield running[0]
 
 
@@ -86,30 +74,33 @@ def test_a_guaranteed_pod_takes_back_what_a_best_effort_pod_borrowed(sbx: Sandbo
     placed = parse_allocation(annotations[KEYS.allocation])
     (grant,) = placed.containers[0].gpus
 
-    # The borrower, bound as the extender binds: its grant of the same GPU is oversubscribed.
-    borrowing = Allocation(
-        node=placed.node,
-        containers=(
-            ContainerAllocation(
-                name="probe",
-                gpus=(GpuGrant(uuid=grant.uuid, memory_mib=GRANT_MIB, cores=0, oversubscribed=True),),
-            ),
-        ),
-        qos=QosClass.BEST_EFFORT,
-    )
+    # The extender counts the guaranteed pod at its full request until a measurement newer than
+    # its bind: the node agent publishes one once it has served the pod.
+    bound = parse_time(annotations[KEYS.bind_time], field="bind time")
+
+    def measured_since_bind() -> bool:
+        text = sbx.core.read_node(placed.node).metadata.annotations.get(KEYS.node_gpu_usage)
+        return text is not None and parse_time(parse_gpu_usage(text).time, field="usage time") > bound
+
+    wait_for(measured_since_bind, timeout=60, what="a measurement of the node newer than the bind")
+
+    # By requests the A100 has 4 GiB left; against use (none) it has all 40 GiB less the margin.
     borrower = pod(
         "borrower",
         f"trap 'exit 0' TERM; vgpu-probe {BLOCK_MIB} 3600",
         {KEYS.vgpu: "1", KEYS.vgpu_memory: str(GRANT_MIB)},
-        annotations={
-            KEYS.allocation: dump_allocation(borrowing),
-            KEYS.allocation_phase: Phase.ALLOCATING.value,
-            KEYS.bind_time: format_time(now()),
-        },
+        annotations={KEYS.gpu_models: "A100", KEYS.qos: QosClass.BEST_EFFORT.value},
     )
-    borrower["spec"]["nodeName"] = placed.node
+    borrower["spec"]["schedulerName"] = "tessera-scheduler"
     sbx.core.create_namespaced_pod("default", borrower)
     sbx.wait_pod("borrower", "Running")
+    borrowed = sbx.core.read_namespaced_pod("borrower", "default").metadata.annotations[KEYS.allocation]
+    (borrowed_grant,) = parse_allocation(borrowed).containers[0].gpus
+    assert (borrowed_grant.uuid, borrowed_grant.memory_mib, borrowed_grant.oversubscribed) == (
+        grant.uuid,
+        GRANT_MIB,
+        True,
+    ), borrowed
     # Nothing used by the guaranteed pod: the borrower gets its whole grant (the GPU less the margin
     # is more), and holds it.
     log = sbx.logs("borrower", until="refused_with=", timeout=60)
