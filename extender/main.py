@@ -26,7 +26,7 @@ from extender.server import Limits, uvicorn_options
 from extender.service import DEFAULT_SCHEDULER_NAME, Extender, LeaderLease
 from extender.state import ClusterState
 from extender.watch import Watcher
-from tessera.cliargs import positive_int, seconds
+from tessera.cliargs import non_negative_int, percent, positive_int, seconds
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, Policy, keys_for, now
 from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
 from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles, UsageRule
@@ -157,14 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--best-effort-margin-mib",
-        type=int,
+        type=non_negative_int,
         default=MARGIN_MIB,
         metavar="MIB",
         help="the safety margin on top of a GPU's measured use is at least this (default %(default)d)",
     )
     parser.add_argument(
         "--best-effort-margin-percent",
-        type=float,
+        type=percent,
         default=MARGIN_PERCENT,
         metavar="PERCENT",
         help="... and at least this percent of the GPU's memory (default %(default)g)",

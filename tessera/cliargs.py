@@ -38,6 +38,13 @@ def positive_number(text: str) -> float:
     return value
 
 
+def percent(text: str) -> float:
+    value = _parse(text, float, "a number")
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside 0..100")
+    return value
+
+
 def seconds(text: str) -> float:
     value = _parse(text, float, "a number of seconds")
     if not 0 < value < float("inf"):

@@ -240,8 +240,24 @@ def test_without_the_flag_a_best_effort_pod_is_placed_and_told_by_requests_only(
     assert answer.failed["n"] == "no GPU with 8192 MiB free; largest free 4096 MiB"
 
 
-def test_a_bad_margin_flag_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (
+            "--best-effort-margin-percent=150",
+            "argument --best-effort-margin-percent: '150' is outside 0..100",
+        ),
+        ("--best-effort-margin-mib=-1", "argument --best-effort-margin-mib: '-1' must be at least 0"),
+        (
+            "--best-effort-usage-max-age=0",
+            "argument --best-effort-usage-max-age: '0' must be more than 0 seconds",
+        ),
+    ],
+)
+def test_a_bad_margin_flag_is_refused_naming_it(
+    flag: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["--best-effort-oversubscription", "--best-effort-margin-percent=150"])
+        main(["--best-effort-oversubscription", flag])
     assert exit_.value.code == 2
-    assert "margin_percent: 150.0 is not within 0..100" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
