@@ -97,15 +97,17 @@ def installed(repo_root: Path, control_plane: ControlPlane, kube: client.ApiClie
         )
 
 
-def test_the_node_agent_may_read_pods_and_write_only_its_node_pod_phases_and_events(
+def test_the_node_agent_may_read_pods_and_write_only_its_node_pod_phases_events_and_evictions(
     installed: str, control_plane: ControlPlane
 ) -> None:
     matrix = can_i_list(control_plane, f"system:serviceaccount:{NAMESPACE}:{AGENT_SA}", "default")
     print(json.dumps({k: sorted(v) for k, v in sorted(matrix.items())}, indent=1))
     assert matrix == {
-        # Its pod cache (list/watch by spec.nodeName), Allocate's lookup (get) and the allocation
-        # phase (patch, narrowed by the admission policy below to pods on its node, one annotation).
-        "pods": {"get", "list", "watch", "patch"},
+        # Its pod cache (list/watch by spec.nodeName), Allocate's lookup (get), the allocation
+        # phase (patch, narrowed by the admission policy to pods on its node, one annotation) and
+        # evictions (delete, narrowed to best-effort pods on its node that borrow GPU memory:
+        # tests/deviceplugin/test_rbac.py).
+        "pods": {"get", "list", "watch", "patch", "delete"},
         # The inventory annotation and heartbeat on its Node (narrowed to its own Node).
         "nodes": {"get", "patch"},
         # Warning events on pods it cannot serve (narrowed to pods, from its own node).
