@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import socket
 import tarfile
 import tomllib
 from pathlib import Path
@@ -374,3 +375,14 @@ def test_registered_plugins_are_the_kubelets_actual_state_not_its_desired_one() 
         'plugin_manager_total_plugins{socket_path="/k/plugins_registry/b-reg.sock",state="desired_state_of_world"} 1\n'
     )
     assert kubelet.REGISTERED_PLUGIN.findall(text) == ["/k/plugins_registry/a-reg.sock"]
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_free() -> None:
+    """A restarted server must find its port again: outgoing connections never take one of these."""
+    low, _ = controlplane._ephemeral_range()
+    ports = {controlplane.free_port() for _ in range(20)}
+    assert all(10000 <= p < low for p in ports), ports
+    assert len(ports) > 1  # random, so concurrent sandboxes and tests rarely race for one
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import ssl
@@ -93,7 +94,36 @@ def find_binaries(bin_dir: Path | None = None, names: Sequence[str] = REQUIRED_B
     return directory
 
 
+# Where free_port looks when the kernel's ephemeral range cannot be read (Linux's default is
+# 32768-60999).
+_EPHEMERAL_DEFAULT = (32768, 60999)
+_LOWEST_PORT = 10000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
 def free_port() -> int:
+    """A port free on the loopback address now, below the kernel's ephemeral range when there is
+    room: a server restarted on its port (etcd, kube-apiserver, the kubelet in the chaos test) must
+    find it free again, and a port from the ephemeral range can meanwhile become the local end of
+    any outgoing connection on the host, which keeps it for as long as that connection lives."""
+    low, _ = _ephemeral_range()
+    if low - _LOWEST_PORT >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(100):
+            candidate = rng.randrange(_LOWEST_PORT, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((LOOPBACK, candidate))
+                except OSError:
+                    continue
+                return candidate
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
         port: int = s.getsockname()[1]
