@@ -81,22 +81,8 @@ class GpuState:
         measured = self.measured_mib
         if measured is not None and memory_mib > 0:
             measured += memory_mib
-        if oversubscribed:
-            return GpuState(
-                uuid=self.uuid,
-                index=self.index,
-                model=self.model,
-                memory_mib=self.memory_mib,
-                slices=self.slices,
-                numa=self.numa,
-                nvlink_peers=self.nvlink_peers,
-                healthy=self.healthy,
-                used_memory_mib=self.used_memory_mib,
-                used_cores=self.used_cores,
-                used_slices=self.used_slices + slices,
-                borrowed_mib=self.borrowed_mib + memory_mib,
-                measured_mib=measured,
-            )
+        # Borrowed memory and oversubscribed cores count for nothing by requests.
+        requested_mib, requested_cores = (0, 0) if oversubscribed else (memory_mib, cores)
         return GpuState(
             uuid=self.uuid,
             index=self.index,
@@ -106,10 +92,10 @@ class GpuState:
             numa=self.numa,
             nvlink_peers=self.nvlink_peers,
             healthy=self.healthy,
-            used_memory_mib=self.used_memory_mib + memory_mib,
-            used_cores=self.used_cores + cores,
+            used_memory_mib=self.used_memory_mib + requested_mib,
+            used_cores=self.used_cores + requested_cores,
             used_slices=self.used_slices + slices,
-            borrowed_mib=self.borrowed_mib,
+            borrowed_mib=self.borrowed_mib + (memory_mib - requested_mib),
             measured_mib=measured,
         )
 
