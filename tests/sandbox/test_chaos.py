@@ -233,6 +233,19 @@ def settled(pod: Any, events: dict[str, list[str]]) -> tuple[str, str] | None:
     return None
 
 
+def describe(pod: Any) -> str:
+    """Where a pod stands, for a failure message: phase, node, conditions, containers' states."""
+    conditions = ",".join(f"{c.type}={c.status}({c.reason or ''})" for c in pod.status.conditions or [])
+    containers = ",".join(
+        f"{s.name}:{next((k for k, v in s.state.to_dict().items() if v), '?')}"
+        for s in pod.status.container_statuses or []
+    )
+    return (
+        f"{pod.metadata.name} {pod.status.phase} node={pod.spec.node_name} deleting="
+        f"{bool(pod.metadata.deletion_timestamp)} [{conditions}] [{containers}] {pod.status.message or ''}"
+    )
+
+
 @pytest.fixture(scope="module")
 def chaos_sandbox() -> Iterator[Sandbox]:
     with running_sandbox("chaos") as (sbx, _):
@@ -291,7 +304,9 @@ class Waves:
         deadline = time.monotonic() + 420
         while None in (now := self.states(names)).values():
             waiting = [n for n, s in now.items() if s is None]
-            assert time.monotonic() < deadline, f"{label}: {len(waiting)} pods never settled: {waiting[:10]}"
+            assert time.monotonic() < deadline, f"{label}: {len(waiting)} pods never settled: " + "; ".join(
+                describe(p) for p in self.pods() if p.metadata.name in waiting[:10]
+            )
             time.sleep(2)
         self.invariants.check()
         # The Running ones: the node agent served exactly their allocation.

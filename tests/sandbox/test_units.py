@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import os
+import signal
 import socket
+import subprocess
 import tarfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -14,7 +19,19 @@ import pytest
 import yaml
 
 import fakegpu
-from sandbox import addons, cluster, containerd, controlplane, fakenode, gpu, host, images, install, kubelet
+from sandbox import (
+    addons,
+    cluster,
+    containerd,
+    controlplane,
+    fakenode,
+    gpu,
+    host,
+    images,
+    install,
+    kubelet,
+    processes,
+)
 from sandbox.controlplane import DRA_K8S_VERSION, bin_dir_for
 from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, POD_SUBNET, SERVICE_CIDR, Layout
 from tessera.contract import KEYS
@@ -386,3 +403,79 @@ def test_free_ports_are_below_the_ephemeral_range_and_free() -> None:
     for port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", port))
+
+
+LEADER_EXITS_FIRST = r"""
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static int port;
+static const char *release;
+
+/* Listens on the port until the release file exists, then ends the process. */
+static void *serve(void *unused) {
+    (void)unused;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 || listen(s, 1) != 0) exit(3);
+    while (access(release, F_OK) != 0) usleep(20000);
+    exit(0);
+}
+
+int main(int argc, char **argv) {
+    pthread_t t;
+    if (argc != 3) return 2;
+    port = atoi(argv[1]);
+    release = argv[2];
+    pthread_create(&t, NULL, serve, NULL);
+    pthread_exit(NULL); /* the main thread becomes a zombie; the process lives on in its thread */
+}
+"""
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Go's listeners do
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_a_process_whose_main_thread_exited_first_is_alive_until_its_last_thread_has(tmp_path: Path) -> None:
+    """A SIGKILLed multi-threaded server shows its main thread as a zombie while its other threads
+    still exit and hold its listening socket: it counts as gone (and its restart may bind the port)
+    only once every thread has exited."""
+    source = tmp_path / "leader.c"
+    source.write_text(LEADER_EXITS_FIRST)
+    program = tmp_path / "leader"
+    subprocess.run(["gcc", "-O1", "-pthread", "-o", str(program), str(source)], check=True)
+    port = controlplane.free_port()
+    release = tmp_path / "release"
+    process = processes.start("leader", [str(program), str(port), str(release)], tmp_path / "leader.log")
+    try:
+        deadline = time.monotonic() + 30
+        while (
+            _port_free(port) or "Z" not in Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1][:3]
+        ):
+            assert time.monotonic() < deadline, (
+                "the program never reached a zombie main thread and a bound port"
+            )
+            time.sleep(0.05)
+        assert processes.alive(process)  # its main thread is a zombie, its port is still held
+        release.touch()
+        deadline = time.monotonic() + 30
+        while processes.alive(process):
+            assert time.monotonic() < deadline, "alive after its last thread ended"
+            time.sleep(0.05)
+        assert _port_free(port)
+    finally:
+        release.touch()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(process.pid, 0)

@@ -42,15 +42,29 @@ def _start_ticks(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def _zombie(pid: int) -> bool:
+def _exited(pid: int) -> bool:
+    """Whether every thread of the process has exited (dead or a zombie).
+
+    The main thread's own state is not enough: a SIGKILLed multi-threaded process (etcd,
+    kube-apiserver) shows its main thread as a zombie while its other threads are still exiting, and
+    the files they share (its listening sockets) stay open until the last one has. A restart that
+    went on at that moment found its port still in use."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return True
+    for task in tasks:
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # that thread is gone
+        if state not in ("Z", "X"):
+            return False
+    return True
 
 
 def alive(process: Started) -> bool:
-    return _start_ticks(process.pid) == process.start_ticks and not _zombie(process.pid)
+    return _start_ticks(process.pid) == process.start_ticks and not _exited(process.pid)
 
 
 def adopt(name: str, pid: int, log: Path, argv: Sequence[str]) -> Started:
