@@ -51,11 +51,13 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Then the device plugin path on the newest Kubernetes too: its integration tests against that
-# version's kube-apiserver (the DRA path's tests run on it in the first run).
+# Then the device plugin path on the newest Kubernetes too: the node agent's integration tests
+# against that version's kube-apiserver, and the extender behind that version's kube-scheduler (the
+# DRA path's tests run on it in the first run).
 test: $(STAMP) native k8s-binaries prometheus-binaries sandbox-deps images lint
 	$(BIN)/pytest
-	TESSERA_K8S_BIN="$$(K8S_VERSION=$(DRA_K8S_VERSION) hack/k8s-binaries.sh)" $(BIN)/pytest tests/deviceplugin/test_plugin.py
+	TESSERA_K8S_BIN="$$(K8S_VERSION=$(DRA_K8S_VERSION) hack/k8s-binaries.sh)" $(BIN)/pytest \
+		tests/deviceplugin/test_plugin.py tests/extender/test_k8s.py
 
 # The main job: the whole path on a local sandbox cluster (root) with Tessera installed by its Helm
 # chart from the images built here: pods share a fake GPU, quotas hold.
