@@ -33,7 +33,7 @@ from kubernetes.stream import stream
 
 from deviceplugin.statedir import StateDir
 from hook.region import RegionError, read_region
-from sandbox import cluster, install
+from sandbox import cluster, host, install
 from sandbox.layout import Layout
 from tessera.contract import CONTAINER_LIMITS_FILE, KEYS, MIB, parse_allocation, parse_inventory
 from tests.sandbox.conftest import Sandbox, running_sandbox
@@ -70,10 +70,12 @@ def retried(call: Callable[[], T], timeout: float = 180.0) -> T:
 
 
 def processes_named(name: str) -> list[int]:
-    """PIDs of processes whose command line runs ``name`` (a console script's path ends in it)."""
+    """PIDs of the sandbox's pods' processes whose command line runs ``name`` (a console script's path
+    ends in it); a program of that name outside the sandbox (a benchmark's node agent) is not ours."""
     found = []
+    ours = host.cgroup_pids()
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) not in ours:
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
