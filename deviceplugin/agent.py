@@ -500,9 +500,12 @@ class Agent:
         it other quotas on the same GPUs: a live resize the extender decided. Returns how many."""
         changed: dict[str, Allocation] = {}
         texts: dict[str, str] = {}
+        with self._lock:
+            served = {uid for uid, _ in self._served}
         for pod in pods:
             text = pod.annotations.get(self.config.keys.allocation)
-            if text is None or self._followed.get(pod.uid) == text:
+            # A pod not served yet has nothing to follow (its allocation is read when it is served).
+            if text is None or pod.uid not in served or self._followed.get(pod.uid) == text:
                 continue
             texts[pod.uid] = text
             try:
@@ -701,7 +704,9 @@ class Agent:
         """Correct served records from the kubelet's pod-resources API, remove the state of
         containers whose pods are gone, and ask again for the ``allocated`` phase of pods the
         kubelet admitted in full whose phase is still ``allocating`` (a write lost with a restart
-        of the agent). Under the Allocate lock: matching reads the records."""
+        of the agent). Under the Allocate lock: matching reads the records; the removed dirs are
+        deleted after it (moved aside under it), so that a burst of admissions does not wait for
+        the deletion of many containers' files."""
         with self._lock:
             served_before = set(self._served)
         pods = self.kube.node_pods()
@@ -723,6 +728,7 @@ class Agent:
             done = [p for p in views if asked and self._admitted(p, owners)]
             for uid in set(self._followed) - live:
                 del self._followed[uid]
+        self.state.empty_trash()
         if removed:
             log.info("removed the state of %d container(s) whose pods are gone", len(removed))
         self.follow_resizes(views)

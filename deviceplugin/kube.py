@@ -7,7 +7,6 @@ Every read of pods is of this node's pods only: a list or watch with the field s
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import Counter
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
 import urllib3
 from kubernetes import client, config
 
@@ -157,7 +157,7 @@ class Kube:
                 _preload_content=False,
                 _request_timeout=(CONNECT_SECONDS, READ_SECONDS),
             )
-            listed = json.loads(response.data)
+            listed = orjson.loads(response.data)
         except API_ERRORS as e:
             raise _unavailable(f"list the pods on node {self.node}", e) from None
         items: list[dict[str, Any]] = listed.get("items") or []
@@ -183,7 +183,7 @@ class Kube:
             response = self._core.read_namespaced_pod(
                 name, namespace, _preload_content=False, _request_timeout=(CONNECT_SECONDS, READ_SECONDS)
             )
-            pod = json.loads(response.data)
+            pod = orjson.loads(response.data)
         except client.ApiException as e:
             if e.status == HTTP_NOT_FOUND:
                 return None
@@ -207,12 +207,14 @@ class Kube:
     def set_phase(self, pod: PodView, phase: Phase) -> None:
         """Patch the pod's allocation phase. The pod's UID is in the patch: a pod of the same name
         created since is refused by the API server (its UID cannot change) instead of patched."""
-        self._core.patch_namespaced_pod(
+        response = self._core.patch_namespaced_pod(
             pod.name,
             pod.namespace,
             {"metadata": {"uid": pod.uid, "annotations": {self.keys.allocation_phase: phase.value}}},
+            _preload_content=False,  # the pod patched is not needed: no models built from it
             _request_timeout=(CONNECT_SECONDS, READ_SECONDS),
         )
+        response.read()  # to the end, so that its connection serves the next call
 
     def warn(self, pod: EventTarget, reason: str, message: str) -> None:
         """A Warning event on the pod, as ``kubectl describe pod`` shows it."""
@@ -256,7 +258,7 @@ class Kube:
 
     def node_annotations(self) -> dict[str, str]:
         response = self._core.read_node(self.node, _preload_content=False)
-        annotations: dict[str, str] = json.loads(response.data)["metadata"].get("annotations") or {}
+        annotations: dict[str, str] = orjson.loads(response.data)["metadata"].get("annotations") or {}
         return annotations
 
     def annotate_node(self, annotations: Mapping[str, str]) -> None:
@@ -360,8 +362,8 @@ def watch_events(response: Any) -> Iterator[dict[str, Any]]:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             if line.strip():
-                event: dict[str, Any] = json.loads(line)
+                event: dict[str, Any] = orjson.loads(line)
                 yield event
     if pending.strip():
-        last: dict[str, Any] = json.loads(pending)
+        last: dict[str, Any] = orjson.loads(pending)
         yield last

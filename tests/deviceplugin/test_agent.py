@@ -405,6 +405,7 @@ def test_state_of_containers_whose_pods_are_gone_is_removed(tmp_path: Path) -> N
     kube.pods = [p for p in pods if p.name != "b"]
     agent.tidy_state()  # no kubelet pod-resources socket here: records stay as they are
     assert sorted(p.name for p in containers.iterdir()) == ["uid-a", "uid-c"]
+    assert not any((tmp_path / "trash").iterdir())  # b's files moved aside, then deleted
     assert served_on_disk(agent) == {("uid-a", "main"), ("uid-c", "main")}
 
 
