@@ -233,10 +233,16 @@ class StateDir:
         """
         owners = {where.root: record.pod_uid for where, record in self.records()}
         removed = []
+        trash: Path | None = None
         for container_dir in sorted(self.containers.glob("*/*")):
             if owners.get(container_dir, container_dir.parent.name) not in live_uids:
-                self.trash.mkdir(exist_ok=True)
-                os.rename(container_dir, Path(tempfile.mkdtemp(dir=self.trash)) / container_dir.name)
+                if trash is None:
+                    self.trash.mkdir(exist_ok=True)
+                    trash = Path(tempfile.mkdtemp(dir=self.trash))
+                # <pod UID>_<container>: unique (neither has an underscore), as a slot's name.
+                os.rename(
+                    container_dir, trash / f"{container_dir.parent.name}{_SLOT_SEPARATOR}{container_dir.name}"
+                )
                 removed.append(container_dir)
         for pod_dir in self.containers.iterdir() if self.containers.is_dir() else ():
             if pod_dir.is_dir() and not any(pod_dir.iterdir()):
