@@ -124,6 +124,9 @@ def node_pod(pod: Mapping[str, Any], keys: ContractKeys) -> NodePod:
     return NodePod(pod_view(pod, keys), is_pending(pod))
 
 
+PodKey = tuple[str, str]  # (namespace, name)
+
+
 def _unavailable(what: str, e: Exception) -> KubeUnavailableError:
     return KubeUnavailableError(f"cannot {what}: {e}")
 
@@ -199,6 +202,17 @@ class Kube:
         items, _ = self.list_pods()
         return [node_pod(p, self.keys) for p in items]
 
+    def node_pods_named(self, pods: Collection[PodKey]) -> dict[PodKey, NodePod]:
+        """Those of ``pods`` that are on this node, from one list of its pods (only they parsed)."""
+        items, _ = self.list_pods()
+        found = {}
+        for item in items:
+            metadata = item.get("metadata") or {}
+            key = (metadata.get("namespace", ""), metadata.get("name", ""))
+            if key in pods:
+                found[key] = node_pod(item, self.keys)
+        return found
+
     def pending_pods(self) -> list[PodView]:
         """Pods on this node that the kubelet may still admit: pending and not being deleted."""
         items, _ = self.list_pods()
@@ -263,9 +277,6 @@ class Kube:
 
     def annotate_node(self, annotations: Mapping[str, str]) -> None:
         self._core.patch_node(self.node, {"metadata": {"annotations": dict(annotations)}})
-
-
-PodKey = tuple[str, str]  # (namespace, name)
 
 
 class FreshReads:
@@ -340,7 +351,7 @@ class FreshReads:
                 found[(namespace, name)] = self._kube.read_pod(namespace, name)
                 self.reads += 1
             else:
-                listed = {(p.view.namespace, p.view.name): p for p in self._kube.node_pods()}
+                listed = self._kube.node_pods_named(batch)
                 found = {p: listed.get(p) for p in batch}
                 self.lists += 1
         except Exception as e:  # handed to every caller of this read

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,13 @@ class MemoryKube:
 
     def node_pods(self) -> list[NodePod]:
         return [NodePod(p, pending=True) for p in self.pods]
+
+    def node_pods_named(self, names: Collection[tuple[str, str]]) -> dict[tuple[str, str], NodePod]:
+        return {
+            (p.view.namespace, p.view.name): p
+            for p in self.node_pods()
+            if (p.view.namespace, p.view.name) in names
+        }
 
     def read_pod(self, namespace: str, name: str) -> NodePod | None:
         self.reads += 1
@@ -439,11 +446,13 @@ def test_fresh_reads_start_after_the_call_and_are_shared() -> None:
             number = self._wait(f"get {name}")
             return NodePod(dataclasses.replace(pods[name], uid=f"read-{number}"), pending=True)
 
-        def node_pods(self) -> list[NodePod]:
+        def node_pods_named(self, names: Collection[tuple[str, str]]) -> dict[tuple[str, str], NodePod]:
             number = self._wait("list")
-            return [
-                NodePod(dataclasses.replace(p, uid=f"read-{number}"), pending=True) for p in pods.values()
-            ]
+            return {
+                (p.namespace, p.name): NodePod(dataclasses.replace(p, uid=f"read-{number}"), pending=True)
+                for p in pods.values()
+                if (p.namespace, p.name) in names
+            }
 
     kube_any: Any = SlowKube()
     reads = FreshReads(kube_any)
