@@ -362,6 +362,10 @@ def main() -> None:
         for name, spent in meter.spent.items():
             print(f"| {name} | {spent * 1000 / admitted:.2f} |")
         print(f"| all | {sum(meter.spent.values()) * 1000 / admitted:.2f} |")
+    except BaseException:
+        if plugin is not None:  # what the agent said last, before its files go
+            print(f"device plugin log, last lines:\n{plugin.log_tail(40)}", file=sys.stderr)
+        raise
     finally:
         if admissions is not None:
             admissions.close()
