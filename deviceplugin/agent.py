@@ -413,6 +413,9 @@ class Agent:
         for c, answer in zip(chosen, answers, strict=True):
             self._records[answer.where] = answer.record
             self._unconfirmed[answer.where] = (c.pod, served_at)
+            text = c.pod.annotations.get(self.config.keys.allocation)
+            if text is not None:  # its grants are this allocation's: a resize is a later text
+                self._followed[c.pod.uid] = text
         if any(_borrows(a.record) for a in answers):
             self._check_wanted.set()  # it gets its quota, and the GPU's other containers the wait, now
         return answers
@@ -500,12 +503,15 @@ class Agent:
         it other quotas on the same GPUs: a live resize the extender decided. Returns how many."""
         changed: dict[str, Allocation] = {}
         texts: dict[str, str] = {}
-        with self._lock:
-            served = {uid for uid, _ in self._served}
+        served: set[str] | None = None
         for pod in pods:
             text = pod.annotations.get(self.config.keys.allocation)
-            # A pod not served yet has nothing to follow (its allocation is read when it is served).
-            if text is None or pod.uid not in served or self._followed.get(pod.uid) == text:
+            if text is None or self._followed.get(pod.uid) == text:
+                continue
+            if served is None:
+                with self._lock:
+                    served = {uid for uid, _ in self._served}
+            if pod.uid not in served:  # nothing to follow yet: served, it gets what its allocation says
                 continue
             texts[pod.uid] = text
             try:
