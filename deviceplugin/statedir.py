@@ -240,13 +240,9 @@ class StateDir:
                     self.trash.mkdir(exist_ok=True)
                     trash = Path(tempfile.mkdtemp(dir=self.trash))
                 # <pod UID>_<container>: unique (neither has an underscore), as a slot's name.
-                try:
-                    os.rename(
-                        container_dir,
-                        trash / f"{container_dir.parent.name}{_SLOT_SEPARATOR}{container_dir.name}",
-                    )
-                except OSError:  # the trash on another file system, say: delete it here, as before
-                    shutil.rmtree(container_dir, ignore_errors=True)
+                os.rename(
+                    container_dir, trash / f"{container_dir.parent.name}{_SLOT_SEPARATOR}{container_dir.name}"
+                )
                 removed.append(container_dir)
         for pod_dir in self.containers.iterdir() if self.containers.is_dir() else ():
             if pod_dir.is_dir() and not any(pod_dir.iterdir()):
