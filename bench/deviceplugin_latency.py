@@ -14,26 +14,17 @@ kube-apiserver (etcd + apiserver from hack/k8s-binaries.sh) and the kubelet stan
   ``Register`` arrives.
 
     .venv/bin/python bench/deviceplugin_latency.py [--rounds 10] [--pods 20] [--concurrency 1]
-        [--restarts 30] [--client python|go]
-
-The kubelet side's gRPC calls come from this script (``--client python``, the default) or from
-``bench/kubeletclient``, a Go program using the kubelet's own v1beta1 client (``--client go``; built
-here with ``go``, which hack/k8s-binaries.sh installs): the kubelet is a Go program, and a Python
-gRPC client costs more CPU per call on the cores the agent shares. Either way this script keeps the
-rest: the control plane, the pods, the stand-in's pod-resources API (each admitted pod named there as
-soon as its Allocate answered).
+        [--restarts 30]
 
 Reported: p50 / p99 / max in ms, and the CPU time each process spent per admission while the
-admissions ran (from ``/proc/<pid>/stat`` and, for this script, ``getrusage``): on a machine with few
-cores the kubelet side shares them, so an admission's latency is bounded below by the CPU all of them
-need divided by the cores.
+admissions ran (from ``/proc/<pid>/stat`` and, for the benchmark's own kubelet side, ``getrusage``):
+on a machine with few cores the kubelet side shares them, so an admission's latency is bounded below
+by the CPU all of them need divided by the cores.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import resource
 import shutil
@@ -45,7 +36,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO
 
 from kubernetes import client, config
 
@@ -65,8 +55,6 @@ from tessera.contract import (
 
 NODE = "bench-gpu-node"
 NAMESPACE = "bench"
-GO_CLIENT = Path(__file__).resolve().parent / "kubeletclient"
-THIS_SCRIPT = "this benchmark (Python)"
 
 
 def percentiles(samples: list[float]) -> str:
@@ -87,17 +75,16 @@ def own_cpu_seconds() -> float:
 
 
 class CpuMeter:
-    """CPU time per process (and of this script), summed over the intervals between :meth:`begin`
-    and :meth:`end`."""
+    """CPU time per process, summed over the intervals between :meth:`begin` and :meth:`end`."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
-        self.spent: dict[str, float] = dict.fromkeys([*pids, THIS_SCRIPT], 0.0)
+        self.spent: dict[str, float] = dict.fromkeys([*pids, "kubelet side (this benchmark)"], 0.0)
         self._at: dict[str, float] = {}
 
     def _now(self) -> dict[str, float]:
         now = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        now[THIS_SCRIPT] = own_cpu_seconds()
+        now["kubelet side (this benchmark)"] = own_cpu_seconds()
         return now
 
     def begin(self) -> None:
@@ -130,29 +117,14 @@ def bound_pod(name: str, gpu: str) -> dict[str, object]:
 
 
 class Admissions:
-    """Admits containers as the kubelet does, ``concurrency`` at once (from as many threads):
-    GetPreferredAllocation among the free slices, then Allocate of a free slice of the GPU it names;
-    each RPC timed."""
+    """Admits containers as the kubelet does, from several threads at once: GetPreferredAllocation among
+    the free slices, then Allocate of a free slice of the GPU it names; each RPC timed."""
 
-    def __init__(self, kubelet: KubeletStandIn, concurrency: int) -> None:
+    def __init__(self, kubelet: KubeletStandIn) -> None:
         self.kubelet = kubelet
-        self.concurrency = concurrency
         self.lock = threading.Lock()
         self.allocate_ms: list[float] = []
         self.preferred_ms: list[float] = []
-        self._pool = ThreadPoolExecutor(max_workers=concurrency)
-
-    def pids(self) -> dict[str, int]:
-        """Processes of the kubelet side besides this script."""
-        return {}
-
-    def round(self, names: list[str]) -> None:
-        """Admit every pod of ``names`` (one container each), ``concurrency`` at a time."""
-        for future in [self._pool.submit(self.admit, name) for name in names]:
-            future.result()
-
-    def close(self) -> None:
-        self._pool.shutdown()
 
     def free(self) -> list[str]:
         with self.lock:
@@ -182,65 +154,6 @@ class Admissions:
             self.allocate_ms.append(allocate_ms)
 
 
-def build_go_client(out: Path) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        raise SystemExit("--client go: no `go` on PATH (hack/k8s-binaries.sh installs one)")
-    binary = out / "kubeletclient"
-    env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
-    subprocess.run([go, "build", "-o", str(binary), "."], cwd=GO_CLIENT, env=env, check=True)
-    return binary
-
-
-class GoAdmissions(Admissions):
-    """The same admissions made by ``bench/kubeletclient`` (Go, the kubelet's v1beta1 client): one
-    JSON line per round to its stdin; one line back per admission as soon as its Allocate answered,
-    whereupon the pod is named in the pod-resources API, as the Python client does."""
-
-    def __init__(self, kubelet: KubeletStandIn, concurrency: int, binary: Path) -> None:
-        super().__init__(kubelet, concurrency)
-        self.process = subprocess.Popen(
-            [str(binary)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-
-    def pids(self) -> dict[str, int]:
-        return {"kubelet side (Go client)": self.process.pid}
-
-    def _pipes(self) -> tuple[IO[str], IO[str]]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        return self.process.stdin, self.process.stdout
-
-    def round(self, names: list[str]) -> None:
-        stdin, stdout = self._pipes()
-        socket = self.kubelet.plugin_dir / self.kubelet.current.request.endpoint
-        request = {"socket": str(socket), "free": self.free(), "pods": names, "concurrency": self.concurrency}
-        stdin.write(json.dumps(request) + "\n")
-        stdin.flush()
-        for line in stdout:
-            result = json.loads(line)
-            if "error" in result:
-                raise RuntimeError(f"kubelet side (Go client): {result['error']}")
-            if result.get("done"):
-                return
-            with self.lock:
-                self.kubelet.in_use.add(result["device"])
-                self.preferred_ms.append(result["preferred_ms"])
-                self.allocate_ms.append(result["allocate_ms"])
-            self.kubelet.assign((NAMESPACE, result["pod"], "main"), [result["device"]])
-        raise RuntimeError(f"kubelet side (Go client): exited with status {self.process.wait()}")
-
-    def close(self) -> None:
-        stdin, _ = self._pipes()
-        with contextlib.suppress(BrokenPipeError):  # it may have ended already (a failed call)
-            stdin.close()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        super().close()
-
-
 def positive(text: str) -> int:
     try:
         value = int(text)
@@ -263,12 +176,6 @@ def main() -> None:
         "one kubelet admits pods; 20: every pod of a round at once)",
     )
     parser.add_argument("--restarts", type=int, default=30)
-    parser.add_argument(
-        "--client",
-        choices=("python", "go"),
-        default="python",
-        help="who makes the kubelet side's gRPC calls: this script (default) or bench/kubeletclient (Go)",
-    )
     args = parser.parse_args()
 
     fakegpu.build()
@@ -278,7 +185,6 @@ def main() -> None:
     plane = ControlPlane(work_dir=work / "control-plane")
     kubelet = KubeletStandIn(plugin_dir)
     plugin: ManagedProcess | None = None
-    admissions: Admissions | None = None
     try:
         plane.start()
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
@@ -313,28 +219,27 @@ def main() -> None:
         plugin.start()
         kubelet.wait_for(lambda k: bool(k.registrations and len(k.devices()) == 4 * split), timeout=60)
 
-        if args.client == "go":
-            admissions = GoAdmissions(kubelet, args.concurrency, build_go_client(work))
-        else:
-            admissions = Admissions(kubelet, args.concurrency)
+        admissions = Admissions(kubelet)
         pids = {p.name: p.popen.pid for p in plane.processes if p.popen is not None}
         assert plugin.popen is not None
-        meter = CpuMeter({"tessera-device-plugin": plugin.popen.pid, **pids, **admissions.pids()})
-        for round_ in range(args.rounds):
-            gpu = specs[round_ % 4].uuid
-            names = [f"r{round_}-p{i}" for i in range(args.pods)]
-            for name in names:
-                core.create_namespaced_pod(NAMESPACE, bound_pod(name, gpu))
-            # Every pod seen by the agent's cache before the admissions, as a kubelet sees a pod
-            # bound before it admits it: the creations' own work is not timed.
-            time.sleep(0.5)
-            meter.begin()
-            admissions.round(names)
-            meter.end()
-            for name in names:
-                core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
-            kubelet.in_use.clear()
-            kubelet.forget_assignments()
+        meter = CpuMeter({"tessera-device-plugin": plugin.popen.pid, **pids})
+        with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
+            for round_ in range(args.rounds):
+                gpu = specs[round_ % 4].uuid
+                names = [f"r{round_}-p{i}" for i in range(args.pods)]
+                for name in names:
+                    core.create_namespaced_pod(NAMESPACE, bound_pod(name, gpu))
+                # Every pod seen by the agent's cache before the admissions, as a kubelet sees a pod
+                # bound before it admits it: the creations' own work is not timed.
+                time.sleep(0.5)
+                meter.begin()
+                for future in [pool.submit(admissions.admit, name) for name in names]:
+                    future.result()
+                meter.end()
+                for name in names:
+                    core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+                kubelet.in_use.clear()
+                kubelet.forget_assignments()
         allocate_ms, preferred_ms = admissions.allocate_ms, admissions.preferred_ms
 
         reregister_ms: list[float] = []
@@ -348,7 +253,7 @@ def main() -> None:
         cpu = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
         print(
             f"machine: {cpu} cores; {args.rounds} rounds x {args.pods} pods in flight, admitted "
-            f"{args.concurrency} at a time by the {args.client} client; {args.restarts} restarts"
+            f"{args.concurrency} at a time; {args.restarts} restarts"
         )
         print("| operation | samples | p50 ms | p99 ms | max ms |")
         print("|---|---|---|---|---|")
@@ -362,13 +267,7 @@ def main() -> None:
         for name, spent in meter.spent.items():
             print(f"| {name} | {spent * 1000 / admitted:.2f} |")
         print(f"| all | {sum(meter.spent.values()) * 1000 / admitted:.2f} |")
-    except BaseException:
-        if plugin is not None:  # what the agent said last, before its files go
-            print(f"device plugin log, last lines:\n{plugin.log_tail(40)}", file=sys.stderr)
-        raise
     finally:
-        if admissions is not None:
-            admissions.close()
         if plugin is not None:
             plugin.stop()
         kubelet.stop()

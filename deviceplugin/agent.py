@@ -13,7 +13,6 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from deviceplugin.config import Config
 from deviceplugin.devices import GpuHealth, VirtualDevice, virtual_devices, with_health
@@ -26,13 +25,10 @@ from deviceplugin.matching import (
     InFlight,
     NodeSnapshot,
     PodView,
-    fresh_until,
     match_container,
     pod_complete,
     preferred_devices,
     snapshot,
-    snapshot_unserved,
-    without_served,
 )
 from deviceplugin.oversubscription import GpuPlan, Holder, measured_use, plan_gpu, usage_worth_publishing
 from deviceplugin.phases import PhaseWriter
@@ -87,28 +83,6 @@ class PodTarget:
     uid: str
 
 
-@dataclass(frozen=True, slots=True)
-class _SortedPods:
-    """The pod cache's pending pods as last sorted for the kubelet's calls (nothing served left
-    out), and when that was."""
-
-    pods: tuple[PodView, ...]
-    state: NodeSnapshot
-    at: datetime
-    fresh_until: datetime | None
-
-    def still_for(self, pods: Sequence[PodView], at: datetime) -> bool:
-        """Whether sorting ``pods`` at ``at`` gives the same: the same pod objects (the cache makes
-        a new one for every change it sees) and no container turned stale since (nor a clock that
-        went back)."""
-        return (
-            len(pods) == len(self.pods)
-            and all(a is b for a, b in zip(pods, self.pods, strict=True))
-            and self.at <= at
-            and (self.fresh_until is None or at <= self.fresh_until)
-        )
-
-
 class Agent:
     def __init__(
         self,
@@ -142,9 +116,6 @@ class Agent:
         # and what they say is served.
         self._records: dict[ContainerDir, ServedRecord] = dict(state.records())
         self._served: set[ContainerRef] = _refs(self._records)
-        # The cache's pods as last sorted: the concurrent calls of a burst share one sort.
-        self._sorted: _SortedPods | None = None
-        self._sorting = threading.Lock()
         # Containers matched from the cache whose pods are being confirmed with the API.
         self._reserved: set[ContainerRef] = set()
         self._fallbacks_waiting = 0
@@ -240,7 +211,7 @@ class Agent:
         API confirms its pod (as Allocate does); otherwise from a fresh list of the node's pods."""
         pods = self.cache.pending_pods() if self.cache is not None else None
         if pods is not None:
-            state = self._cache_snapshot(pods, self._taken())
+            state = self._snapshot(pods, self._taken())
             first = next((c for c in state.in_flight if c.key.gpu_count == gpu_count), None)
             try:
                 if first is not None and not first.stale and self._confirmed([first.pod]):
@@ -293,7 +264,7 @@ class Agent:
                 self.api_reasons["a fallback waiting"] += 1
                 return None
             try:
-                chosen = self._match(self._cache_snapshot(pods, self._served | self._reserved), requests)
+                chosen = self._match(self._snapshot(pods, self._served | self._reserved), requests)
             except AllocationError:
                 self.api_reasons["no match in the cache"] += 1
                 log.info("Allocate: no fresh match in the pod cache for %s; asking the API", list(requests))
@@ -360,25 +331,6 @@ class Agent:
             inflight_timeout=self.config.inflight_timeout,
         )
 
-    def _cache_snapshot(self, pods: Sequence[PodView], served: set[ContainerRef]) -> NodeSnapshot:
-        """As :meth:`_snapshot` for the pod cache's pods, sorted again only when the cache changed
-        or a container turned stale since the last sort."""
-        at = now()
-        with self._sorting:
-            last = self._sorted
-            if last is None or not last.still_for(pods, at):
-                state = snapshot_unserved(
-                    pods,
-                    keys=self.config.keys,
-                    node=self.config.node_name,
-                    node_gpus=self._uuids,
-                    now=at,
-                    inflight_timeout=self.config.inflight_timeout,
-                )
-                last = _SortedPods(tuple(pods), state, at, fresh_until(state, self.config.inflight_timeout))
-                self._sorted = last
-        return without_served(last.state, served)
-
     def _match(self, state: NodeSnapshot, requests: Sequence[Sequence[str]]) -> list[InFlight]:
         chosen: list[InFlight] = []
         for device_ids in requests:
@@ -413,11 +365,7 @@ class Agent:
         for c, answer in zip(chosen, answers, strict=True):
             self._records[answer.where] = answer.record
             self._unconfirmed[answer.where] = (c.pod, served_at)
-            text = c.pod.annotations.get(self.config.keys.allocation)
-            if text is not None:  # its grants are this allocation's: a resize is a later text
-                self._followed[c.pod.uid] = text
-        if any(_borrows(a.record) for a in answers):
-            self._check_wanted.set()  # it gets its quota, and the GPU's other containers the wait, now
+        self._check_wanted.set()  # a best-effort container that borrows memory gets its quota now
         return answers
 
     def _retire_records_of(self, device_sets: set[frozenset[str]]) -> None:
@@ -503,15 +451,9 @@ class Agent:
         it other quotas on the same GPUs: a live resize the extender decided. Returns how many."""
         changed: dict[str, Allocation] = {}
         texts: dict[str, str] = {}
-        served: set[str] | None = None
         for pod in pods:
             text = pod.annotations.get(self.config.keys.allocation)
             if text is None or self._followed.get(pod.uid) == text:
-                continue
-            if served is None:
-                with self._lock:
-                    served = {uid for uid, _ in self._served}
-            if pod.uid not in served:  # nothing to follow yet: served, it gets what its allocation says
                 continue
             texts[pod.uid] = text
             try:
@@ -710,9 +652,7 @@ class Agent:
         """Correct served records from the kubelet's pod-resources API, remove the state of
         containers whose pods are gone, and ask again for the ``allocated`` phase of pods the
         kubelet admitted in full whose phase is still ``allocating`` (a write lost with a restart
-        of the agent). Under the Allocate lock: matching reads the records; the removed dirs are
-        deleted after it (moved aside under it), so that a burst of admissions does not wait for
-        the deletion of many containers' files."""
+        of the agent). Under the Allocate lock: matching reads the records."""
         with self._lock:
             served_before = set(self._served)
         pods = self.kube.node_pods()
@@ -734,7 +674,6 @@ class Agent:
             done = [p for p in views if asked and self._admitted(p, owners)]
             for uid in set(self._followed) - live:
                 del self._followed[uid]
-        self.state.empty_trash()
         if removed:
             log.info("removed the state of %d container(s) whose pods are gone", len(removed))
         self.follow_resizes(views)
@@ -863,12 +802,15 @@ class Agent:
     def _borrowing(self) -> bool:
         """Whether a served container borrows memory (an oversubscribed best-effort grant)."""
         with self._lock:
-            return any(_borrows(r) for r in self._records.values())
+            return any(
+                r.qos == QosClass.BEST_EFFORT and any(g.oversubscribed for g in r.gpus)
+                for r in self._records.values()
+            )
 
     def run_usage_checks(self, stop: threading.Event) -> None:
         """:meth:`check_usage` every ``--usage-tick-seconds`` while a container borrows memory, else
         every ``--usage-publish-seconds`` (only the measured use needs it then), and at once after an
-        Allocate that served a container which borrows, until ``stop``."""
+        Allocate, until ``stop``."""
         last_error = ""
         while not stop.is_set():
             try:
@@ -893,8 +835,3 @@ class Agent:
 def _refs(records: dict[ContainerDir, ServedRecord]) -> set[ContainerRef]:
     """The containers the records say are served."""
     return {(r.pod_uid, r.container) for r in records.values()}
-
-
-def _borrows(record: ServedRecord) -> bool:
-    """Whether the container borrows memory: a best-effort one with an oversubscribed grant."""
-    return record.qos == QosClass.BEST_EFFORT and any(g.oversubscribed for g in record.gpus)

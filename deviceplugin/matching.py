@@ -153,38 +153,11 @@ def snapshot(
     now: datetime,
     inflight_timeout: timedelta,
 ) -> NodeSnapshot:
-    """Sort pending GPU pods into in-flight containers (those not ``served``) and broken pods.
+    """Sort pending GPU pods into in-flight containers and broken pods.
 
     Pods whose phase is already ``allocated`` or ``failed`` are done and left out. In-flight
     containers come fresh before stale, then oldest bind time first, then in spec order.
     """
-    every = snapshot_unserved(
-        pods, keys=keys, node=node, node_gpus=node_gpus, now=now, inflight_timeout=inflight_timeout
-    )
-    return without_served(every, served)
-
-
-def without_served(state: NodeSnapshot, served: Collection[ContainerRef]) -> NodeSnapshot:
-    """The snapshot less the containers ``served`` (the order kept)."""
-    return NodeSnapshot(tuple(c for c in state.in_flight if c.ref not in served), state.broken)
-
-
-def fresh_until(state: NodeSnapshot, inflight_timeout: timedelta) -> datetime | None:
-    """Until when (inclusive) the snapshot's fresh containers stay fresh, so that sorting the same
-    pods again gives the same snapshot; None when none is fresh."""
-    return min((c.bind_time + inflight_timeout for c in state.in_flight if not c.stale), default=None)
-
-
-def snapshot_unserved(
-    pods: Iterable[PodView],
-    *,
-    keys: ContractKeys,
-    node: str,
-    node_gpus: Collection[str],
-    now: datetime,
-    inflight_timeout: timedelta,
-) -> NodeSnapshot:
-    """:func:`snapshot` as if nothing were served yet."""
     in_flight: list[InFlight] = []
     broken: list[BrokenPod] = []
     for pod in pods:
@@ -207,9 +180,12 @@ def snapshot_unserved(
         qos, pairs = checked
         bind_time = _bind_time(pod, keys)
         is_stale = stale(bind_time, now, inflight_timeout)
-        for position, (_, entry) in enumerate(pairs):
-            key = container_key(entry)
-            in_flight.append(InFlight(pod, entry.name, entry.gpus, key, bind_time, position, is_stale, qos))
+        for position, (container, entry) in enumerate(pairs):
+            if (pod.uid, container.name) not in served:
+                key = container_key(entry)
+                in_flight.append(
+                    InFlight(pod, entry.name, entry.gpus, key, bind_time, position, is_stale, qos)
+                )
     in_flight.sort(key=lambda c: c.order)
     return NodeSnapshot(tuple(in_flight), tuple(broken))
 

@@ -12,8 +12,6 @@ Layout under ``--state-dir``::
     containers/<pod UID>/<container>/allocation.json
                                                what was served (pod, container, GPUs, quotas); written
                                                last, so it marks the container as served
-    trash/                                     dirs of containers whose pods are gone, moved here
-                                               by a clean-up (one rename each) and deleted after it
     coordination/<GPU UUID>/<QoS class>/<pod UID>_<container>
                                                the container's slot of the GPU's coordination area
                                                (docs/hook.md, "QoS classes on the GPU"); the GPU's
@@ -143,10 +141,6 @@ class StateDir:
         return self.root / "coordination"
 
     @property
-    def trash(self) -> Path:
-        return self.root / "trash"
-
-    @property
     def claims(self) -> Path:
         return self.root / "claims"
 
@@ -223,26 +217,17 @@ class StateDir:
         where.record.unlink(missing_ok=True)
 
     def remove_containers_except(self, live_uids: Collection[str]) -> list[Path]:
-        """Remove the dirs of containers whose pod is no longer on the node, and their coordination
-        slots; returns what was removed. A dir is moved to the trash by one rename (gone from
-        ``containers/`` at once, whatever it holds); :meth:`empty_trash` deletes it, which the caller
-        may do without holding what it held for this.
+        """Delete the dirs of containers whose pod is no longer on the node, and their coordination
+        slots; returns what was removed.
 
         A dir belongs to the pod its record names (see :mod:`deviceplugin.identity`), else to the
         pod UID in its path.
         """
         owners = {where.root: record.pod_uid for where, record in self.records()}
         removed = []
-        trash: Path | None = None
         for container_dir in sorted(self.containers.glob("*/*")):
             if owners.get(container_dir, container_dir.parent.name) not in live_uids:
-                if trash is None:
-                    self.trash.mkdir(exist_ok=True)
-                    trash = Path(tempfile.mkdtemp(dir=self.trash))
-                # <pod UID>_<container>: unique (neither has an underscore), as a slot's name.
-                os.rename(
-                    container_dir, trash / f"{container_dir.parent.name}{_SLOT_SEPARATOR}{container_dir.name}"
-                )
+                shutil.rmtree(container_dir, ignore_errors=True)
                 removed.append(container_dir)
         for pod_dir in self.containers.iterdir() if self.containers.is_dir() else ():
             if pod_dir.is_dir() and not any(pod_dir.iterdir()):
@@ -255,12 +240,6 @@ class StateDir:
                 slot.unlink(missing_ok=True)
                 removed.append(slot)
         return removed
-
-    def empty_trash(self) -> None:
-        """Delete what :meth:`remove_containers_except` moved to the trash (also what a stopped
-        agent left there)."""
-        for entry in self.trash.iterdir() if self.trash.is_dir() else ():
-            shutil.rmtree(entry, ignore_errors=True)
 
 
 def create_state_dir(where: ContainerDir) -> None:

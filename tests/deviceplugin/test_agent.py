@@ -6,14 +6,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import deviceplugin.agent as agent_module
 from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
 from deviceplugin.identity import ContainerRef as IdentityRef
@@ -74,13 +73,6 @@ class MemoryKube:
 
     def node_pods(self) -> list[NodePod]:
         return [NodePod(p, pending=True) for p in self.pods]
-
-    def node_pods_named(self, names: Collection[tuple[str, str]]) -> dict[tuple[str, str], NodePod]:
-        return {
-            (p.view.namespace, p.view.name): p
-            for p in self.node_pods()
-            if (p.view.namespace, p.view.name) in names
-        }
 
     def read_pod(self, namespace: str, name: str) -> NodePod | None:
         self.reads += 1
@@ -301,40 +293,6 @@ def test_concurrent_allocates_from_a_lagging_cache_serve_each_container_once(tmp
     assert agent.api_reasons["no match in the cache"] == 1
 
 
-def test_the_cache_pods_are_sorted_again_only_when_they_change_or_one_turns_stale(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The kubelet's calls on one state of the cache share one sort of its pods; a change of the
-    cache or a container turning stale sorts them again (a stale match goes to the API)."""
-    t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    clock = [t0 + timedelta(seconds=10)]
-    sorts = []
-    sort = agent_module.snapshot_unserved
-
-    def counting_sort(*args: Any, **kwargs: Any) -> Any:
-        sorts.append(kwargs["now"])
-        return sort(*args, **kwargs)
-
-    monkeypatch.setattr(agent_module, "now", lambda: clock[0])
-    monkeypatch.setattr(agent_module, "snapshot_unserved", counting_sort)
-    pods = [in_flight_pod(name, {"main": [("GPU-0", 1024, 10)]}, bind=i) for i, name in enumerate("ab")]
-    agent, _ = make_agent(tmp_path, pods, cache=True)
-    timeout = agent.config.inflight_timeout
-    assert agent.preferred(["GPU-0::0", "GPU-1::0"], [], 1) == ["GPU-0::0"]
-    assert [a.record.pod for a in agent.allocate([["GPU-0::0"]])] == ["a"]
-    assert (agent.cache_answers, len(sorts)) == (1, 1)
-    # A new pod object (the cache saw a change): sorted again.
-    cache: Any = agent.cache
-    cache.pods[1] = dataclasses.replace(cache.pods[1])
-    assert agent.preferred(["GPU-0::1", "GPU-1::0"], [], 1) == ["GPU-0::1"]
-    assert len(sorts) == 2
-    # b turns stale: sorted again, and its match is no longer taken from the cache.
-    clock[0] = t0 + timedelta(seconds=1) + timeout + timedelta(microseconds=1)
-    assert [a.record.pod for a in agent.allocate([["GPU-0::1"]])] == ["b"]
-    assert (agent.cache_answers, agent.api_answers, agent.api_reasons["stale match"]) == (1, 1, 1)
-    assert sorts == [t0 + timedelta(seconds=10), t0 + timedelta(seconds=10), clock[0]]
-
-
 def test_multi_container_pod_is_allocated_after_its_last_container(tmp_path: Path) -> None:
     agent, kube = make_agent(
         tmp_path, [in_flight_pod("p", {"x": [("GPU-0", 1024, 10)], "y": [("GPU-1", 2048, 50)]})]
@@ -412,7 +370,6 @@ def test_state_of_containers_whose_pods_are_gone_is_removed(tmp_path: Path) -> N
     kube.pods = [p for p in pods if p.name != "b"]
     agent.tidy_state()  # no kubelet pod-resources socket here: records stay as they are
     assert sorted(p.name for p in containers.iterdir()) == ["uid-a", "uid-c"]
-    assert not any((tmp_path / "trash").iterdir())  # b's files moved aside, then deleted
     assert served_on_disk(agent) == {("uid-a", "main"), ("uid-c", "main")}
 
 
@@ -446,13 +403,11 @@ def test_fresh_reads_start_after_the_call_and_are_shared() -> None:
             number = self._wait(f"get {name}")
             return NodePod(dataclasses.replace(pods[name], uid=f"read-{number}"), pending=True)
 
-        def node_pods_named(self, names: Collection[tuple[str, str]]) -> dict[tuple[str, str], NodePod]:
+        def node_pods(self) -> list[NodePod]:
             number = self._wait("list")
-            return {
-                (p.namespace, p.name): NodePod(dataclasses.replace(p, uid=f"read-{number}"), pending=True)
-                for p in pods.values()
-                if (p.namespace, p.name) in names
-            }
+            return [
+                NodePod(dataclasses.replace(p, uid=f"read-{number}"), pending=True) for p in pods.values()
+            ]
 
     kube_any: Any = SlowKube()
     reads = FreshReads(kube_any)
