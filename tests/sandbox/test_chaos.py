@@ -239,7 +239,7 @@ def describe(pod: Any) -> str:
     """Where a pod stands, for a failure message: phase, node, conditions, containers' states."""
     conditions = ",".join(f"{c.type}={c.status}({c.reason or ''})" for c in pod.status.conditions or [])
     containers = ",".join(
-        f"{s.name}:{next((k for k, v in s.state.to_dict().items() if v), '?')}"
+        f"{s.name}:{next((f'{k} {v}' for k, v in s.state.to_dict().items() if v), '?')}"
         for s in pod.status.container_statuses or []
     )
     return (
