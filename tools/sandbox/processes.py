@@ -32,14 +32,19 @@ class Started(BaseModel):
     argv: tuple[str, ...]
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+def _stat_after_name(stat: Path) -> list[str] | None:
+    """The fields of a ``/proc/.../stat`` file from field 3 (the state) on; None when it is gone.
+    The command name (field 2) may hold spaces and parentheses; the fields after its last ")" don't."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    # The command name (field 2) may hold spaces and parentheses; the fields after its last ")" don't.
-    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    fields = _stat_after_name(Path(f"/proc/{pid}/stat"))
+    return None if fields is None else int(fields[19])
 
 
 def _exited(pid: int) -> bool:
@@ -54,11 +59,8 @@ def _exited(pid: int) -> bool:
     except OSError:
         return True
     for task in tasks:
-        try:
-            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue  # that thread is gone
-        if state not in ("Z", "X"):
+        fields = _stat_after_name(task / "stat")
+        if fields is not None and fields[0] not in ("Z", "X"):  # None: that thread is gone
             return False
     return True
 
