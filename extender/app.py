@@ -82,7 +82,7 @@ def create_app(
     async def filter_(body: bytes) -> tuple[bytes, int]:
         async def work() -> bytes:
             pod, names, nodes = wire.parse_extender_args(body)
-            result = extender.filter(pod, names)
+            result = await extender.filter_rechecked(pod, names)
             return wire.filter_result(result.passed, result.failed, result.unresolvable, nodes)
 
         return await guarded("filter", work, lambda e: wire.filter_result([], {}, {}, None, error=e))

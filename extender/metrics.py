@@ -31,6 +31,7 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "bind_failures": get_args(BindFailure),
     "preemption_nodes": ("victims", "kept", "removed"),
     "resizes": ("applied", "refused"),
+    "filter_rechecks": ("changed", "unchanged", "failed"),
 }
 
 
@@ -61,6 +62,14 @@ class Metrics:
             "Nodes rejected at filter for pods that fit on none, by shortfall (memory, compute, slices, "
             "model, speed, ...)",
             ["reason"],
+            registry=self.registry,
+        )
+        self.filter_rechecks = Counter(
+            "tessera_extender_filter_rechecks",
+            "Filters no node passed, the in-flight rule refusing some, after which the pods of those "
+            "nodes were read from the API server, by result: changed (a pod changed meanwhile: the "
+            "pod filtered again), unchanged, or failed (not read)",
+            ["result"],
             registry=self.registry,
         )
         self.binds = Counter(

@@ -76,6 +76,10 @@ MIN_PREEMPT_SETS = 100
 DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 # Attempts at writing the allocation when the pod changes under the bind (HTTP 409).
 BIND_ATTEMPTS = 3
+# A filter that no node passed, the in-flight rule refusing some, reads the pods of at most this many
+# of those nodes, within this many seconds (kube-scheduler waits httpTimeout, 5 s by default, for an answer).
+RECHECKED_NODES = 4
+RECHECK_TIMEOUT = 2.0
 _NAME = attrgetter("name")  # a C-level loop over thousands of fits
 _NODE = attrgetter("node")
 _REASON = attrgetter("reason")
@@ -105,6 +109,12 @@ class FilterAnswer:
     passed: list[str]
     failed: dict[str, str] = field(default_factory=dict)
     unresolvable: dict[str, str] = field(default_factory=dict)
+    # The nodes the in-flight rule refused the pod on, best first.
+    inflight_refused: list[str] = field(default_factory=list)
+    # Nodes refused, by Shortfall (the metrics' counts).
+    shortfalls: Counter[str] = field(default_factory=Counter)
+    # A GPU pod whose request parsed: a placement decision (the metrics count those alone).
+    placed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +191,17 @@ class Extender:
         return self.state.candidates(names, UNKNOWN_NAMES_ANSWERED)
 
     def filter(self, pod: JsonObject, names: Sequence[str]) -> FilterAnswer:
+        answer = self._filter(pod, names)
+        self._count(answer)
+        return answer
+
+    def _count(self, answer: FilterAnswer) -> None:
+        self.metrics.count_rejections(answer.shortfalls)
+        if answer.placed:
+            self.metrics.pods_filtered.labels("feasible" if answer.passed else "infeasible").inc()
+
+    def _filter(self, pod: JsonObject, names: Sequence[str]) -> FilterAnswer:
+        """:meth:`filter` without counting it in the metrics."""
         self._require_synced()
         names = self.candidates(names)
         try:
@@ -189,10 +210,14 @@ class Extender:
             raise  # no pod the API server stores: a malformed request (HTTP 400)
         except ContractError as e:
             # The pod itself is wrong: no node can take it, and kubectl describe should say why.
-            self.metrics.count_rejections({Shortfall.NODE: len(names)})
-            return FilterAnswer(passed=[], unresolvable=dict.fromkeys(names, f"pod {ref_of(pod)}: {e}"))
+            return FilterAnswer(
+                passed=[],
+                unresolvable=dict.fromkeys(names, f"pod {ref_of(pod)}: {e}"),
+                shortfalls=Counter({Shortfall.NODE: len(names)}),
+                placed=False,
+            )
         if not request.wants_gpu:
-            return FilterAnswer(passed=list(names))
+            return FilterAnswer(passed=list(names), placed=False)
         shape = self.shape(pod, request)
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         evaluation = self.state.evaluate(shape, names)
@@ -209,6 +234,7 @@ class Extender:
             )
             if isinstance(kept_fit, str):
                 answer.failed[fit.name] = kept_fit
+                answer.inflight_refused.append(fit.name)
                 return None
             return kept_fit
 
@@ -230,7 +256,6 @@ class Extender:
         answer.passed = list(map(_NAME, kept))
         if not kept:
             self._explain(answer, evaluation.rejections)
-        self.metrics.pods_filtered.labels("feasible" if kept else "infeasible").inc()
         if uid:
             # kept[i] is the fit of passed[i]: prioritize scores them without looking up names.
             remembered = _Filtered(answer.passed, kept, pod, request)
@@ -242,12 +267,50 @@ class Extender:
                 self._reserve(pod, remembered, kept[0])
         return answer
 
+    async def filter_rechecked(self, pod: JsonObject, names: Sequence[str]) -> FilterAnswer:
+        """:meth:`filter`; when no node passed and the in-flight rule refused some, their pods read
+        from the API server, and the pod filtered again if any pod changed meanwhile.
+
+        kube-scheduler retries a pod its extender refused on the next cluster event, and the event
+        that frees a node (the device plugin marking the pod in flight there allocated) is often the
+        one that brought the retry, ahead of this extender's watch. Refused on the watch's older view,
+        the pod would wait for some unrelated event: minutes on a quiet cluster. A list is never
+        older than kube-scheduler's informer (kube-apiserver serves it consistently).
+        """
+        answer = self._filter(pod, names)
+        if (
+            not answer.passed
+            and answer.inflight_refused
+            and self.kube is not None
+            and await self._recheck(pod, answer.inflight_refused[:RECHECKED_NODES])
+        ):
+            answer = self._filter(pod, names)
+        self._count(answer)
+        return answer
+
+    async def _recheck(self, pod: JsonObject, nodes: Sequence[str]) -> bool:
+        """The pods of ``nodes`` read from the API server into the state; whether any pod's
+        allocation or phase changed meanwhile (by this read, or by the watch while it waited)."""
+        changes = self.state.pod_changes
+        try:
+            async with asyncio.timeout(RECHECK_TIMEOUT):
+                listed = await asyncio.gather(*map(self._node_pods, nodes))
+        except (ApiError, TimeoutError) as e:
+            log.info("filter of pod %s: cannot read the pods of %s: %s", ref_of(pod), ", ".join(nodes), e)
+            self.metrics.filter_rechecks.labels("failed").inc()
+            return False
+        for node_pods in listed:
+            self._catch_up(node_pods)
+        changed = self.state.pod_changes != changes
+        self.metrics.filter_rechecks.labels("changed" if changed else "unchanged").inc()
+        return changed
+
     def _explain(self, answer: FilterAnswer, rejections: list[NodeRejection]) -> None:
         """Every node's reason, for a pod no node can take now: kube-scheduler puts them in the
         FailedScheduling event (``kubectl describe pod``). When some node passes it drops them, so
         they are not made then (thousands of entries at thousands of nodes: a third of the cost of
         answering a pod that may run on one GPU model only)."""
-        kinds: Counter[str] = Counter()
+        kinds = answer.shortfalls
         if answer.failed:
             kinds[Shortfall.INFLIGHT] = len(answer.failed)
         if rejections:
@@ -258,7 +321,6 @@ class Extender:
             answer.unresolvable.update(zip(map(_NODE, unresolvable), map(_REASON, unresolvable), strict=True))
             answer.failed.update(zip(map(_NODE, failed), map(_REASON, failed), strict=True))
             kinds.update(map(_SHORTFALL, rejections))
-        self.metrics.count_rejections(kinds)
 
     def _reserve(self, pod: JsonObject, remembered: _Filtered, fit: NodeFit) -> None:
         """Reserve ``fit`` for the pod, and check the pod in the background: a filter body names a
@@ -575,11 +637,12 @@ class Extender:
         return items
 
     def _catch_up(self, node_pods: Sequence[JsonObject]) -> bool:
-        """The node's pods as the API server lists them now, into the state before bind decides;
-        whether any was new to it. This extender's watch may lag the API: after a failover, the
-        pods the previous leader bound a moment ago, whose allocations the in-flight rule and the
-        capacity must count. A list is never older than the watch (kube-apiserver serves it
-        consistently), so nothing newer is overwritten for long: later watch events still apply."""
+        """The node's pods as the API server lists them now, into the state before bind or filter
+        decides; whether any was new to it. This extender's watch may lag the API: after a failover,
+        the pods the previous leader bound a moment ago, whose allocations the in-flight rule and
+        the capacity must count; a pod the device plugin has just served. A list is never older
+        than the watch (kube-apiserver serves it consistently), so nothing newer is overwritten for
+        long: later watch events still apply."""
         new = False
         for pod in node_pods:
             uid = str((pod.get("metadata") or {}).get("uid"))

@@ -210,6 +210,8 @@ class ClusterState:
         self.usage_rule = usage_rule
         # Called whenever a pod's allocation or phase changes (a bind waiting on the in-flight rule).
         self.on_pods_changed: Callable[[], None] | None = None
+        # How many times that happened: what was decided before an await may be outdated after it.
+        self.pod_changes = 0
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, _Pod] = {}  # by UID: every pod that counts or is remembered
         # Indexes kept by _reindex alone: the UIDs of the pods counted on each node, and each node's
@@ -720,6 +722,7 @@ class ClusterState:
                 self.engine.set_node(apply(placed.node, placed.placement))
             else:
                 self._rebuild(node)
+        self.pod_changes += 1
         if self.on_pods_changed is not None:
             self.on_pods_changed()
 
