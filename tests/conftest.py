@@ -13,14 +13,27 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 from kubernetes import client, config
 
 from sandbox.controlplane import ControlPlane, ManagedProcess, fake_node_body
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped with SIGTERM (a CI timeout, `timeout`, `kill`) ends as Ctrl-C ends it, running
+    # every fixture's teardown, so the processes the tests started are stopped: by default SIGTERM
+    # ends pytest at once and leaves them running.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
 
 @pytest.fixture(scope="session")

@@ -421,9 +421,15 @@ class ControlPlane:
             self.processes.remove(process)
 
     def stop(self) -> None:
-        """Stop everything started here, newest first."""
+        """Stop everything started here, newest first; the rest are still stopped when stopping one
+        is cut short (an interrupt: a run stopped with SIGTERM while it tears down)."""
         while self.processes:
-            self.processes.pop().stop()
+            process = self.processes.pop()
+            try:
+                process.stop()
+            except BaseException:
+                self.stop()
+                raise
 
     def _launch(self, process: ManagedProcess) -> None:
         self.processes.append(process)
