@@ -124,19 +124,24 @@ REGISTERED_PLUGIN = re.compile(
 )
 
 
-def registered_plugins(port: int) -> list[str]:
-    """The registration sockets of the plugins (DRA drivers, CSI) the kubelet has registered, from
-    its metrics; empty while they cannot be read."""
+def metrics(port: int) -> str | None:
+    """The kubelet's Prometheus metrics (its serving port, anonymous access as configured above);
+    None while they cannot be read."""
     # Loopback only, the kubelet's self-signed serving certificate: nothing to verify it against.
     unverified = ssl.create_default_context()
     unverified.check_hostname = False
     unverified.verify_mode = ssl.CERT_NONE
     try:
         with urllib.request.urlopen(f"https://{LOOPBACK}:{port}/metrics", timeout=5, context=unverified) as r:
-            text = r.read().decode()
+            return str(r.read().decode())
     except (urllib.error.URLError, OSError, ssl.SSLError):
-        return []
-    return REGISTERED_PLUGIN.findall(text)
+        return None
+
+
+def registered_plugins(port: int) -> list[str]:
+    """The registration sockets of the plugins (DRA drivers, CSI) the kubelet has registered, from
+    its metrics; empty while they cannot be read."""
+    return REGISTERED_PLUGIN.findall(metrics(port) or "")
 
 
 def healthy(healthz_port: int) -> bool:
