@@ -55,7 +55,7 @@ from tessera.contract import (
     parse_allocation,
     pod_ref,
 )
-from tessera.inflight import is_allocating
+from tessera.inflight import InflightKey, is_allocating
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,22 @@ EVICTED_REASON = "TesseraBestEffortEvicted"
 USAGE_CHANGE_PERCENT = 10
 # An eviction asked for is asked again (the pod still served) after its grace period and this long.
 EVICTION_RETRY_SECONDS = 30.0
+# A kubelet calls Allocate within milliseconds of the GetPreferredAllocation of the same container;
+# a confirmation older than this belongs to an admission that never reached its Allocate.
+PREFERRED_CONFIRMATION_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredConfirmation:
+    """A GetPreferredAllocation answered from the cache, with the in-flight key of the pod the API
+    confirmed for it by a read that started after the call: the kubelet's next call, the Allocate
+    of the same container, may take that confirmation instead of reading again
+    (:meth:`Agent.allocate`)."""
+
+    call: int  # its number among the kubelet's calls (Agent._calls)
+    answered_at: float  # monotonic
+    devices: frozenset[str]  # the slices it answered
+    key: InflightKey  # the key of every container of that GPU count in the confirmed pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +134,10 @@ class Agent:
         self._served: set[ContainerRef] = _refs(self._records)
         # Containers matched from the cache whose pods are being confirmed with the API.
         self._reserved: set[ContainerRef] = set()
+        # The kubelet's GetPreferredAllocation and Allocate calls, numbered as they arrive; the last
+        # preferred answer confirmed with the API, for the Allocate that follows it.
+        self._calls = 0
+        self._preferred: PreferredConfirmation | None = None
         self._fallbacks_waiting = 0
         self._pod_resources = pod_resources or (
             lambda: container_devices(config.pod_resources_socket, config.keys.vgpu)
@@ -127,8 +147,10 @@ class Agent:
         self._unconfirmed: dict[ContainerDir, tuple[PodView, float]] = {}
         self._confirm_wanted = threading.Event()
         self._published_inventory: str | None = None
-        # Allocate calls answered from the cache and from a fresh list; why the cache could not.
+        # Allocate calls answered from the cache and from a fresh list; why the cache could not;
+        # cache answers confirmed by their GetPreferredAllocation's read instead of a read of their own.
         self.cache_answers = 0
+        self.preferred_confirmations = 0
         self.api_answers = 0
         self.api_reasons: Counter[str] = Counter()
         # Live resizes: the allocation annotations already followed, by pod UID.
@@ -208,14 +230,22 @@ class Agent:
         fail the pod's admission, while Allocate can still decide once the API is back).
 
         From the pod cache when its first in-flight container of that GPU count is fresh and the
-        API confirms its pod (as Allocate does); otherwise from a fresh list of the node's pods."""
+        API confirms its pod (as Allocate does; that confirmation is kept for the Allocate that
+        follows); otherwise from a fresh list of the node's pods."""
+        call = self._next_call()
         pods = self.cache.pending_pods() if self.cache is not None else None
         if pods is not None:
             state = self._snapshot(pods, self._taken())
             first = next((c for c in state.in_flight if c.key.gpu_count == gpu_count), None)
             try:
                 if first is not None and not first.stale and self._confirmed([first.pod]):
-                    return preferred_devices(available, must_include, gpu_count, state)
+                    answer = preferred_devices(available, must_include, gpu_count, state)
+                    own = self._snapshot([first.pod], set()).in_flight
+                    if {c.key for c in own if c.key.gpu_count == gpu_count} == {first.key}:
+                        kept = PreferredConfirmation(call, time.monotonic(), frozenset(answer), first.key)
+                        with self._lock:
+                            self._preferred = kept
+                    return answer
             except KubeUnavailableError as e:
                 log.warning("GetPreferredAllocation without the pods: %s", e)
                 return preferred_devices(available, must_include, gpu_count, self._snapshot([], set()))
@@ -236,7 +266,7 @@ class Agent:
         the same container. The ``allocated`` phase of a pod served in full is written after the
         answer, once the kubelet names the pod it admitted (:meth:`confirm_admissions`).
         """
-        served = self._allocate_from_cache(requests)
+        served = self._allocate_from_cache(requests, self._next_call())
         if served is None:
             served = self._allocate_from_api(requests)
         chosen, answers = served
@@ -250,12 +280,17 @@ class Agent:
             )
         return answers
 
+    def _next_call(self) -> int:
+        with self._lock:
+            self._calls += 1
+            return self._calls
+
     def _allocate_from_cache(
-        self, requests: Sequence[Sequence[str]]
+        self, requests: Sequence[Sequence[str]], call: int
     ) -> tuple[list[InFlight], list[ContainerAnswer]] | None:
         """The answers from the pod cache, or None when it cannot answer for sure: not synced, no
         match, a stale match (a fresh pod it has not seen yet would come first), or a matched pod
-        the API no longer shows as the cache does."""
+        the API no longer shows as the cache does. ``call``: this call's number."""
         pods = self.cache.pending_pods() if self.cache is not None else None
         if pods is None:
             return None
@@ -274,9 +309,12 @@ class Agent:
                 return None
             refs = {c.ref for c in chosen}
             self._reserved |= refs
+            preferred, self._preferred = self._preferred, None
         try:
             try:
-                confirmed = self._confirmed([c.pod for c in chosen])
+                confirmed = self._confirmed_by(preferred, call, chosen, requests) or self._confirmed(
+                    [c.pod for c in chosen]
+                )
             except KubeUnavailableError as e:
                 log.warning("Allocate: %s", e)
                 confirmed = False
@@ -393,7 +431,9 @@ class Agent:
         """Whether the API shows each pod as the cache does: still there, pending, not being
         deleted, with the same UID, allocation, phase, bind time and GPU containers. Then the pod is
         in flight for the extender too, and by the rule every in-flight container of another pod
-        with the same GPU count has the matched container's key (however far the cache lags)."""
+        with the same GPU count has the matched container's key (however far the cache lags): the
+        read started after the kubelet had the pod it admits, so either pod was bound while the
+        other was in flight."""
         keys = self.config.keys
         fields = (keys.allocation, keys.allocation_phase, keys.bind_time)
         unique = {p.uid: p for p in pods}.values()
@@ -410,6 +450,34 @@ class Agent:
             ):
                 log.info("Allocate: pod %s changed since the pod cache saw it; asking the API", pod.ref)
                 return False
+        return True
+
+    def _confirmed_by(
+        self,
+        preferred: PreferredConfirmation | None,
+        call: int,
+        chosen: Sequence[InFlight],
+        requests: Sequence[Sequence[str]],
+    ) -> bool:
+        """Whether the GetPreferredAllocation just before this Allocate confirmed its match: the
+        kubelet's previous call, for the slices this call asks for, within a second, and the match
+        has the key it confirmed. A kubelet admits one container at a time and calls
+        GetPreferredAllocation, then Allocate, for its slices (the device manager's
+        devicesToAllocate), and that call's read started after the kubelet had the pod it admits.
+        The pod the read confirmed was then in flight, so by :meth:`_confirmed`'s argument the
+        container admitted has that pod's key for its GPU count (one key: checked when it was
+        kept), whichever pod it is; so has the match, even when it is another pod of that key.
+        Anything else, such as calls interleaved by another client, reads again."""
+        if (
+            preferred is None
+            or preferred.call != call - 1
+            or time.monotonic() - preferred.answered_at > PREFERRED_CONFIRMATION_SECONDS
+            or len(requests) != 1
+            or frozenset(requests[0]) != preferred.devices
+            or any(c.key != preferred.key for c in chosen)
+        ):
+            return False
+        self.preferred_confirmations += 1
         return True
 
     def _write_files(self, answer: ContainerAnswer) -> None:

@@ -208,6 +208,109 @@ def test_a_pod_the_cache_shows_after_its_deletion_is_not_picked(
     assert agent.api_reasons["not confirmed"] == 1
 
 
+def test_the_allocate_right_after_its_preferred_call_takes_that_calls_confirmation(
+    tmp_path: Path, kube: client.ApiClient, namespace: str, gpu_node: str, node_kube: Kube
+) -> None:
+    """As a kubelet admits a container: GetPreferredAllocation, then Allocate of the slices it
+    answered. The pod is confirmed by one read, the preferred call's; anything else reads again."""
+    core = client.CoreV1Api(kube)
+    cache = PodCache(node_kube)
+    for name in ("a", "b", "c"):
+        create_pod(core, namespace, name, gpu_node, {"main": [(G[1], 2048, 20)]})
+    cache.relist()
+    agent = make_agent(tmp_path, node_kube, cache)
+    reads = agent._reads  # the reads the agent made
+    free = [f"{g}::{i}" for g in G for i in range(10)]
+
+    chosen = agent.preferred(free, [], 1)
+    (answer,) = agent.allocate([chosen])
+    served = [answer.record.pod]
+    assert (reads.reads + reads.lists, agent.preferred_confirmations, agent.cache_answers) == (1, 1, 1)
+
+    # Allocate of other slices than the preferred call answered: the kubelet did not take its
+    # answer, so that call may not be this admission's; the pod is read again.
+    chosen = agent.preferred([s for s in free if s != answer.record.device_ids[0]], [], 1)
+    (answer,) = agent.allocate([[f"{G[1]}::9"]])
+    assert chosen != [f"{G[1]}::9"]
+    served.append(answer.record.pod)
+    assert (reads.reads + reads.lists, agent.preferred_confirmations, agent.cache_answers) == (3, 1, 2)
+
+    # Another call between them: the confirmation is not the previous call's; read again.
+    chosen = agent.preferred([f"{G[1]}::{i}" for i in range(3, 9)], [], 1)
+    agent.preferred(free, [], 2)  # no pod asks for 2 GPUs: answered without the cache
+    (answer,) = agent.allocate([chosen])
+    served.append(answer.record.pod)
+    assert sorted(served) == ["a", "b", "c"]
+    assert (agent.preferred_confirmations, agent.cache_answers, agent.api_answers) == (1, 3, 0)
+
+
+def test_a_preferred_calls_confirmation_covers_another_pod_of_the_same_key(
+    tmp_path: Path, kube: client.ApiClient, namespace: str, gpu_node: str, node_kube: Kube
+) -> None:
+    """The preferred call confirmed one pod; by the Allocate the cache shows it gone and matches
+    another pod of the same key: the container admitted has that key either way, so no read. A
+    pod of another key (another GPU) is not covered: read again."""
+    core = client.CoreV1Api(kube)
+    cache = PodCache(node_kube)
+    for name in ("a", "b"):
+        create_pod(core, namespace, name, gpu_node, {"main": [(G[0], 1024, 10)]})
+    cache.relist()
+    agent = make_agent(tmp_path, node_kube, cache)
+    reads = agent._reads
+    free = [f"{g}::{i}" for g in G for i in range(10)]
+
+    chosen = agent.preferred(free, [], 1)
+    assert chosen == [f"{G[0]}::0"]
+    confirmed = agent._snapshot(cache.pending_pods() or [], set()).in_flight[0].pod.name  # as preferred
+    core.delete_namespaced_pod(confirmed, namespace, grace_period_seconds=0)
+    cache.relist()
+    (answer,) = agent.allocate([chosen])
+    assert answer.record.pod == {"a": "b", "b": "a"}[confirmed]
+    assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[0], 1024, 10)]
+    assert (reads.reads + reads.lists, agent.preferred_confirmations) == (1, 1)
+
+    create_pod(core, namespace, "c", gpu_node, {"main": [(G[2], 4096, 40)]})
+    cache.relist()
+    chosen = agent.preferred(free, [], 1)
+    assert chosen == [f"{G[2]}::0"]
+    # Between the two calls, the cache comes to show another pod first for those slices' GPU: say
+    # c deleted and d bound with other quotas; its key was not confirmed.
+    core.delete_namespaced_pod("c", namespace, grace_period_seconds=0)
+    d = create_pod(core, namespace, "d", gpu_node, {"main": [(G[2], 2048, 20)]})
+    cache.relist()
+    (answer,) = agent.allocate([chosen])
+    assert answer.record.pod_uid == d.metadata.uid
+    assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[2], 2048, 20)]
+    assert (reads.reads + reads.lists, agent.preferred_confirmations) == (3, 1)
+
+
+def test_a_deleted_pod_the_cache_still_shows_is_not_confirmed_through_the_preferred_call(
+    tmp_path: Path, kube: client.ApiClient, namespace: str, gpu_node: str, node_kube: Kube
+) -> None:
+    """The race of the test above with the kubelet's two calls: the preferred call's read does not
+    confirm the deleted pod, so it keeps no confirmation, and the Allocate after it reads again and
+    serves the new pod its own quotas."""
+    core = client.CoreV1Api(kube)
+    cache = PodCache(node_kube)
+    create_pod(core, namespace, "gone", gpu_node, {"main": [(G[3], 1024, 10)]})
+    cache.relist()
+    core.delete_namespaced_pod("gone", namespace, grace_period_seconds=0)
+    wait_for(
+        lambda: not core.list_namespaced_pod(namespace, field_selector="metadata.name=gone").items,
+        what="the pod deleted",
+    )
+    new = create_pod(core, namespace, "new", gpu_node, {"main": [(G[3], 8192, 60)]})
+    agent = make_agent(tmp_path, node_kube, cache)
+
+    chosen = agent.preferred([f"{g}::{i}" for g in G for i in range(10)], [], 1)
+    assert chosen == [f"{G[3]}::0"]  # from the fresh list: the new pod's GPU
+    (answer,) = agent.allocate([chosen])
+    assert answer.record.pod_uid == new.metadata.uid
+    assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[3], 8192, 60)]
+    assert agent.preferred_confirmations == 0
+    assert agent.api_reasons["not confirmed"] == 1
+
+
 def _phase_policy(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """An admission policy refusing the phase ``allocated`` on pods of ``namespace`` whose name
     starts with ``held-``: the API server refuses the agent's phase writes while it is in force."""
