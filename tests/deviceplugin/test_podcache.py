@@ -182,12 +182,20 @@ def test_a_bind_the_cache_has_not_seen_is_served_from_the_api(
         agent.allocate([[f"{G[2]}::5"]])
 
 
-def test_a_pod_the_cache_shows_after_its_deletion_is_not_picked(
-    tmp_path: Path, kube: client.ApiClient, namespace: str, gpu_node: str, node_kube: Kube
+@pytest.mark.parametrize("preferred_first", [False, True], ids=["allocate", "preferred-then-allocate"])
+def test_a_pod_the_cache_shows_after_its_deletion_is_not_picked(  # noqa: PLR0917 (fixtures are injected by name)
+    tmp_path: Path,
+    kube: client.ApiClient,
+    namespace: str,
+    gpu_node: str,
+    node_kube: Kube,
+    preferred_first: bool,
 ) -> None:
     """The cache still shows a deleted pod; the extender, which saw the deletion, bound another pod
     to the same GPU with other quotas (the rule allows it: the first is gone). The cache's match is
-    refused by the API's answer, and the new pod gets its own quotas."""
+    refused by the API's answer, and the new pod gets its own quotas. With the kubelet's two calls,
+    the preferred call's read does not confirm the deleted pod either, so it keeps no confirmation
+    for the Allocate, which reads again."""
     core = client.CoreV1Api(kube)
     cache = PodCache(node_kube)
     create_pod(core, namespace, "gone", gpu_node, {"main": [(G[3], 1024, 10)]})
@@ -201,10 +209,12 @@ def test_a_pod_the_cache_shows_after_its_deletion_is_not_picked(
     agent = make_agent(tmp_path, node_kube, cache)
     assert [p.name for p in cache.pending_pods() or []] == ["gone"]
 
+    if preferred_first:  # from the fresh list: the new pod's GPU
+        assert agent.preferred([f"{g}::{i}" for g in G for i in range(10)], [], 1) == [f"{G[3]}::0"]
     (answer,) = agent.allocate([[f"{G[3]}::0"]])
     assert answer.record.pod_uid == new.metadata.uid
     assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[3], 8192, 60)]
-    assert (agent.cache_answers, agent.api_answers) == (0, 1)
+    assert (agent.cache_answers, agent.api_answers, agent.preferred_confirmations) == (0, 1, 0)
     assert agent.api_reasons["not confirmed"] == 1
 
 
@@ -282,33 +292,6 @@ def test_a_preferred_calls_confirmation_covers_another_pod_of_the_same_key(
     assert answer.record.pod_uid == d.metadata.uid
     assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[2], 2048, 20)]
     assert (reads.reads + reads.lists, agent.preferred_confirmations) == (3, 1)
-
-
-def test_a_deleted_pod_the_cache_still_shows_is_not_confirmed_through_the_preferred_call(
-    tmp_path: Path, kube: client.ApiClient, namespace: str, gpu_node: str, node_kube: Kube
-) -> None:
-    """The race of the test above with the kubelet's two calls: the preferred call's read does not
-    confirm the deleted pod, so it keeps no confirmation, and the Allocate after it reads again and
-    serves the new pod its own quotas."""
-    core = client.CoreV1Api(kube)
-    cache = PodCache(node_kube)
-    create_pod(core, namespace, "gone", gpu_node, {"main": [(G[3], 1024, 10)]})
-    cache.relist()
-    core.delete_namespaced_pod("gone", namespace, grace_period_seconds=0)
-    wait_for(
-        lambda: not core.list_namespaced_pod(namespace, field_selector="metadata.name=gone").items,
-        what="the pod deleted",
-    )
-    new = create_pod(core, namespace, "new", gpu_node, {"main": [(G[3], 8192, 60)]})
-    agent = make_agent(tmp_path, node_kube, cache)
-
-    chosen = agent.preferred([f"{g}::{i}" for g in G for i in range(10)], [], 1)
-    assert chosen == [f"{G[3]}::0"]  # from the fresh list: the new pod's GPU
-    (answer,) = agent.allocate([chosen])
-    assert answer.record.pod_uid == new.metadata.uid
-    assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[3], 8192, 60)]
-    assert agent.preferred_confirmations == 0
-    assert agent.api_reasons["not confirmed"] == 1
 
 
 def _phase_policy(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
