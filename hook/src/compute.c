@@ -164,9 +164,15 @@ static void sleep_ns(uint64_t ns) {
 }
 
 /* Elastic mode expands only while no other container uses the GPU and no latency-critical one has
- * work in flight (qos.c). */
-static double rate_of(const struct vgpu_device *d) {
-    if (vgpu_limits()->elastic && vgpu_monitor_gpu_is_ours(d->rdev) && !vgpu_qos_higher_busy(d->rdev)) return 1.0;
+ * had work in flight (qos.c) since the last refill: the rate applies to that whole interval, and a
+ * latency-critical kernel queued behind this container's ends its published span (an estimate
+ * without the queueing) before this container's next refill, so a check of that moment alone would
+ * miss it. refilled_at_ns is read without the lock: a refill racing this read only makes the
+ * interval checked longer (an older time), never shorter. */
+static double rate_of(struct vgpu_region *r, const struct vgpu_device *d) {
+    uint64_t since = __atomic_load_n(&r->dev[d->rdev].refilled_at_ns, __ATOMIC_RELAXED);
+    if (vgpu_limits()->elastic && vgpu_monitor_gpu_is_ours(d->rdev) && !vgpu_qos_higher_busy(d->rdev, since))
+        return 1.0;
     return vgpu_cores_quota(d) / (double)VGPU_MAX_CORES;
 }
 
@@ -183,7 +189,7 @@ static void refill(struct vgpu_region_device *g, uint64_t now, double rate) {
             fresh = tokens >= cap || cap - tokens < credit ? cap : tokens + credit;
         } while (!__atomic_compare_exchange_n(&g->tokens_ns, &tokens, fresh, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     }
-    g->refilled_at_ns = now;
+    __atomic_store_n(&g->refilled_at_ns, now, __ATOMIC_RELAXED); /* read without the lock by rate_of */
 }
 
 static void charge(struct vgpu_region *r, int rdev, uint64_t ns) {
@@ -213,7 +219,7 @@ static inline __attribute__((always_inline)) void wait_for_tokens(struct vgpu_re
         __atomic_sub_fetch(&g->tokens_ns, (int64_t)cost, __ATOMIC_RELAXED);
     } else {
         for (;;) {
-            double rate = rate_of(d);
+            double rate = rate_of(r, d);
             uint64_t now = vgpu_now_ns();
             vgpu_region_lock(r);
             refill(g, now, rate);

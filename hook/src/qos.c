@@ -294,10 +294,11 @@ struct yielder {
     uint64_t estimate_ns; /* the coming kernel's */
 };
 
-/* Until when the latest credible peer is busy or due (0: none), for a launch of y (or none). The
- * peers' work launched after y's last launch queued behind that launch's kernel, all of it, one
- * after another: it runs until y->done + the sum of it. */
-static uint64_t peers_busy_until(struct qos_gpu *g, uint64_t now, const struct yielder *y) {
+/* Until when the latest credible peer is busy or due (0: none), for a launch of y (or none),
+ * counting spans that ended after `from` (at most now). The peers' work launched after y's last
+ * launch queued behind that launch's kernel, all of it, one after another: it runs until y->done
+ * + the sum of it. */
+static uint64_t peers_busy_until(struct qos_gpu *g, uint64_t from, uint64_t now, const struct yielder *y) {
     uint64_t latest = 0, queued = 0;
     /* No peer on the GPU (read without the lock, which guards the descriptors: a count that a
      * concurrent listing just raised is seen at the next launch, as if that listing had come a
@@ -323,16 +324,17 @@ static uint64_t peers_busy_until(struct qos_gpu *g, uint64_t now, const struct y
             until = s.due_ns;
         /* Still disagreeing: its writer is between its stores; busy for a moment. */
         until = agreed ? until + SLACK_NS : now + MIN_NAP_NS;
-        if (until > now && until - now <= MAX_AHEAD_NS && until > latest) latest = until;
+        if (until > from && until <= now + MAX_AHEAD_NS && until > latest) latest = until;
     }
     vgpu_spin_give(&g->peers_lock);
     if (queued && y->done + queued + SLACK_NS > latest) latest = y->done + queued + SLACK_NS;
     return latest;
 }
 
-int vgpu_qos_higher_busy(int rdev) {
+int vgpu_qos_higher_busy(int rdev, uint64_t since) {
     struct qos_gpu *g = &gpus[rdev];
-    return g->classes && peers_busy_until(g, vgpu_now_ns(), NULL) != 0;
+    uint64_t now = vgpu_now_ns();
+    return g->classes && peers_busy_until(g, since < now ? since : now, now, NULL) != 0;
 }
 
 uint64_t vgpu_qos_yield(int rdev, uint64_t estimate_ns) {
@@ -341,7 +343,7 @@ uint64_t vgpu_qos_yield(int rdev, uint64_t estimate_ns) {
     /* Threads of one process race on the last launch; any of their launch times serves. */
     struct yielder y = {__atomic_load_n(&g->launched_ns, __ATOMIC_RELAXED), now, estimate_ns};
     for (;;) {
-        uint64_t until = peers_busy_until(g, now, &y);
+        uint64_t until = peers_busy_until(g, now, now, &y);
         if (until <= now) {
             __atomic_store_n(&g->launched_ns, now, __ATOMIC_RELAXED);
             return waited;

@@ -172,8 +172,9 @@ void vgpu_qos_due(struct vgpu_region *r, int rdev, uint64_t due_ns);
 /* Best-effort: waits while a higher class has work in flight on rdev, or due before a kernel of
  * estimate_ns would end; returns the ns waited. */
 uint64_t vgpu_qos_yield(int rdev, uint64_t estimate_ns);
-/* 1 while a higher class than this container's has work in flight on rdev. */
-int vgpu_qos_higher_busy(int rdev);
+/* 1 when a higher class than this container's has had work in flight on rdev at any time since
+ * `since` (CLOCK_MONOTONIC ns; a span that ended after it counts), or has now. */
+int vgpu_qos_higher_busy(int rdev, uint64_t since);
 /* Opens the slots of containers that arrived, forgets those that left (the monitor, every period). */
 void vgpu_qos_refresh(void);
 void vgpu_qos_after_fork_child(void);
