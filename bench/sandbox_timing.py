@@ -28,7 +28,6 @@ import platform
 import statistics
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ import yaml
 from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
-from sandbox import cluster, kubelet
+from sandbox import cluster, install, kubelet
 from tessera.contract import KEYS
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "shared-gpu.yaml"
@@ -98,15 +97,8 @@ def _kubelet_allocations(port: int) -> Buckets:
     return _histogram(text, "kubelet_device_plugin_alloc_duration_seconds")
 
 
-def _agent_allocations(core: client.CoreV1Api, node: str) -> Buckets:
-    [agent] = [
-        p
-        for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
-        if any(port.name == "metrics" for c in p.spec.containers for port in c.ports or [])
-    ]
-    port = next(p.container_port for p in agent.spec.containers[0].ports if p.name == "metrics")
-    with urllib.request.urlopen(f"http://{agent.status.pod_ip}:{port}/metrics", timeout=10) as response:
-        return _histogram(response.read().decode(), "tessera_device_plugin_allocate_seconds")
+def _agent_allocations(api: client.ApiClient, node: str) -> Buckets:
+    return _histogram(install.agent_metrics(api, node), "tessera_device_plugin_allocate_seconds")
 
 
 def _burst(core: client.CoreV1Api, names: list[str], timeout: float = 300) -> float:
@@ -188,7 +180,7 @@ def main() -> int:
             name = f"bench-{i}"
             timings.append(_time_pod(core, name))
             _delete(core, name)
-        before = (_kubelet_allocations(state.kubelet_port), _agent_allocations(core, state.node))
+        before = (_kubelet_allocations(state.kubelet_port), _agent_allocations(api, state.node))
         for b in range(args.bursts):
             names = [f"burst-{b}-{i:02d}" for i in range(args.burst)]
             burst_seconds.append(_burst(core, names))
@@ -196,7 +188,7 @@ def main() -> int:
                 core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
             for name in names:
                 _wait_gone(core, name)
-        after = (_kubelet_allocations(state.kubelet_port), _agent_allocations(core, state.node))
+        after = (_kubelet_allocations(state.kubelet_port), _agent_allocations(api, state.node))
         api.close()
     finally:
         began = time.monotonic()

@@ -8,7 +8,6 @@ quota: four 256 MiB blocks."""
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,12 +102,8 @@ def _delete(sbx: Sandbox, *names: str) -> None:
 
 def _agent_metrics(sbx: Sandbox) -> dict[tuple[str, str], float]:
     """The node agent's per-pod memory cross-check: (metric, pod) -> value, scraped from its pod."""
-    (agent,) = install.agent_pods(sbx.api, sbx.state.node)
-    port = next(p.container_port for p in agent.spec.containers[0].ports if p.name == "metrics")
-    with urllib.request.urlopen(f"http://{agent.status.pod_ip}:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
     found: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(install.agent_metrics(sbx.api, sbx.state.node)):
         for sample in family.samples:
             if sample.name.startswith("tessera_pod_gpu_memory_"):
                 found[sample.name, sample.labels["pod"]] = sample.value

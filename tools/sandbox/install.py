@@ -132,6 +132,14 @@ def agent_pods(api: client.ApiClient, node: str) -> list[client.V1Pod]:
     return pods
 
 
+def agent_metrics(api: client.ApiClient, node: str) -> str:
+    """The Prometheus text the node agent on ``node`` serves on its pod's ``metrics`` port."""
+    (agent,) = agent_pods(api, node)
+    port = next(p.container_port for p in agent.spec.containers[0].ports if p.name == "metrics")
+    with urllib.request.urlopen(f"http://{agent.status.pod_ip}:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
 def extender_pods(api: client.ApiClient) -> list[client.V1Pod]:
     pods: list[client.V1Pod] = (
         client.CoreV1Api(api).list_namespaced_pod(NAMESPACE, label_selector=EXTENDER_SELECTOR).items
