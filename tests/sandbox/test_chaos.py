@@ -7,7 +7,8 @@ Invariants, checked every couple of seconds throughout and once more when each w
 no GPU holds more memory or cores than it has, by the pods' allocations and by what the hooks'
 accounting regions say the containers hold; a pod's allocation, once written, never changes and
 never vanishes; once a wave settles, every pod is Running with a limits file that says exactly its
-allocation, Pending with the scheduler's reason, or Failed with an event.
+allocation, Pending with the scheduler's reason, or Failed with a reason (its event, or its
+container's terminated state when the event was lost).
 
 `TESSERA_CHAOS_SEED` picks the kill schedule and the pods' shapes (CI runs the fixed default);
 `TESSERA_CHAOS_WAVES` runs more waves on demand."""
@@ -218,6 +219,17 @@ def limits_lines(text: str) -> set[str]:
     return {line for line in text.splitlines() if line.startswith("device ")}
 
 
+def terminations(pod: Any) -> list[str]:
+    """Why the pod's containers ended, as the kubelet wrote it in their status: a failed pod's reason
+    when its Warning event was lost (events are best effort: the kubelet drops them while the API
+    server is down, and a killed kubelet loses the ones it had queued)."""
+    return [
+        f"{s.name}: {s.state.terminated.reason} {s.state.terminated.message or ''}".strip()
+        for s in pod.status.container_statuses or []
+        if s.state and s.state.terminated and s.state.terminated.reason
+    ]
+
+
 def settled(pod: Any, events: dict[str, list[str]]) -> tuple[str, str] | None:
     """What the pod has come to and why, or None while it is still on its way."""
     phase = pod.status.phase
@@ -226,7 +238,7 @@ def settled(pod: Any, events: dict[str, list[str]]) -> tuple[str, str] | None:
     if phase == "Running":
         return "running", ""
     if phase == "Failed":
-        found = events.get(pod.metadata.name)
+        found = events.get(pod.metadata.name) or terminations(pod)
         return ("failed", found[-1]) if found else None
     if phase == "Pending" and not pod.spec.node_name:
         scheduled = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
