@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo simulate test lint native proto k8s-binaries prometheus-binaries sandbox-deps images clean
+.PHONY: demo simulate test test-deps lint native proto k8s-binaries k8s-binaries-pinned k8s-binaries-dra \
+	prometheus-binaries sandbox-deps images clean
 
 # A virtual environment with the project and its test tools, rebuilt when pyproject.toml changes.
 # The product and, beside it, the tools (tools/pyproject.toml: simulator, sandbox, fake GPU).
@@ -28,12 +29,16 @@ proto: $(STAMP)
 # (CDI) once for the DRA sandbox and links it into each version's bin dir.
 DRA_K8S_VERSION := $(shell sed -nE 's/^DRA_K8S_VERSION = "(v[0-9.]+)"$$/\1/p' tools/sandbox/controlplane.py)
 
-k8s-binaries:
+k8s-binaries: k8s-binaries-pinned k8s-binaries-dra
+
+k8s-binaries-pinned:
 	hack/k8s-binaries.sh
+
+k8s-binaries-dra:
 	K8S_VERSION=$(DRA_K8S_VERSION) hack/k8s-binaries.sh
 
-# Prometheus and promtool with Kubernetes discovery, from Go modules (Go comes with k8s-binaries).
-prometheus-binaries: k8s-binaries
+# Prometheus and promtool with Kubernetes discovery, from Go modules.
+prometheus-binaries:
 	hack/prometheus-binaries.sh
 
 # containerd, runc and CNI plugins from Debian for the sandbox (root; installs only what is missing).
@@ -43,7 +48,7 @@ sandbox-deps:
 # The product image (Dockerfile), the chart's kube-scheduler image and the example workload image,
 # built with buildah, no Docker daemon (root); OCI archives under build/images/ for `skopeo copy`
 # (docs/install.md), which the sandbox imports and installs with the chart. Incremental.
-images: $(STAMP) sandbox-deps k8s-binaries
+images: $(STAMP) sandbox-deps k8s-binaries-pinned
 	hack/build-images.sh
 
 lint: $(STAMP)
@@ -51,17 +56,23 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Then the device plugin path on the newest Kubernetes too: the node agent's integration tests
-# against that version's kube-apiserver, and the extender behind that version's kube-scheduler (the
-# DRA path's tests run on it in the first run).
-test: $(STAMP) native k8s-binaries prometheus-binaries sandbox-deps images lint
+# Everything the tests need, three steps at a time: a cold build is mostly Go compiling and linking
+# Kubernetes twice, which leaves a core idle while modules download and binaries link, and the
+# Python packages and the base image download meanwhile (docs/benchmarks.md, "make test").
+test-deps: $(STAMP) native k8s-binaries prometheus-binaries sandbox-deps images lint
+
+# The tests, then the device plugin path on the newest Kubernetes too: the node agent's integration
+# tests against that version's kube-apiserver, and the extender behind that version's kube-scheduler
+# (the DRA path's tests run on it in the first run).
+test:
+	$(MAKE) --jobs=3 test-deps
 	$(BIN)/pytest
 	TESSERA_K8S_BIN="$$(K8S_VERSION=$(DRA_K8S_VERSION) hack/k8s-binaries.sh)" $(BIN)/pytest \
 		tests/deviceplugin/test_plugin.py tests/extender/test_k8s.py
 
 # The main job: the whole path on a local sandbox cluster (root) with Tessera installed by its Helm
 # chart from the images built here: pods share a fake GPU, quotas hold.
-demo: $(STAMP) native k8s-binaries sandbox-deps images
+demo: $(STAMP) native k8s-binaries-pinned sandbox-deps images
 	$(BIN)/tessera sandbox demo
 
 # The quick look that needs no root and no cluster: placement policies compared on a replayed fleet.

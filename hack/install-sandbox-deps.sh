@@ -35,6 +35,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "install-sandbox-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
+# `make test` builds in parallel: one apt at a time (hack/go-env.sh takes the same lock).
+exec 9>/var/lock/tessera-apt.lock
+flock 9
 apt-get update -qq
 # --no-install-recommends: no docker/criu extras; policy-rc.d keeps Debian from starting the system
 # containerd service, since the sandbox runs its own containerd with its own root and socket.

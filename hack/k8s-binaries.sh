@@ -19,7 +19,6 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.14}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
-GO_MIN_MINOR=24
 
 staging_version="v0.${K8S_VERSION#v1.}"
 k8s_minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
@@ -30,28 +29,23 @@ mkdir -p "$bin" "$cache/src"
 
 log() { echo "k8s-binaries: $*" >&2; }
 
-ensure_go() {
-  if command -v go >/dev/null 2>&1; then
-    local minor
-    minor="$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')"
-    if [ "${minor:-0}" -ge "$GO_MIN_MINOR" ]; then return 0; fi
-    log "go $(go env GOVERSION) is older than 1.$GO_MIN_MINOR"
-  fi
-  log "installing Go from Debian packages"
-  apt-get update -qq && apt-get install -y -qq golang-go >/dev/null
-  # Debian's Go may still be older than the modules want; GOTOOLCHAIN=local makes that fail loudly.
-}
-
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-ensure_go
+# shellcheck source=hack/go-env.sh
+. "$(dirname "$0")/go-env.sh"
+export CGO_ENABLED=0 GOFLAGS=-mod=mod
 
 have_all() { for b in "$@"; do [ -x "$bin/$b" ] || return 1; done; }
 
 # Link a version-independent tool built at $2 (by the function $3 when missing) into the bin dir.
+# Both versions' builds may run at once (`make test` runs them in parallel): the first to get the
+# tool's lock builds it, the other waits and links it.
 link_tool() {
   local name="$1" built="$2" build="$3"
   have_all "$name" && return 0
-  [ -x "$built" ] || "$build" "$built"
+  mkdir -p "$(dirname "$built")"
+  (
+    flock 9
+    [ -x "$built" ] || "$build" "$built"
+  ) 9>"$(dirname "$built")/.build.lock"
   ln -sf "$built" "$bin/$name"
 }
 

@@ -28,11 +28,11 @@ if [ -x "$bin/prometheus" ] && [ -x "$bin/promtool" ]; then
   exit 0
 fi
 
-# Go comes from hack/k8s-binaries.sh (the Makefile runs it first); GOTOOLCHAIN=local makes a Go older
-# than Prometheus's go.mod asks for fail loudly instead of downloading another.
+# shellcheck source=hack/go-env.sh
+. "$(dirname "$0")/go-env.sh"
 pkg=github.com/prometheus/common/version
 echo "prometheus-binaries: building Prometheus $PROMETHEUS_VERSION ($module_version) with Kubernetes discovery" >&2
-GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS= GOBIN="$bin" go install -trimpath \
+CGO_ENABLED=0 GOFLAGS= GOBIN="$bin" go install -trimpath \
   -tags remove_all_sd,enable_kubernetes_sd \
   -ldflags "-s -w -X $pkg.Version=${PROMETHEUS_VERSION#v} -X $pkg.Branch=release -X $pkg.BuildUser=tessera" \
   "github.com/prometheus/prometheus/cmd/prometheus@$module_version" \
