@@ -56,19 +56,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Everything the tests need, three steps at a time: a cold build is mostly Go compiling and linking
-# Kubernetes twice, which leaves a core idle while modules download and binaries link, and the
-# Python packages and the base image download meanwhile (docs/benchmarks.md, "make test").
-test-deps: $(STAMP) native k8s-binaries prometheus-binaries sandbox-deps images lint
+# Everything the tests need but the DRA path's Kubernetes, three steps at a time: the Python
+# packages, the Debian packages and the base image download while Go compiles (docs/benchmarks.md,
+# "make test"). hack/run-tests.sh builds the DRA path's Kubernetes beside the first tests.
+test-deps: $(STAMP) native k8s-binaries-pinned prometheus-binaries sandbox-deps images lint
 
-# The tests, then the device plugin path on the newest Kubernetes too: the node agent's integration
-# tests against that version's kube-apiserver, and the extender behind that version's kube-scheduler
-# (the DRA path's tests run on it in the first run).
 test:
 	$(MAKE) --jobs=3 test-deps
-	$(BIN)/pytest
-	TESSERA_K8S_BIN="$$(K8S_VERSION=$(DRA_K8S_VERSION) hack/k8s-binaries.sh)" $(BIN)/pytest \
-		tests/deviceplugin/test_plugin.py tests/extender/test_k8s.py
+	hack/run-tests.sh $(DRA_K8S_VERSION)
 
 # The main job: the whole path on a local sandbox cluster (root) with Tessera installed by its Helm
 # chart from the images built here: pods share a fake GPU, quotas hold.
