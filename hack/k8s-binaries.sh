@@ -36,8 +36,8 @@ export CGO_ENABLED=0 GOFLAGS=-mod=mod
 have_all() { for b in "$@"; do [ -x "$bin/$b" ] || return 1; done; }
 
 # Link a version-independent tool built at $2 (by the function $3 when missing) into the bin dir.
-# Both versions' builds may run at once (`make test` runs them in parallel): the first to get the
-# tool's lock builds it, the other waits and links it.
+# Both versions' builds may run at once (`make -j k8s-binaries`): the first to get the tool's lock
+# builds it, the other waits and links it.
 link_tool() {
   local name="$1" built="$2" build="$3"
   have_all "$name" && return 0
