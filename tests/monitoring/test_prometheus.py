@@ -12,7 +12,6 @@ does to the workload's labels. Discovery itself is proved in the sandbox
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from deviceplugin.nvml import GpuReading
 from deviceplugin.statedir import ServedRecord, StateDir
 from extender.metrics import Metrics
 from sandbox import monitoring
+from sandbox.controlplane import free_port
 from tessera.contract import GpuGrant, GpuInfo
 from tests.monitoring.dashboard_queries import Prometheus, panel_queries, variable_values
 
@@ -48,12 +48,6 @@ VARIABLES = {
     "$pod": ".*",
     "$__rate_interval": "30s",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -405,6 +405,16 @@ def test_free_ports_are_below_the_ephemeral_range_and_free() -> None:
             s.bind(("127.0.0.1", port))
 
 
+def test_free_port_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two servers given ports before either binds must not get the same one, even where the
+    candidates are few: here a range of 1,000 ports, half of them taken by this test's calls."""
+    monkeypatch.setattr(controlplane, "_ephemeral_range", lambda: (11000, 60999))
+    monkeypatch.setattr(controlplane, "_handed_out", set())
+    ports = [controlplane.free_port() for _ in range(500)]
+    assert len(set(ports)) == len(ports)
+    assert all(10000 <= p < 11000 for p in ports), ports
+
+
 LEADER_EXITS_FIRST = r"""
 #include <netinet/in.h>
 #include <pthread.h>

@@ -16,6 +16,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -108,26 +109,45 @@ def _ephemeral_range() -> tuple[int, int]:
         return _EPHEMERAL_DEFAULT
 
 
+# Every port free_port has handed out in this process. A port is free only until its server binds
+# it, so two calls before either server starts could otherwise name the same port (CI saw an
+# extender's verbs and health ports collide); never handing one out twice closes that window.
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A port free on the loopback address now, below the kernel's ephemeral range when there is
-    room: a server restarted on its port (etcd, kube-apiserver, the kubelet in the chaos test) must
-    find it free again, and a port from the ephemeral range can meanwhile become the local end of
-    any outgoing connection on the host, which keeps it for as long as that connection lives."""
+    """A port free on the loopback address now and never handed out before by this process, below
+    the kernel's ephemeral range when there is room: a server restarted on its port (etcd,
+    kube-apiserver, the kubelet in the chaos test) must find it free again, and a port from the
+    ephemeral range can meanwhile become the local end of any outgoing connection on the host,
+    which keeps it for as long as that connection lives."""
     low, _ = _ephemeral_range()
-    if low - _LOWEST_PORT >= 1000:
-        rng = random.SystemRandom()
+    with _handed_out_lock:
+        if low - _LOWEST_PORT >= 1000:
+            rng = random.SystemRandom()
+            for _ in range(100):
+                candidate = rng.randrange(_LOWEST_PORT, low)
+                if candidate not in _handed_out and _bindable(candidate):
+                    _handed_out.add(candidate)
+                    return candidate
         for _ in range(100):
-            candidate = rng.randrange(_LOWEST_PORT, low)
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind((LOOPBACK, candidate))
-                except OSError:
-                    continue
-                return candidate
+                s.bind((LOOPBACK, 0))
+                port: int = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise ControlPlaneError("no free loopback port left that this process has not handed out already")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        port: int = s.getsockname()[1]
-        return port
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
 
 
 @dataclass
