@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,23 +122,26 @@ def free_port() -> int:
     kube-apiserver, the kubelet in the chaos test) must find it free again, and a port from the
     ephemeral range can meanwhile become the local end of any outgoing connection on the host,
     which keeps it for as long as that connection lives."""
-    low, _ = _ephemeral_range()
     with _handed_out_lock:
-        if low - _LOWEST_PORT >= 1000:
-            rng = random.SystemRandom()
-            for _ in range(100):
-                candidate = rng.randrange(_LOWEST_PORT, low)
-                if candidate not in _handed_out and _bindable(candidate):
-                    _handed_out.add(candidate)
-                    return candidate
-        for _ in range(100):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((LOOPBACK, 0))
-                port: int = s.getsockname()[1]
-            if port not in _handed_out:
+        for port in _port_candidates():
+            if port not in _handed_out and _bindable(port):
                 _handed_out.add(port)
                 return port
     raise ControlPlaneError("no free loopback port left that this process has not handed out already")
+
+
+def _port_candidates() -> Iterator[int]:
+    """Random ports below the ephemeral range when it leaves room, then ports the kernel picks."""
+    low, _ = _ephemeral_range()
+    if low - _LOWEST_PORT >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(100):
+            yield rng.randrange(_LOWEST_PORT, low)
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((LOOPBACK, 0))
+            port: int = s.getsockname()[1]
+        yield port
 
 
 def _bindable(port: int) -> bool:
