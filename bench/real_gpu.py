@@ -1,297 +1,118 @@
-"""The hook on a real NVIDIA GPU: what PyTorch, CuPy, JAX, cuda-bindings, NVML and nvidia-smi see
-under a memory quota, and the share of GPU time a compute quota gives, hooked against unhooked.
+"""The hook on a real NVIDIA GPU: what the frameworks see under a memory quota, the share of GPU time
+a compute quota gives, how contexts of several processes share the GPU, and which mechanism keeps a
+latency-critical service fast beside batch work. Each probe is a fresh process
+(`bench/gpu_probes.py`), under the hook or not; the hook runs standalone (environment variables,
+docs/hook.md), so nothing is installed on the machine.
 
-The fake GPU cannot run NVIDIA's CUDA runtime (docs/hook.md), so this is the only place the hook
-meets `libcudart` and the frameworks built on it. Needs an NVIDIA GPU with its driver, PyTorch,
-cuda-bindings and nvidia-ml-py; CuPy and JAX are used when present. The hook runs standalone
-(environment variables, docs/hook.md), so nothing is installed on the machine.
+    python3 bench/real_gpu.py --hook hook/build/libvgpu.so [--checks ...] [--json OUT]
 
-    python3 bench/real_gpu.py --hook hook/build/libvgpu.so [--quota-mib 4096] [--seconds 6] [--json OUT]
+Checks (comma-separated, default all but `sharing-torch`):
+  env        the machine: GPU, driver, compute policy, MPS
+  memory     PyTorch (three allocators), cuda-bindings, CuPy, JAX under the memory quota
+  launch     the cost of a launch, hooked and not
+  compute    the compute quota's share (30%, 60%, elastic, pairs)
+  timing     how contexts share the GPU: a service beside batch kernels of several lengths, the
+             driver's time-slice setting, a stream's queue depth (driver probes)
+  qos        the QoS classes: latency-critical beside batch, unhooked and best-effort, time-sliced
+             and under MPS (driver probes; `qos-torch`: the same with PyTorch matrix products)
+  workloads  CUDA graphs, torch.compile, Triton, JAX, CuPy and a GPT-2-sized transformers model
+             under the quotas, against unhooked
 
-Prints one JSON object per check as it finishes, then a Markdown summary (docs/benchmarks.md)."""
-
-# Each probe imports its framework itself: it runs in its own process, and a machine may lack some.
-# ruff: noqa: PLC0415
+`--checks timing,qos` runs on the fake GPU too (driver probes only; `--no-mps --no-nvidia-smi`):
+`tests/fakegpu/test_real_gpu_replay.py` replays it. Prints one JSON object per run as it finishes
+(and appends it to --json), then a Markdown summary."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import select
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BLOCK = 256 << 20
-MIB = 1 << 20
+PROBES = Path(__file__).with_name("gpu_probes.py")
 Result = dict[str, Any]
+Env = dict[str, str]
 
 
-# --- probes: each runs in its own process, under the hook or not, and prints one JSON line ---
-
-
-def probe_torch_memory() -> Result:
-    """Allocate 256 MiB tensors until the quota refuses; free one, allocate again; meanwhile ask
-    NVML (in this process) and nvidia-smi (a child sharing the container's region) what they see."""
-    import pynvml
-    import torch
-
-    free, total = torch.cuda.mem_get_info()
-    blocks: list[Any] = []
-    error = ""
-    while len(blocks) < 4096:
-        try:
-            blocks.append(torch.empty(BLOCK, dtype=torch.uint8, device="cuda"))
-        except torch.OutOfMemoryError as exc:
-            error = str(exc).splitlines()[0][:160]
-            break
-    held = len(blocks)
-    pynvml.nvmlInit()
-    info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
-    smi = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    blocks.pop()
-    torch.cuda.empty_cache()
-    try:
-        blocks.append(torch.empty(BLOCK, dtype=torch.uint8, device="cuda"))
-        again = True
-    except torch.OutOfMemoryError:
-        again = False
-    return {
-        "mem_get_info_total_mib": total // MIB,
-        "mem_get_info_free_mib": free // MIB,
-        "blocks_256mib": held,
-        "refusal": error,
-        "allocates_after_a_free": again,
-        "nvml_total_mib": info.total // MIB,
-        "nvml_used_mib": info.used // MIB,
-        "nvidia_smi_total_used_mib": smi.stdout.strip() or smi.stderr.strip()[:200],
-    }
-
-
-def probe_driver_memory() -> Result:
-    """cuda-bindings, the driver API as NVIDIA's Python bindings reach it (cuGetProcAddress_v2)."""
-    from cuda.bindings import driver
-
-    def check(result: tuple[Any, ...]) -> Any:
-        if result[0] != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(result[0].name)
-        return result[1] if len(result) == 2 else result[1:]
-
-    check(driver.cuInit(0))
-    device = check(driver.cuDeviceGet(0))
-    context = check(driver.cuDevicePrimaryCtxRetain(device))
-    check(driver.cuCtxSetCurrent(context))
-    free, total = check(driver.cuMemGetInfo())
-    pointers: list[Any] = []
-    refusal = ""
-    while len(pointers) < 4096:
-        err, pointer = driver.cuMemAlloc(BLOCK)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            refusal = err.name
-            break
-        pointers.append(pointer)
-    held = len(pointers)
-    (err,) = driver.cuMemFree(pointers.pop())
-    check((err, None))
-    err, pointer = driver.cuMemAlloc(BLOCK)
-    return {
-        "mem_get_info_total_mib": int(total) // MIB,
-        "mem_get_info_free_mib": int(free) // MIB,
-        "blocks_256mib": held,
-        "refusal": refusal,
-        "allocates_after_a_free": err == driver.CUresult.CUDA_SUCCESS,
-    }
-
-
-def probe_cupy_memory() -> Result:
-    import cupy
-
-    free, total = cupy.cuda.runtime.memGetInfo()
-    blocks: list[Any] = []
-    refusal = ""
-    while len(blocks) < 4096:
-        try:
-            blocks.append(cupy.empty(BLOCK, dtype=cupy.uint8))
-        except cupy.cuda.memory.OutOfMemoryError as exc:
-            refusal = str(exc)[:160]
-            break
-    return {
-        "mem_get_info_total_mib": total // MIB,
-        "mem_get_info_free_mib": free // MIB,
-        "blocks_256mib": len(blocks),
-        "refusal": refusal,
-    }
-
-
-def probe_jax_memory() -> Result:
-    """JAX preallocates a fraction of what the driver says is free: under the hook, of the quota."""
-    import jax
-    import jax.numpy as jnp
-
-    device = jax.devices("gpu")[0]
-    stats = device.memory_stats() or {}
-    blocks: list[Any] = []
-    refusal = ""
-    while len(blocks) < 4096:
-        try:
-            blocks.append(jnp.zeros(BLOCK // 4, dtype=jnp.float32, device=device).block_until_ready())
-        except Exception as exc:  # XlaRuntimeError: RESOURCE_EXHAUSTED
-            refusal = str(exc).splitlines()[0][:160]
-            break
-    return {
-        "bytes_limit_mib": int(stats.get("bytes_limit", 0)) // MIB,
-        "blocks_256mib": len(blocks),
-        "refusal": refusal,
-    }
-
-
-def probe_torch_compute() -> Result:
-    """Matrix products back to back for PROBE_SECONDS (after one warm second): products per second,
-    and NVML's GPU utilization (the share of time a kernel ran) and SM clock sampled every 50 ms. A
-    GPU busy 30% of the time clocks higher than one busy all the time, so products per second
-    overstate a share of time; the utilization is the share itself."""
-    import threading
-
-    import pynvml
-    import torch
-
-    seconds = float(os.environ.get("PROBE_SECONDS", "6"))
-    size = int(os.environ.get("PROBE_MATRIX", "8192"))
-    pynvml.nvmlInit()
-    gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
-    clocks: list[int] = []
-    busy: list[int] = []
-    running = threading.Event()
-
-    def sample_clock() -> None:
-        while running.is_set():
-            clocks.append(pynvml.nvmlDeviceGetClockInfo(gpu, pynvml.NVML_CLOCK_SM))
-            busy.append(pynvml.nvmlDeviceGetUtilizationRates(gpu).gpu)
-            time.sleep(0.05)
-
-    a = torch.randn(size, size, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(size, size, dtype=torch.bfloat16, device="cuda")
-    warm_until = time.monotonic() + 1.0
-    while time.monotonic() < warm_until:
-        torch.matmul(a, b)
-        torch.cuda.synchronize()
-    running.set()
-    sampler = threading.Thread(target=sample_clock, daemon=True)
-    sampler.start()
-    start = time.monotonic()
-    count = 0
-    while time.monotonic() - start < seconds:
-        for _ in range(4):
-            torch.matmul(a, b)
-        torch.cuda.synchronize()
-        count += 4
-    elapsed = time.monotonic() - start
-    running.clear()
-    sampler.join()
-    return {
-        "products_per_s": count / elapsed,
-        # the first second of samples covers NVML's averaging window reaching into the warm-up
-        "mean_gpu_utilization": sum(busy[20:]) / max(1, len(busy[20:])),
-        "mean_sm_clock_mhz": sum(clocks) / max(1, len(clocks)),
-        "seconds": elapsed,
-    }
-
-
-def probe_torch_latency() -> Result:
-    """A latency-critical service: one PROBE_MATRIX product every PROBE_GAP_MS, each timed from its
-    launch to its completion on the host (the wait a request would see), for PROBE_SECONDS."""
-    import torch
-
-    seconds = float(os.environ.get("PROBE_SECONDS", "6"))
-    size = int(os.environ.get("PROBE_MATRIX", "4096"))
-    gap = float(os.environ.get("PROBE_GAP_MS", "3")) / 1000
-    a = torch.randn(size, size, dtype=torch.bfloat16, device="cuda")
-    for _ in range(20):
-        torch.matmul(a, a)
-    torch.cuda.synchronize()
-    latencies: list[float] = []
-    start = time.monotonic()
-    while time.monotonic() - start < seconds:
-        began = time.perf_counter()
-        torch.matmul(a, a)
-        torch.cuda.synchronize()
-        latencies.append((time.perf_counter() - began) * 1000)
-        time.sleep(gap)
-    latencies.sort()
-    return {
-        "requests": len(latencies),
-        "p50_ms": latencies[len(latencies) // 2],
-        "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-    }
-
-
-def probe_torch_launch() -> Result:
-    """The cost of a tiny kernel launch as PyTorch pays it (host time per launch, async)."""
-    import torch
-
-    x = torch.zeros(1, device="cuda")
-    for _ in range(2000):
-        x.add_(1)
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter_ns()
-        for _ in range(20000):
-            x.add_(1)
-        samples.append((time.perf_counter_ns() - start) / 20000)
-        torch.cuda.synchronize()
-    return {"ns_per_launch_best_of_5": min(samples)}
-
-
-PROBES: dict[str, Callable[[], Result]] = {
-    "torch_memory": probe_torch_memory,
-    "driver_memory": probe_driver_memory,
-    "cupy_memory": probe_cupy_memory,
-    "jax_memory": probe_jax_memory,
-    "torch_compute": probe_torch_compute,
-    "torch_launch": probe_torch_launch,
-    "torch_latency": probe_torch_latency,
-}
-
-
-# --- the parent: runs each probe with and without the hook ---
-
-
-def hook_env(hook: Path, region: Path | None, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
-    env["LD_PRELOAD"] = str(hook)
-    if region is not None:
-        env["TESSERA_REGION"] = str(region)
-    env.update({f"TESSERA_{k.upper()}": v for k, v in settings.items()})
+def plain_env(**probe: object) -> Env:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "PROBE_", "CUDA_MPS_"))}
+    env.pop("LD_PRELOAD", None)
+    env.update({f"PROBE_{k.upper()}": str(v) for k, v in probe.items()})
     return env
 
 
-def plain_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_") and k != "LD_PRELOAD"}
+@dataclass
+class Bench:
+    hook: Path
+    work: Path
+    out: Path | None
+    results: dict[str, Result] = field(default_factory=dict)
+    regions: int = 0
+    mps: Env = field(default_factory=dict)
+    calibration: Env = field(default_factory=dict)
+
+    def calibrate(self) -> None:
+        """Once: the driver probes' iterations per microsecond, unhooked (gpu_probes.DriverKernel)."""
+        if not self.calibration:
+            result = self.record("driver kernels calibrated", run("driver_calibrate", plain_env()))
+            self.calibration = {f"PROBE_{k.upper()}": str(v) for k, v in result.items() if k.endswith("_per_us")}
+
+    def driver(self, **probe: object) -> Env:
+        return {**plain_env(**probe), **self.calibration}
+
+    def hooked(self, env: Env, **settings: object) -> Env:
+        """`env` under the hook, with a region of its own (one container)."""
+        self.regions += 1
+        hooked = {**env, "LD_PRELOAD": str(self.hook)}
+        hooked["TESSERA_REGION"] = str(self.work / f"region-{self.regions}")
+        hooked.update({f"TESSERA_{k.upper()}": str(v) for k, v in settings.items()})
+        return hooked
+
+    def record(self, name: str, result: Result) -> Result:
+        shown = {k: v for k, v in result.items() if k not in ("trace", "window", "start")}
+        self.results[name] = shown
+        line = json.dumps({name: shown})
+        print(line, flush=True)
+        if self.out:
+            with self.out.open("a") as log:
+                log.write(line + "\n")
+        return result
 
 
-def start(probe: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    env = {**env, "PYTHONUNBUFFERED": "1"}
+def start(probe: str, env: Env) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, __file__, "--probe", probe],
-        env=env,
+        [sys.executable, str(PROBES), probe],
+        env={**env, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
 
 
-def finish(process: subprocess.Popen[str], timeout: float = 90) -> Result:
+def wait_warm(process: subprocess.Popen[str], timeout: float = 120) -> bool:
+    """Until the batch prints `warm` (or ends: then its result says why)."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 1.0)
+        if ready:
+            line = process.stdout.readline()
+            if not line or line.startswith("warm"):
+                return bool(line)
+    return False
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 180) -> Result:
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -300,7 +121,7 @@ def finish(process: subprocess.Popen[str], timeout: float = 90) -> Result:
         return {"error": f"timed out after {timeout} s", "stderr": err[-600:]}
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if process.returncode != 0 or not lines:
-        return {"error": f"exit {process.returncode}", "stderr": err[-600:]}
+        return {"error": f"exit {process.returncode}", "stderr": err[-800:]}
     result: Result = json.loads(lines[-1])
     hook_lines = [line for line in err.splitlines() if "tessera-hook" in line]
     if hook_lines:
@@ -308,116 +129,250 @@ def finish(process: subprocess.Popen[str], timeout: float = 90) -> Result:
     return result
 
 
-def run(probe: str, env: dict[str, str]) -> Result:
+def run(probe: str, env: Env) -> Result:
     return finish(start(probe, env))
+
+
+def rate_between(points: list[tuple[float, int]], begin: float, end: float) -> float | None:
+    inside = [(t, n) for t, n in points if begin <= t <= end]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    (t0, n0), (t1, n1) = inside[0], inside[-1]
+    return round((n1 - n0) / (t1 - t0), 2)
+
+
+def beside(bench: Bench, name: str, batch: tuple[str, Env], foreground: tuple[str, Env]) -> None:
+    """A batch running flat out, then a foreground probe beside it (a service, or a standard
+    container's own loop): the foreground's result, and the batch's rate inside the foreground's
+    window against its rate before it, alone."""
+    trace = bench.work / f"trace-{len(bench.results)}"
+    batch_process = start(batch[0], {**batch[1], "PROBE_TRACE": str(trace), "PROBE_SECONDS": "120"})
+    if not wait_warm(batch_process):
+        bench.record(f"{name}: batch", finish(batch_process))
+        return
+    time.sleep(1.5)  # a stretch of the batch alone
+    shown = bench.record(name, finish(start(*foreground)))
+    batch_process.terminate()
+    _, err = batch_process.communicate(timeout=30)
+    points = [(float(t), int(n)) for t, n in (line.split() for line in trace.read_text().splitlines())]
+    window = shown.get("window")
+    if not points or not window:
+        bench.record(f"{name}: batch", {"error": "no trace or window", "stderr": err[-600:]})
+        return
+    alone = rate_between(points, points[0][0], window[0])
+    with_neighbour = rate_between(points, window[0], window[1])
+    bench.record(
+        f"{name}: batch",
+        {
+            "alone_steps_per_s": alone,
+            "beside_steps_per_s": with_neighbour,
+            "beside_over_alone": round(with_neighbour / alone, 3) if alone and with_neighbour else None,
+        },
+    )
+
+
+def tool(name: str) -> str | None:
+    return shutil.which(name) or next(
+        (str(p) for p in (Path("/usr/local/nvidia/bin") / name, Path("/usr/bin") / name) if p.exists()),
+        None,
+    )
+
+
+def shell(*command: str) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return (done.stdout + done.stderr).strip()[-1500:]
+
+
+@contextmanager
+def mps_daemon(bench: Bench) -> Iterator[bool]:
+    """An MPS control daemon of its own pipe and log directories (as the node agent runs one per
+    GPU); clients reach it through CUDA_MPS_PIPE_DIRECTORY."""
+    control = tool("nvidia-cuda-mps-control")
+    if control is None:
+        bench.record("mps", {"error": "nvidia-cuda-mps-control not found"})
+        yield False
+        return
+    pipe, log = bench.work / "mps-pipe", bench.work / "mps-log"
+    pipe.mkdir(exist_ok=True)
+    log.mkdir(exist_ok=True)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
+    started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=60)
+    bench.record("mps daemon", {"rc": started.returncode, "output": (started.stdout + started.stderr)[-300:]})
+    bench.mps = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
+    try:
+        yield started.returncode == 0
+    finally:
+        subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True, timeout=60)
+        time.sleep(1)
+        logs = "".join(f.read_text()[-400:] for f in sorted(log.glob("*.log")))
+        bench.record("mps daemon stopped", {"log_tail": logs[-800:]})
+        bench.mps = {}
+
+
+# --- the checks ---
+
+
+def check_env(bench: Bench) -> None:
+    smi = tool("nvidia-smi")
+    bench.record(
+        "env",
+        {
+            "gpu": shell(smi, "--query-gpu=name,driver_version,memory.total,compute_mode,clocks.max.sm",
+                         "--format=csv,noheader") if smi else "no nvidia-smi",
+            "compute_policy": shell(smi, "compute-policy", "-l") if smi else "",
+            "mps_control": tool("nvidia-cuda-mps-control"),
+            "python": sys.version.split()[0],
+            "versions": shell(
+                sys.executable, "-c",
+                "import importlib.metadata as m\n"
+                "for n in ('torch','triton','jax','cupy-cuda13x','cuda-bindings','nvidia-ml-py','transformers'):\n"
+                "  try: print(n, m.version(n))\n"
+                "  except Exception: print(n, '-')",
+            ),
+        },
+    )
+
+
+def check_memory(bench: Bench, quota: str) -> None:
+    for allocator in ("", "expandable_segments:True", "backend:cudaMallocAsync"):
+        env = plain_env()
+        if allocator:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = allocator
+        bench.record(f"torch_memory {allocator or 'default'} hooked", run("torch_memory", bench.hooked(env, memory_limit=quota)))
+    for probe in ("driver_memory", "cupy_memory", "jax_memory"):
+        bench.record(f"{probe} hooked", run(probe, bench.hooked(plain_env(), memory_limit=quota)))
+    bench.record("torch_memory unhooked", run("torch_memory", plain_env()))
+
+
+def check_launch(bench: Bench) -> None:
+    bench.record("torch_launch unhooked", run("torch_launch", plain_env()))
+    bench.record("torch_launch hooked, no compute quota", run("torch_launch", bench.hooked(plain_env())))
+    bench.record("torch_launch hooked, 100% compute quota", run("torch_launch", bench.hooked(plain_env(), cores=100)))
+
+
+def check_compute(bench: Bench) -> None:
+    bench.record("torch_compute unhooked", run("torch_compute", plain_env()))
+    for cores in (30, 60):
+        bench.record(f"torch_compute {cores}%", run("torch_compute", bench.hooked(plain_env(), cores=cores)))
+    bench.record("torch_compute 30% elastic", run("torch_compute", bench.hooked(plain_env(), cores=30, elastic=1)))
+    pair = [start("torch_compute", bench.hooked(plain_env(), cores=c)) for c in (30, 60)]
+    bench.record("torch_compute 30% beside 60%", finish(pair[0]))
+    bench.record("torch_compute 60% beside 30%", finish(pair[1]))
+
+
+def check_timing(bench: Bench, smi: str | None) -> None:
+    """How the GPU shares itself between contexts, unhooked: a 250 us service every 3 ms alone and
+    beside batch kernels of 500, 2000 and 8000 us (does it wait for the kernel, or for a time
+    slice?), the driver's shorter time slice, and how far a stream's launches run ahead."""
+    bench.calibrate()
+    service = ("driver_service", bench.driver(seconds=3))
+    bench.record("timing service alone", run(*service))
+    for kernel_us in (500, 2000, 8000):
+        beside(bench, f"timing service beside {kernel_us} us batch kernels", ("driver_batch", bench.driver(kernel_us=kernel_us)), service)
+    if smi and "Timeslice" in shell(smi, "compute-policy", "-l"):
+        for level in ("1",):
+            bench.record(f"timeslice set {level}", {"output": shell(smi, "compute-policy", f"--set-timeslice={level}")})
+            beside(bench, f"timing service beside 8000 us kernels, timeslice {level}", ("driver_batch", bench.driver(kernel_us=8000)), service)
+        bench.record("timeslice restored", {"output": shell(smi, "compute-policy", "--set-timeslice=0")})
+    bench.record("timing queue depth", run("driver_queue", bench.driver()))
+
+
+def check_qos(bench: Bench, backend: str) -> None:
+    """A latency-critical service beside batch work flat out: unhooked batch (no classes), the
+    best-effort class (today's yield rule), then under MPS: client priority below normal for the
+    batch, and its active-thread percentage; and a standard container's share beside the batch."""
+    coordination = bench.work / f"coordination-{backend}"
+    coordination.mkdir(exist_ok=True)
+    classes = {"coordination": str(coordination)}
+    service_probe, batch_probe, standard_probe = (
+        ("torch_latency", "torch_compute", "torch_compute")
+        if backend == "torch"
+        else ("driver_service", "driver_batch", "driver_batch")
+    )
+    tag = f"qos {backend}"
+    if backend == "driver":
+        bench.calibrate()
+    base = bench.driver if backend == "driver" else plain_env
+
+    def service(**mps: str) -> tuple[str, Env]:
+        env = bench.hooked({**base(seconds=3), **bench.mps, **mps}, cores=30, qos="latency-critical", **classes)
+        return service_probe, env
+
+    def batch(hooked: bool = False, **mps: str) -> tuple[str, Env]:
+        env = {**base(), **bench.mps, **mps}
+        return batch_probe, (bench.hooked(env, cores=10, qos="best-effort", **classes) if hooked else env)
+
+    def standard(**mps: str) -> tuple[str, Env]:
+        env = bench.hooked({**base(seconds=3, kernel_us=1000), **bench.mps, **mps}, cores=30, qos="standard", **classes)
+        return standard_probe, env
+
+    def scenario(where: str) -> None:
+        bench.record(f"{tag}{where}: latency-critical alone", run(*service()))
+        beside(bench, f"{tag}{where}: latency-critical beside unhooked batch", batch(), service())
+        if not bench.mps or backend == "driver":
+            beside(bench, f"{tag}{where}: latency-critical beside best-effort batch", batch(hooked=True), service())
+        if bench.mps:
+            below = {"CUDA_MPS_CLIENT_PRIORITY": "1"}
+            if backend == "driver":  # the sweep; PyTorch's products confirm the middle of it
+                beside(bench, f"{tag}{where}: latency-critical beside batch at priority below normal", batch(**below), service())
+            for percentage in ("50", "25") if backend == "driver" else ("50",):
+                limited = {**below, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": percentage}
+                beside(bench, f"{tag}{where}: latency-critical beside batch below normal, {percentage}% threads", batch(**limited), service())
+            limited = {**below, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+            bench.record(f"{tag}{where}: standard 30% alone", run(*standard()))
+            beside(bench, f"{tag}{where}: standard 30% beside batch below normal, 50% threads", batch(**limited), standard())
+        else:
+            bench.record(f"{tag}{where}: standard 30% alone", run(*standard()))
+            beside(bench, f"{tag}{where}: standard 30% beside best-effort batch", batch(hooked=True), standard())
+
+    scenario("")
+    with mps_daemon(bench) as up:
+        if up:
+            scenario(" under MPS")
+
+
+def check_workloads(bench: Bench, quota: str) -> None:
+    for probe in ("torch_graph", "torch_compile", "triton_compute", "jax_compute", "cupy_compute"):
+        bench.record(f"{probe} unhooked", run(probe, plain_env(seconds=3)))
+        bench.record(f"{probe} 30%", run(probe, bench.hooked(plain_env(seconds=3), memory_limit=quota, cores=30)))
+    bench.record("transformers unhooked", run("transformers", plain_env(oom=0)))
+    bench.record("transformers hooked", run("transformers", bench.hooked(plain_env(), memory_limit=quota)))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--probe", choices=sorted(PROBES), help=argparse.SUPPRESS)
     parser.add_argument("--hook", type=Path, default=Path("hook/build/libvgpu.so"))
     parser.add_argument("--quota-mib", type=int, default=4096)
-    parser.add_argument("--seconds", type=float, default=6.0, help="timed seconds per compute probe")
-    parser.add_argument("--json", type=Path, help="also write every result here")
-    parser.add_argument(
-        "--checks",
-        default="memory,launch,compute,qos",
-        help="comma-separated: memory, launch, compute, qos",
-    )
+    parser.add_argument("--json", type=Path, help="append each result here, one JSON line each")
+    parser.add_argument("--checks", default="env,memory,launch,compute,timing,qos,qos-torch,workloads")
     args = parser.parse_args()
-    if args.probe:
-        print(json.dumps(PROBES[args.probe]()))
-        return 0
-
-    hook = args.hook.resolve()
+    checks = args.checks.split(",")
+    known = {"env", "memory", "launch", "compute", "timing", "qos", "qos-torch", "workloads"}
+    if unknown := set(checks) - known:
+        parser.error(f"--checks: unknown {sorted(unknown)}; known: {sorted(known)}")
     quota = f"{args.quota_mib}m"
-    os.environ["PROBE_SECONDS"] = str(args.seconds)
-    results: dict[str, Result] = {}
-
-    def record(name: str, result: Result) -> Result:
-        results[name] = result
-        print(json.dumps({name: result}), flush=True)
-        return result
-
     with tempfile.TemporaryDirectory(prefix="tessera-real-gpu-") as work:
-        regions = iter(Path(work) / f"region-{i}" for i in range(100))
-        checks = set(args.checks.split(","))
-        if "memory" in checks:
-            for probe in ("torch_memory", "driver_memory", "cupy_memory", "jax_memory"):
-                record(f"{probe} hooked", run(probe, hook_env(hook, next(regions), memory_limit=quota)))
-            record("torch_memory unhooked", run("torch_memory", plain_env()))
-        if "launch" in checks:
-            launch(record, hook, regions)
-        if "compute" in checks:
-            compute(record, hook, regions)
-        if "qos" in checks:
-            qos(record, hook, regions, Path(work) / "coordination")
-
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
-    print("\n| check | result |\n|---|---|")
-    for name, result in results.items():
+        bench = Bench(args.hook.resolve(), Path(work), args.json)
+        smi = tool("nvidia-smi")
+        steps: dict[str, Callable[[], None]] = {
+            "env": lambda: check_env(bench),
+            "memory": lambda: check_memory(bench, quota),
+            "launch": lambda: check_launch(bench),
+            "compute": lambda: check_compute(bench),
+            "timing": lambda: check_timing(bench, smi),
+            "qos": lambda: check_qos(bench, "driver"),
+            "qos-torch": lambda: check_qos(bench, "torch"),
+            "workloads": lambda: check_workloads(bench, quota),
+        }
+        for check in checks:
+            steps[check]()
+    print("\n| run | result |\n|---|---|")
+    for name, result in bench.results.items():
         print(f"| {name} | {', '.join(f'{k}: {v}' for k, v in result.items())} |")
     return 0
-
-
-Record = Callable[[str, Result], Result]
-
-
-def launch(record: Record, hook: Path, regions: Iterator[Path]) -> None:
-    record("torch_launch unhooked", run("torch_launch", plain_env()))
-    record("torch_launch hooked, no compute quota", run("torch_launch", hook_env(hook, next(regions))))
-    record(
-        "torch_launch hooked, 100% compute quota",
-        run("torch_launch", hook_env(hook, next(regions), cores="100")),
-    )
-
-
-def compute(record: Record, hook: Path, regions: Iterator[Path]) -> None:
-    record("torch_compute unhooked", run("torch_compute", plain_env()))
-    for cores in ("30", "60"):
-        record(f"torch_compute {cores}%", run("torch_compute", hook_env(hook, next(regions), cores=cores)))
-    record(
-        "torch_compute 30% elastic",
-        run("torch_compute", hook_env(hook, next(regions), cores="30", elastic="1")),
-    )
-    pair = [
-        start("torch_compute", hook_env(hook, next(regions), cores="30")),
-        start("torch_compute", hook_env(hook, next(regions), cores="60")),
-    ]
-    record("torch_compute 30% beside 60%", finish(pair[0]))
-    record("torch_compute 60% beside 30%", finish(pair[1]))
-    pair = [start("torch_compute", plain_env()), start("torch_compute", plain_env())]
-    record("torch_compute unhooked pair (first)", finish(pair[0]))
-    record("torch_compute unhooked pair (second)", finish(pair[1]))
-    small = {"PROBE_MATRIX": "2048"}
-    record("torch_compute 2048 unhooked", run("torch_compute", {**plain_env(), **small}))
-    record(
-        "torch_compute 2048 30%", run("torch_compute", {**hook_env(hook, next(regions), cores="30"), **small})
-    )
-
-
-def qos(record: Record, hook: Path, regions: Iterator[Path], coordination: Path) -> None:
-    """A latency-critical service (30% quota) alone, then beside a batch job running 8192 x 8192
-    products flat out: unhooked (no classes), and as a best-effort container (10% of compute, the
-    least a pod asks; best-effort takes what the others leave idle)."""
-    coordination.mkdir()
-    classes = {"coordination": str(coordination)}
-
-    def service() -> subprocess.Popen[str]:
-        return start(
-            "torch_latency", hook_env(hook, next(regions), cores="30", qos="latency-critical", **classes)
-        )
-
-    record("qos latency-critical alone", finish(service()))
-    for batch_name, batch_env in (
-        ("unhooked batch", plain_env()),
-        ("best-effort batch", hook_env(hook, next(regions), cores="10", qos="best-effort", **classes)),
-    ):
-        batch = start("torch_compute", {**batch_env, "PROBE_SECONDS": "12"})
-        time.sleep(5)  # the batch is past its start-up and warm-up
-        record(f"qos latency-critical beside {batch_name}", finish(service()))
-        record(f"qos {batch_name}", finish(batch))
 
 
 if __name__ == "__main__":
