@@ -60,12 +60,21 @@ class Bench:
     regions: int = 0
     mps: Env = field(default_factory=dict)
     calibration: Env = field(default_factory=dict)
+    workloads: tuple[str, ...] = (
+        "torch_graph",
+        "torch_compile",
+        "triton_compute",
+        "jax_compute",
+        "cupy_compute",
+    )
 
     def calibrate(self) -> None:
         """Once: the driver probes' iterations per microsecond, unhooked (gpu_probes.DriverKernel)."""
         if not self.calibration:
             result = self.record("driver kernels calibrated", run("driver_calibrate", plain_env()))
-            self.calibration = {f"PROBE_{k.upper()}": str(v) for k, v in result.items() if k.endswith("_per_us")}
+            self.calibration = {
+                f"PROBE_{k.upper()}": str(v) for k, v in result.items() if k.endswith("_per_us")
+            }
 
     def driver(self, **probe: object) -> Env:
         return {**plain_env(**probe), **self.calibration}
@@ -199,13 +208,17 @@ def mps_daemon(bench: Bench) -> Iterator[bool]:
     pipe.mkdir(exist_ok=True)
     log.mkdir(exist_ok=True)
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
-    started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=60)
+    started = subprocess.run(
+        [control, "-d"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     bench.record("mps daemon", {"rc": started.returncode, "output": (started.stdout + started.stderr)[-300:]})
     bench.mps = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
     try:
         yield started.returncode == 0
     finally:
-        subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True, timeout=60)
+        subprocess.run(
+            [control], input="quit\n", env=env, capture_output=True, text=True, timeout=60, check=False
+        )
         time.sleep(1)
         logs = "".join(f.read_text()[-400:] for f in sorted(log.glob("*.log")))
         bench.record("mps daemon stopped", {"log_tail": logs[-800:]})
@@ -220,15 +233,22 @@ def check_env(bench: Bench) -> None:
     bench.record(
         "env",
         {
-            "gpu": shell(smi, "--query-gpu=name,driver_version,memory.total,compute_mode,clocks.max.sm",
-                         "--format=csv,noheader") if smi else "no nvidia-smi",
+            "gpu": shell(
+                smi,
+                "--query-gpu=name,driver_version,memory.total,compute_mode,clocks.max.sm",
+                "--format=csv,noheader",
+            )
+            if smi
+            else "no nvidia-smi",
             "compute_policy": shell(smi, "compute-policy", "-l") if smi else "",
             "mps_control": tool("nvidia-cuda-mps-control"),
             "python": sys.version.split()[0],
             "versions": shell(
-                sys.executable, "-c",
+                sys.executable,
+                "-c",
                 "import importlib.metadata as m\n"
-                "for n in ('torch','triton','jax','cupy-cuda13x','cuda-bindings','nvidia-ml-py','transformers'):\n"
+                "for n in ('torch', 'triton', 'jax', 'cupy-cuda13x', 'cuda-bindings',\n"
+                "          'nvidia-ml-py', 'transformers'):\n"
                 "  try: print(n, m.version(n))\n"
                 "  except Exception: print(n, '-')",
             ),
@@ -241,7 +261,10 @@ def check_memory(bench: Bench, quota: str) -> None:
         env = plain_env()
         if allocator:
             env["PYTORCH_CUDA_ALLOC_CONF"] = allocator
-        bench.record(f"torch_memory {allocator or 'default'} hooked", run("torch_memory", bench.hooked(env, memory_limit=quota)))
+        bench.record(
+            f"torch_memory {allocator or 'default'} hooked",
+            run("torch_memory", bench.hooked(env, memory_limit=quota)),
+        )
     for probe in ("driver_memory", "cupy_memory", "jax_memory"):
         bench.record(f"{probe} hooked", run(probe, bench.hooked(plain_env(), memory_limit=quota)))
     bench.record("torch_memory unhooked", run("torch_memory", plain_env()))
@@ -250,14 +273,18 @@ def check_memory(bench: Bench, quota: str) -> None:
 def check_launch(bench: Bench) -> None:
     bench.record("torch_launch unhooked", run("torch_launch", plain_env()))
     bench.record("torch_launch hooked, no compute quota", run("torch_launch", bench.hooked(plain_env())))
-    bench.record("torch_launch hooked, 100% compute quota", run("torch_launch", bench.hooked(plain_env(), cores=100)))
+    bench.record(
+        "torch_launch hooked, 100% compute quota", run("torch_launch", bench.hooked(plain_env(), cores=100))
+    )
 
 
 def check_compute(bench: Bench) -> None:
     bench.record("torch_compute unhooked", run("torch_compute", plain_env()))
     for cores in (30, 60):
         bench.record(f"torch_compute {cores}%", run("torch_compute", bench.hooked(plain_env(), cores=cores)))
-    bench.record("torch_compute 30% elastic", run("torch_compute", bench.hooked(plain_env(), cores=30, elastic=1)))
+    bench.record(
+        "torch_compute 30% elastic", run("torch_compute", bench.hooked(plain_env(), cores=30, elastic=1))
+    )
     pair = [start("torch_compute", bench.hooked(plain_env(), cores=c)) for c in (30, 60)]
     bench.record("torch_compute 30% beside 60%", finish(pair[0]))
     bench.record("torch_compute 60% beside 30%", finish(pair[1]))
@@ -271,11 +298,23 @@ def check_timing(bench: Bench, smi: str | None) -> None:
     service = ("driver_service", bench.driver(seconds=3))
     bench.record("timing service alone", run(*service))
     for kernel_us in (500, 2000, 8000):
-        beside(bench, f"timing service beside {kernel_us} us batch kernels", ("driver_batch", bench.driver(kernel_us=kernel_us)), service)
+        beside(
+            bench,
+            f"timing service beside {kernel_us} us batch kernels",
+            ("driver_batch", bench.driver(kernel_us=kernel_us)),
+            service,
+        )
     if smi and "Timeslice" in shell(smi, "compute-policy", "-l"):
         for level in ("1",):
-            bench.record(f"timeslice set {level}", {"output": shell(smi, "compute-policy", f"--set-timeslice={level}")})
-            beside(bench, f"timing service beside 8000 us kernels, timeslice {level}", ("driver_batch", bench.driver(kernel_us=8000)), service)
+            bench.record(
+                f"timeslice set {level}", {"output": shell(smi, "compute-policy", f"--set-timeslice={level}")}
+            )
+            beside(
+                bench,
+                f"timing service beside 8000 us kernels, timeslice {level}",
+                ("driver_batch", bench.driver(kernel_us=8000)),
+                service,
+            )
         bench.record("timeslice restored", {"output": shell(smi, "compute-policy", "--set-timeslice=0")})
     bench.record("timing queue depth", run("driver_queue", bench.driver()))
 
@@ -298,7 +337,9 @@ def check_qos(bench: Bench, backend: str) -> None:
     base = bench.driver if backend == "driver" else plain_env
 
     def service(**mps: str) -> tuple[str, Env]:
-        env = bench.hooked({**base(seconds=3), **bench.mps, **mps}, cores=30, qos="latency-critical", **classes)
+        env = bench.hooked(
+            {**base(seconds=3), **bench.mps, **mps}, cores=30, qos="latency-critical", **classes
+        )
         return service_probe, env
 
     def batch(hooked: bool = False, **mps: str) -> tuple[str, Env]:
@@ -306,27 +347,51 @@ def check_qos(bench: Bench, backend: str) -> None:
         return batch_probe, (bench.hooked(env, cores=10, qos="best-effort", **classes) if hooked else env)
 
     def standard(**mps: str) -> tuple[str, Env]:
-        env = bench.hooked({**base(seconds=3, kernel_us=1000), **bench.mps, **mps}, cores=30, qos="standard", **classes)
+        env = bench.hooked(
+            {**base(seconds=3, kernel_us=1000), **bench.mps, **mps}, cores=30, qos="standard", **classes
+        )
         return standard_probe, env
 
     def scenario(where: str) -> None:
         bench.record(f"{tag}{where}: latency-critical alone", run(*service()))
         beside(bench, f"{tag}{where}: latency-critical beside unhooked batch", batch(), service())
         if not bench.mps or backend == "driver":
-            beside(bench, f"{tag}{where}: latency-critical beside best-effort batch", batch(hooked=True), service())
+            beside(
+                bench,
+                f"{tag}{where}: latency-critical beside best-effort batch",
+                batch(hooked=True),
+                service(),
+            )
         if bench.mps:
             below = {"CUDA_MPS_CLIENT_PRIORITY": "1"}
             if backend == "driver":  # the sweep; PyTorch's products confirm the middle of it
-                beside(bench, f"{tag}{where}: latency-critical beside batch at priority below normal", batch(**below), service())
+                beside(
+                    bench,
+                    f"{tag}{where}: latency-critical beside batch at priority below normal",
+                    batch(**below),
+                    service(),
+                )
             for percentage in ("50", "25") if backend == "driver" else ("50",):
                 limited = {**below, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": percentage}
-                beside(bench, f"{tag}{where}: latency-critical beside batch below normal, {percentage}% threads", batch(**limited), service())
+                beside(
+                    bench,
+                    f"{tag}{where}: latency-critical beside batch below normal, {percentage}% threads",
+                    batch(**limited),
+                    service(),
+                )
             limited = {**below, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
             bench.record(f"{tag}{where}: standard 30% alone", run(*standard()))
-            beside(bench, f"{tag}{where}: standard 30% beside batch below normal, 50% threads", batch(**limited), standard())
+            beside(
+                bench,
+                f"{tag}{where}: standard 30% beside batch below normal, 50% threads",
+                batch(**limited),
+                standard(),
+            )
         else:
             bench.record(f"{tag}{where}: standard 30% alone", run(*standard()))
-            beside(bench, f"{tag}{where}: standard 30% beside best-effort batch", batch(hooked=True), standard())
+            beside(
+                bench, f"{tag}{where}: standard 30% beside best-effort batch", batch(hooked=True), standard()
+            )
 
     scenario("")
     with mps_daemon(bench) as up:
@@ -334,10 +399,56 @@ def check_qos(bench: Bench, backend: str) -> None:
             scenario(" under MPS")
 
 
+def check_mps(bench: Bench, backend: str) -> None:
+    """MPS mode as the node agent sets it up: the hook makes each container an MPS client from its
+    limits (TESSERA_MPS standalone), latency-critical and standard at normal priority with every
+    thread, best-effort below normal with a share of the threads, over what the container's own
+    environment says (the batch's claims 100% and normal priority)."""
+    if backend == "driver":
+        bench.calibrate()
+    with mps_daemon(bench) as up:
+        if not up:
+            return
+        pipe = bench.mps["CUDA_MPS_PIPE_DIRECTORY"]
+        log = {"CUDA_MPS_LOG_DIRECTORY": bench.mps["CUDA_MPS_LOG_DIRECTORY"]}
+        tenant = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_CLIENT_PRIORITY": "0"}
+        base = bench.driver if backend == "driver" else plain_env
+        service_probe, batch_probe = (
+            ("torch_latency", "torch_compute") if backend == "torch" else ("driver_service", "driver_batch")
+        )
+        guaranteed = f"{pipe} threads 100 priority 0"
+
+        def service() -> tuple[str, Env]:
+            env = {**base(seconds=3), **log}
+            return service_probe, bench.hooked(env, cores=30, qos="latency-critical", mps=guaranteed)
+
+        def batch(threads: int) -> tuple[str, Env]:
+            env = {**base(), **log, **tenant}
+            return batch_probe, bench.hooked(
+                env, cores=10, qos="best-effort", mps=f"{pipe} threads {threads} priority 1"
+            )
+
+        def standard() -> tuple[str, Env]:
+            env = {**base(seconds=3, kernel_us=1000), **log}
+            return batch_probe, bench.hooked(env, cores=30, qos="standard", mps=guaranteed)
+
+        tag = f"mps mode {backend}"
+        bench.record(f"{tag}: latency-critical alone", run(*service()))
+        beside(bench, f"{tag}: latency-critical beside best-effort batch, 50% threads", batch(50), service())
+        if backend == "torch":
+            bench.record(f"{tag}: standard 30% alone", run(*standard()))
+            beside(bench, f"{tag}: standard 30% beside best-effort batch, 40% threads", batch(40), standard())
+
+
 def check_workloads(bench: Bench, quota: str) -> None:
-    for probe in ("torch_graph", "torch_compile", "triton_compute", "jax_compute", "cupy_compute"):
+    for probe in bench.workloads:
         bench.record(f"{probe} unhooked", run(probe, plain_env(seconds=3)))
-        bench.record(f"{probe} 30%", run(probe, bench.hooked(plain_env(seconds=3), memory_limit=quota, cores=30)))
+        bench.record(
+            f"{probe} 30%", run(probe, bench.hooked(plain_env(seconds=3), memory_limit=quota, cores=30))
+        )
+
+
+def check_transformers(bench: Bench, quota: str) -> None:
     bench.record("transformers unhooked", run("transformers", plain_env(oom=0)))
     bench.record("transformers hooked", run("transformers", bench.hooked(plain_env(), memory_limit=quota)))
 
@@ -347,15 +458,33 @@ def main() -> int:
     parser.add_argument("--hook", type=Path, default=Path("hook/build/libvgpu.so"))
     parser.add_argument("--quota-mib", type=int, default=4096)
     parser.add_argument("--json", type=Path, help="append each result here, one JSON line each")
-    parser.add_argument("--checks", default="env,memory,launch,compute,timing,qos,qos-torch,workloads")
+    parser.add_argument(
+        "--checks",
+        default="env,memory,launch,compute,timing,qos,qos-torch,mps,mps-torch,workloads,transformers",
+    )
+    parser.add_argument("--workloads", help="comma-separated probes of the workloads check (default all)")
     args = parser.parse_args()
     checks = args.checks.split(",")
-    known = {"env", "memory", "launch", "compute", "timing", "qos", "qos-torch", "workloads"}
+    known = {
+        "env",
+        "memory",
+        "launch",
+        "compute",
+        "timing",
+        "qos",
+        "qos-torch",
+        "mps",
+        "mps-torch",
+        "workloads",
+        "transformers",
+    }
     if unknown := set(checks) - known:
         parser.error(f"--checks: unknown {sorted(unknown)}; known: {sorted(known)}")
     quota = f"{args.quota_mib}m"
     with tempfile.TemporaryDirectory(prefix="tessera-real-gpu-") as work:
         bench = Bench(args.hook.resolve(), Path(work), args.json)
+        if args.workloads:
+            bench.workloads = tuple(args.workloads.split(","))
         smi = tool("nvidia-smi")
         steps: dict[str, Callable[[], None]] = {
             "env": lambda: check_env(bench),
@@ -365,7 +494,10 @@ def main() -> int:
             "timing": lambda: check_timing(bench, smi),
             "qos": lambda: check_qos(bench, "driver"),
             "qos-torch": lambda: check_qos(bench, "torch"),
+            "mps": lambda: check_mps(bench, "driver"),
+            "mps-torch": lambda: check_mps(bench, "torch"),
             "workloads": lambda: check_workloads(bench, quota),
+            "transformers": lambda: check_transformers(bench, quota),
         }
         for check in checks:
             steps[check]()

@@ -11,12 +11,15 @@ The device plugin writes it on the node and mounts it read-only at
     coordination /var/run/tessera/coordination
     device GPU-8f6d... memory 4294967296 cores 30
     oversubscribed GPU-8f6d... wait 5000
+    mps /var/run/tessera/mps threads 50 priority 1
 
 ``memory`` is in bytes; ``cores`` is the percent of the GPU's time, 0 meaning no compute quota;
 ``qos`` the container's class and ``coordination`` where its GPUs' coordination areas are mounted
 (both new in version 2). ``oversubscribed`` (version 3) marks a GPU whose memory best-effort
 neighbours borrow: an allocation within quota that the driver refuses for lack of memory waits up to
-``wait`` milliseconds for the node agent to evict them. ``libvgpu.so`` parses it
+``wait`` milliseconds for the node agent to evict them. ``mps`` (version 4) makes the container's
+processes clients of the GPU's MPS control daemon at that pipe directory, with that share of the
+GPU's threads and client priority (docs/hook.md, "MPS mode"). ``libvgpu.so`` parses it
 (``hook/src/limits.c``); this module only writes it.
 """
 
@@ -34,8 +37,11 @@ from tessera.contract import CONTAINER_STATE_DIR, MAX_CORES, MIB, ContractError,
 # VGPU_UUID_LEN, which counts the NUL) and hook/Makefile (REGION_FILE); tests/hook/test_constants.py
 # fails when they differ. The hook still reads version 1 (no qos, no coordination): the file of a
 # container started before an upgrade. A file is written as version 3 only when it has an
-# `oversubscribed` line, so that a hook of before version 3 still reads every other file.
-LIMITS_FORMAT_VERSION = 3
+# `oversubscribed` line, and as version 4 only when it has an `mps` line, so that an older hook still
+# reads every file it can act on (and refuses, failing closed, one it cannot).
+LIMITS_FORMAT_VERSION = 4
+MPS_VERSION = 4
+OVERSUBSCRIBED_VERSION = 3
 LIMITS_VERSION_WITHOUT_OVERSUBSCRIBED = 2
 # hook/src/contract.h VGPU_MAX_SHORTFALL_WAIT_MS: the longest wait of an `oversubscribed` line.
 MAX_SHORTFALL_WAIT_MS = 600_000
@@ -78,6 +84,25 @@ class DeviceLimit:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class MpsClient:
+    """How a container's processes join its GPU's MPS control daemon (docs/hook.md, "MPS mode")."""
+
+    pipe_directory: str
+    # Percent of each GPU's threads (SMs) its kernels may use, 1..100.
+    threads: int
+    # 0: normal, 1: below normal (CUDA_MPS_CLIENT_PRIORITY).
+    priority: int
+
+    def line(self) -> str:
+        if isinstance(self.threads, bool) or not 1 <= self.threads <= MAX_CORES:
+            raise ContractError(f"limits: mps threads {self.threads!r} is outside 1..{MAX_CORES}")
+        if self.priority not in (0, 1) or isinstance(self.priority, bool):
+            raise ContractError(f"limits: mps priority {self.priority!r} is not 0 or 1")
+        pipe = _absolute("mps pipe directory", self.pipe_directory)
+        return f"mps {pipe} threads {self.threads} priority {self.priority}"
+
+
 def _absolute(what: str, path: str) -> str:
     if not path.startswith("/") or any(c.isspace() for c in path):
         raise ContractError(f"limits: {what} {path!r} must be an absolute path without spaces")
@@ -91,6 +116,7 @@ def render_limits(
     region: str = CONTAINER_REGION_FILE,
     qos: QosClass = QosClass.STANDARD,
     coordination: str | None = None,
+    mps: MpsClient | None = None,
 ) -> str:
     """The text of a limits file; raises :class:`ContractError` naming the bad field.
 
@@ -104,7 +130,13 @@ def render_limits(
     for device in devices:
         device.validate()
     oversubscribed = [d for d in devices if d.shortfall_wait_ms]
-    version = LIMITS_FORMAT_VERSION if oversubscribed else LIMITS_VERSION_WITHOUT_OVERSUBSCRIBED
+    version = (
+        MPS_VERSION
+        if mps is not None
+        else OVERSUBSCRIBED_VERSION
+        if oversubscribed
+        else LIMITS_VERSION_WITHOUT_OVERSUBSCRIBED
+    )
     lines = [
         "# Tessera limits, written by the device plugin; format in docs/hook.md",
         f"version {version}",
@@ -114,6 +146,7 @@ def render_limits(
         *([f"coordination {_absolute('coordination', coordination)}"] if coordination is not None else []),
         *(f"device {d.uuid} memory {d.memory_bytes} cores {d.cores}" for d in devices),
         *(f"oversubscribed {d.uuid} wait {d.shortfall_wait_ms}" for d in oversubscribed),
+        *([mps.line()] if mps is not None else []),
     ]
     return "\n".join(lines) + "\n"
 
@@ -126,9 +159,10 @@ def write_limits(
     region: str = CONTAINER_REGION_FILE,
     qos: QosClass = QosClass.STANDARD,
     coordination: str | None = None,
+    mps: MpsClient | None = None,
 ) -> None:
     """Writes the limits file atomically (readers see the old or the new file) and read-only (0444)."""
-    text = render_limits(devices, elastic=elastic, region=region, qos=qos, coordination=coordination)
+    text = render_limits(devices, elastic=elastic, region=region, qos=qos, coordination=coordination, mps=mps)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:

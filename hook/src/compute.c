@@ -342,6 +342,7 @@ static void collect(struct vgpu_region *r, int oldest, const struct signature *o
 static inline __attribute__((always_inline)) void admit_classed(struct vgpu_region *r, const struct vgpu_device *d,
                                                                 uint64_t estimate) {
     if (d->qos & VGPU_QOS_YIELDS) count_launch(&r->dev[d->rdev], estimate, vgpu_qos_yield(d->rdev, estimate));
+    else if (d->qos & VGPU_QOS_SPATIAL) count_launch(&r->dev[d->rdev], estimate, 0);
     else if (vgpu_cores_limit(vgpu_cores_quota(d))) wait_for_tokens(r, d, estimate);
     else count_launch(&r->dev[d->rdev], estimate, 0);
     if (d->qos & VGPU_QOS_PUBLISHES) vgpu_qos_launched(r, d->rdev, estimate);
@@ -469,14 +470,15 @@ static CUresult measure_end(struct launch *l, CUstream stream, CUresult rc) {
         CUstream stream, void **params
 #define KERNEL_ARGS f, gx, gy, gz, bx, by, bz, shmem, stream, params
 #define KERNEL_ADMIT admit((uint64_t)(uintptr_t)f, gx, gy, gz, bx, by, bz, shmem)
-#define LAUNCH_WRAPPER(name, params_decl, args)                                                   \
+#define LAUNCH_WRAPPER(name, per_thread, params_decl, args)                                       \
     __attribute__((noinline)) static CUresult name##_measured(__typeof__(&name) fn, params_decl) { \
         MEASURED(stream, fn(args));                                                               \
     }                                                                                             \
     __attribute__((noinline)) static CUresult name##_throttled(params_decl) {                     \
         __typeof__(&name) fn = REAL(name);                                                        \
         if (!fn) return CUDA_ERROR_NOT_FOUND;                                                     \
-        if (!throttling_configured() || !KERNEL_ADMIT) return fn(args);                           \
+        if (!throttling_configured() || vgpu_capturing(stream, per_thread) || !KERNEL_ADMIT)      \
+            return fn(args);                                                                      \
         return name##_measured(fn, args);                                                         \
     }                                                                                             \
     VGPU_API CUresult CUDAAPI name(params_decl) {                                                 \
@@ -486,14 +488,14 @@ static CUresult measure_end(struct launch *l, CUstream stream, CUresult rc) {
     }
 
 #define COMMA ,
-LAUNCH_WRAPPER(cuLaunchKernel, KERNEL_PARAMS COMMA void **extra, KERNEL_ARGS COMMA extra)
-LAUNCH_WRAPPER(cuLaunchKernel_ptsz, KERNEL_PARAMS COMMA void **extra, KERNEL_ARGS COMMA extra)
-LAUNCH_WRAPPER(cuLaunchCooperativeKernel, KERNEL_PARAMS, KERNEL_ARGS)
-LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, KERNEL_PARAMS, KERNEL_ARGS)
+LAUNCH_WRAPPER(cuLaunchKernel, 0, KERNEL_PARAMS COMMA void **extra, KERNEL_ARGS COMMA extra)
+LAUNCH_WRAPPER(cuLaunchKernel_ptsz, 1, KERNEL_PARAMS COMMA void **extra, KERNEL_ARGS COMMA extra)
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel, 0, KERNEL_PARAMS, KERNEL_ARGS)
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, 1, KERNEL_PARAMS, KERNEL_ARGS)
 #undef COMMA
 
 /* cuLaunchKernelEx and cuGraphLaunch: one function each, the configuration known or not. */
-#define EX_WRAPPER(name)                                                                                      \
+#define EX_WRAPPER(name, per_thread)                                                                          \
     __attribute__((noinline)) static CUresult name##_measured(__typeof__(&name) fn, const CUlaunchConfig *config, \
                                                               CUfunction f, void **params, void **extra) {    \
         MEASURED(config->hStream, fn(config, f, params, extra));                                              \
@@ -501,16 +503,16 @@ LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, KERNEL_PARAMS, KERNEL_ARGS)
     VGPU_API CUresult CUDAAPI name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) { \
         __typeof__(&name) fn = REAL(name);                                                                    \
         if (!fn) return CUDA_ERROR_NOT_FOUND;                                                                 \
-        if (!throttling_configured() || !config ||                                                            \
+        if (!throttling_configured() || !config || vgpu_capturing(config->hStream, per_thread) ||             \
             !admit((uint64_t)(uintptr_t)f, config->gridDimX, config->gridDimY, config->gridDimZ,              \
                    config->blockDimX, config->blockDimY, config->blockDimZ, config->sharedMemBytes))          \
             return fn(config, f, params, extra);                                                              \
         return name##_measured(fn, config, f, params, extra);                                                 \
     }
-EX_WRAPPER(cuLaunchKernelEx)
-EX_WRAPPER(cuLaunchKernelEx_ptsz)
+EX_WRAPPER(cuLaunchKernelEx, 0)
+EX_WRAPPER(cuLaunchKernelEx_ptsz, 1)
 
-#define GRAPH_WRAPPER(name)                                                                                   \
+#define GRAPH_WRAPPER(name, per_thread)                                                                       \
     __attribute__((noinline)) static CUresult name##_measured(__typeof__(&name) fn, CUgraphExec exec,         \
                                                               CUstream stream) {                              \
         MEASURED(stream, fn(exec, stream));                                                                   \
@@ -518,12 +520,13 @@ EX_WRAPPER(cuLaunchKernelEx_ptsz)
     VGPU_API CUresult CUDAAPI name(CUgraphExec exec, CUstream stream) {                                       \
         __typeof__(&name) fn = REAL(name);                                                                    \
         if (!fn) return CUDA_ERROR_NOT_FOUND;                                                                 \
-        if (!throttling_configured() || !admit((uint64_t)(uintptr_t)exec, 0, 0, 0, 0, 0, 0, 0))               \
+        if (!throttling_configured() || vgpu_capturing(stream, per_thread) ||                                 \
+            !admit((uint64_t)(uintptr_t)exec, 0, 0, 0, 0, 0, 0, 0))                                           \
             return fn(exec, stream);                                                                          \
         return name##_measured(fn, exec, stream);                                                             \
     }
-GRAPH_WRAPPER(cuGraphLaunch)
-GRAPH_WRAPPER(cuGraphLaunch_ptsz)
+GRAPH_WRAPPER(cuGraphLaunch, 0)
+GRAPH_WRAPPER(cuGraphLaunch_ptsz, 1)
 
 void vgpu_compute_after_fork_child(void) {
     /* The parent's events and estimates are not the child's. */

@@ -8,9 +8,10 @@
 #ifndef VGPU_CONTRACT_H
 #define VGPU_CONTRACT_H
 
-#define VGPU_LIMITS_VERSION 3 /* hook.limits.LIMITS_FORMAT_VERSION: the newest `version` line */
+#define VGPU_LIMITS_VERSION 4 /* hook.limits.LIMITS_FORMAT_VERSION: the newest `version` line */
 #define VGPU_LIMITS_OLDEST_VERSION 1 /* still read: version 1 has no `qos` or `coordination` lines */
 #define VGPU_LIMITS_OVERSUBSCRIBED_VERSION 3 /* the first with `oversubscribed` lines (hook.limits) */
+#define VGPU_LIMITS_MPS_VERSION 4 /* the first with an `mps` line (hook.limits.MPS_VERSION) */
 #define VGPU_MAX_SHORTFALL_WAIT_MS 600000 /* hook.limits.MAX_SHORTFALL_WAIT_MS: an `oversubscribed` wait */
 #define VGPU_MAX_DEVICES 16   /* hook.limits.MAX_DEVICES: GPUs per container (also the region's) */
 #define VGPU_UUID_LEN 80      /* hook.limits.MAX_UUID_LENGTH + 1, for the NUL */
@@ -25,6 +26,9 @@
 #define VGPU_ENV_REGION "TESSERA_REGION"
 #define VGPU_ENV_QOS "TESSERA_QOS"
 #define VGPU_ENV_COORDINATION "TESSERA_COORDINATION"
+/* Standalone MPS client settings, as the limits file's `mps` line's arguments:
+ * "<pipe directory> threads <1-100> priority <0|1>" (docs/hook.md, "MPS mode"). */
+#define VGPU_ENV_MPS "TESSERA_MPS"
 
 /* QoS classes (tessera.contract.QosClass), as the limits file's `qos` line and TESSERA_QOS spell
  * them; each is also the name of its directory in a GPU's coordination area (docs/hook.md). */

@@ -124,6 +124,7 @@ const struct vgpu_device *vgpu_device_current(CUcontext *current, CUresult *err)
 int vgpu_ordinal_of_uuid(const char *uuid) {
     if (!__atomic_load_n(&devices_ready, __ATOMIC_ACQUIRE)) {
         /* An NVML-only process: CUDA's enumeration decides what the ordinals mean. */
+        vgpu_mps_apply(); /* the driver may not be initialised yet: it reads them now */
         if (!REAL(cuInit) || REAL(cuInit)(0) != CUDA_SUCCESS || enumerate() != CUDA_SUCCESS) return -1;
     }
     for (int i = 0; i < device_count; i++)

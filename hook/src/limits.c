@@ -195,6 +195,25 @@ static int parse_oversubscribed_line(struct vgpu_limits *l, char **tok, int ntok
     return -1;
 }
 
+/* The arguments of an `mps` line or TESSERA_MPS, tok[0..4]: `<absolute pipe directory> threads
+ * <1-100> priority <0|1>`. 0, or -1 once refused. */
+static int parse_mps(struct vgpu_limits *l, char **tok, int ntok, const char *where) {
+    int threads = ntok == 5 && !strcmp(tok[1], "threads") ? parse_int(tok[2], 1, VGPU_MAX_CORES) : -1;
+    int priority = ntok == 5 && !strcmp(tok[3], "priority") ? parse_int(tok[4], 0, 1) : -1;
+    if (ntok != 5 || tok[0][0] != '/' || threads < 0 || priority < 0) {
+        refuse(l, "%s: expected `mps <absolute pipe directory> threads <1-%d> priority <0|1>`", where, VGPU_MAX_CORES);
+        return -1;
+    }
+    if (snprintf(l->mps.pipe, sizeof l->mps.pipe, "%s", tok[0]) >= (int)sizeof l->mps.pipe) {
+        l->mps.pipe[0] = 0;
+        refuse(l, "%s: mps pipe directory is too long", where);
+        return -1;
+    }
+    l->mps.threads = threads;
+    l->mps.priority = priority;
+    return 0;
+}
+
 /* One line, NUL-terminated, without its newline: 0, or -1 once refused. */
 static int parse_line(struct vgpu_limits *l, char *line, int *version, const char *where) {
     char *hash = strchr(line, '#');
@@ -232,6 +251,12 @@ static int parse_line(struct vgpu_limits *l, char *line, int *version, const cha
         return parse_device_line(l, tok, ntok, where);
     } else if (!strcmp(tok[0], "oversubscribed")) {
         return parse_oversubscribed_line(l, tok, ntok, *version, where);
+    } else if (!strcmp(tok[0], "mps")) {
+        if (*version < VGPU_LIMITS_MPS_VERSION) {
+            refuse(l, "%s: `mps` needs `version %d` (or later) before it", where, VGPU_LIMITS_MPS_VERSION);
+            return -1;
+        }
+        return parse_mps(l, tok + 1, ntok - 1, where);
     } else {
         refuse(l, "%s: unknown line starting with %s", where, tok[0]);
         return -1;
@@ -349,6 +374,14 @@ static void read_environment(struct vgpu_limits *l) {
     if (value && value[0] != '/') refuse(l, VGPU_ENV_COORDINATION "=%s is not an absolute path", value);
     else if (value && snprintf(l->coordination, sizeof l->coordination, "%s", value) >= (int)sizeof l->coordination)
         refuse(l, VGPU_ENV_COORDINATION "=%s is too long", value);
+    if ((value = getenv(VGPU_ENV_MPS))) {
+        char copy[PATH_MAX + 64], *tok[6];
+        int ntok = 0;
+        snprintf(copy, sizeof copy, "%s", value);
+        for (char *save = NULL, *t = strtok_r(copy, " \t", &save); t && ntok < 6; t = strtok_r(NULL, " \t", &save))
+            tok[ntok++] = t;
+        parse_mps(l, tok, ntok, VGPU_ENV_MPS);
+    }
 }
 
 /* Managed: this library was loaded from the path the device plugin mounts it at (the loader's own

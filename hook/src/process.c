@@ -9,6 +9,7 @@ static void after_fork_child(void) {
     vgpu_devices_after_fork_child();
     vgpu_track_after_fork_child();
     vgpu_compute_after_fork_child();
+    vgpu_capture_after_fork_child();
     vgpu_qos_after_fork_child();
     vgpu_monitor_after_fork_child();
 }

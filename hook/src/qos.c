@@ -214,6 +214,12 @@ int vgpu_qos_join(int rdev, const char *uuid) {
     struct qos_gpu *g = &gpus[rdev];
     if (g->joined) return g->role; /* a fork child enumerating again */
     g->joined = 1;
+    if (c->mps.pipe[0] && c->qos == VGPU_QOS_CLASS_BEST_EFFORT) {
+        /* MPS holds best-effort back (mps.c): the yield rule, which did not help on a real
+         * time-sliced GPU, made a latency-critical neighbour's p99 2.5x worse under MPS. */
+        g->role = VGPU_QOS_SPATIAL;
+        return g->role;
+    }
     if (!c->coordination[0]) {
         if (c->qos == VGPU_QOS_CLASS_BEST_EFFORT)
             vgpu_log("best-effort without a coordination area: GPU %s runs as standard", uuid);

@@ -5,7 +5,7 @@
  *   -lcuda / -lnvidia-ml), returned by dlsym in its place, and returned by cuGetProcAddress when the
  *   base name, version and flags select that ABI.
  *
- * The table names the wrappers (memory.c, nvml.c, compute.c, symbols.c) so that symbols.c can hand
+ * The table names the wrappers (memory.c, nvml.c, compute.c, capture.c, mps.c, symbols.c) so that symbols.c can hand
  * them out, and the wrappers reach the driver through it (REAL): the one two-way link between the
  * hook's files, and the price of a single table that lists every intercepted symbol.
  *
@@ -19,6 +19,7 @@
 #define VGPU_INTERCEPTED(X)                                                                      \
     X(cuGetProcAddress, "cuGetProcAddress", 11030, 0, VGPU_LIB_CUDA)                             \
     X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0, VGPU_LIB_CUDA)                          \
+    X(cuInit, "cuInit", 2000, 0, VGPU_LIB_CUDA)                                                  \
     X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0, VGPU_LIB_CUDA)                                       \
     X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0, VGPU_LIB_CUDA)                             \
     X(cuMemFree_v2, "cuMemFree", 3020, 0, VGPU_LIB_CUDA)                                         \
@@ -51,6 +52,12 @@
     X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1, VGPU_LIB_CUDA)       \
     X(cuGraphLaunch, "cuGraphLaunch", 10000, 0, VGPU_LIB_CUDA)                                   \
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1, VGPU_LIB_CUDA)                              \
+    X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, 0, VGPU_LIB_CUDA)                     \
+    X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, 1, VGPU_LIB_CUDA)                \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0, VGPU_LIB_CUDA)                  \
+    X(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, 1, VGPU_LIB_CUDA)             \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0, VGPU_LIB_CUDA)                         \
+    X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 1, VGPU_LIB_CUDA)                    \
     X(nvmlDeviceGetMemoryInfo, NULL, 0, 0, VGPU_LIB_NVML)                                        \
     X(nvmlDeviceGetMemoryInfo_v2, NULL, 0, 0, VGPU_LIB_NVML)                                     \
     X(dlsym, NULL, 0, 0, VGPU_LIB_DL)                                                            \
@@ -58,7 +65,6 @@
 
 /* Driver functions the hook calls itself (never intercepted). */
 #define VGPU_CALLED(Y)                                  \
-    Y(cuInit, VGPU_LIB_CUDA)                            \
     Y(cuDeviceGetCount, VGPU_LIB_CUDA)                  \
     Y(cuDeviceGet, VGPU_LIB_CUDA)                       \
     Y(cuDeviceGetUuid_v2, VGPU_LIB_CUDA)                \
@@ -72,6 +78,7 @@
     Y(cuEventSynchronize, VGPU_LIB_CUDA)                \
     Y(cuEventElapsedTime_v2, VGPU_LIB_CUDA)             \
     Y(cuEventDestroy_v2, VGPU_LIB_CUDA)                 \
+    Y(cuStreamIsCapturing, VGPU_LIB_CUDA)               \
     Y(nvmlInit_v2, VGPU_LIB_NVML)                       \
     Y(nvmlDeviceGetUUID, VGPU_LIB_NVML)                 \
     Y(nvmlDeviceGetHandleByUUID, VGPU_LIB_NVML)         \

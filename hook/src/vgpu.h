@@ -8,6 +8,8 @@
  *   nvml.c      NVML memory wrappers
  *   shortfall.c the wait of an allocation the driver refused while best-effort neighbours borrow memory
  *   compute.c   launch wrappers (compute quota)
+ *   capture.c   stream capture: which launches only record a graph
+ *   mps.c       MPS mode: the environment the driver reads at cuInit
  *   qos.c       QoS classes: this container's slot of a GPU's coordination area, and its peers'
  *   monitor.c   background thread: dead processes, elastic neighbours
  *   process.c   fork handlers
@@ -57,6 +59,15 @@ struct vgpu_quota {
      * the node agent to evict them, and is retried (shortfall.c). 0 = refused at once, as always. */
     int wait_ms;
 };
+/* The MPS client this container's processes are (mps.c): the control daemon's pipe directory ("" =
+ * the GPU is time-sliced, no MPS), the share of each GPU's threads its kernels may use, and its
+ * client priority (0 normal, 1 below normal). */
+struct vgpu_mps {
+    char pipe[PATH_MAX];
+    int threads;
+    int priority;
+};
+
 struct vgpu_limits {
     int refuse_memory; /* the limits file or the environment is broken: fail closed */
     char why[PATH_MAX + 512]; /* the first reason it was refused */
@@ -66,6 +77,7 @@ struct vgpu_limits {
     char region[PATH_MAX]; /* "" = private to this process */
     enum vgpu_qos qos;
     char coordination[PATH_MAX]; /* the coordination areas' directory; "" = none (qos.c) */
+    struct vgpu_mps mps;
     int file_devices;
     struct {
         char uuid[VGPU_UUID_LEN];
@@ -156,9 +168,20 @@ void vgpu_compute_after_fork_child(void);
 /* ctx ended (NULL: some context, not known which): forget the events kept in it. */
 void vgpu_compute_context_ended(CUcontext ctx);
 
+/* mps.c: sets the MPS client environment the limits give (nothing without an `mps` line), before
+ * the driver's cuInit reads it. */
+void vgpu_mps_apply(void);
+
+/* capture.c: 1 when stream (NULL: the default stream, per-thread when per_thread) is capturing, so
+ * that a launch on it records a graph node and runs nothing. One load while no capture is in
+ * progress in this process. */
+int vgpu_capturing(CUstream stream, int per_thread);
+void vgpu_capture_after_fork_child(void);
+
 /* qos.c: the coordination area of each GPU (docs/hook.md). */
 #define VGPU_QOS_PUBLISHES 1 /* this container's launches are published in its slot */
 #define VGPU_QOS_YIELDS 2    /* best-effort: launches wait while a higher class has work */
+#define VGPU_QOS_SPATIAL 4   /* best-effort under MPS: no cap in time, no yield (MPS holds it back) */
 /* Opens this container's slot and its peers' on GPU rdev, once per process (devices.c); returns
  * what its launches do there (VGPU_QOS_* bits), 0 when the GPU has no coordination area. */
 int vgpu_qos_join(int rdev, const char *uuid);

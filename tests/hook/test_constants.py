@@ -26,6 +26,8 @@ from hook.limits import (
     MAX_DEVICES,
     MAX_SHORTFALL_WAIT_MS,
     MAX_UUID_LENGTH,
+    MPS_VERSION,
+    OVERSUBSCRIBED_VERSION,
     DeviceLimit,
     write_limits,
 )
@@ -62,9 +64,10 @@ def test_limits_file_bounds_match(c_side: dict[str, str]) -> None:
     assert int(c_side["VGPU_UUID_LEN"]) == MAX_UUID_LENGTH + 1  # C counts the NUL
     assert int(c_side["VGPU_MAX_CORES"]) == MAX_CORES
     assert int(c_side["VGPU_MAX_SHORTFALL_WAIT_MS"]) == MAX_SHORTFALL_WAIT_MS
-    # Files without an `oversubscribed` line keep the version before it, for older hooks.
-    assert int(c_side["VGPU_LIMITS_OVERSUBSCRIBED_VERSION"]) == LIMITS_FORMAT_VERSION
-    assert LIMITS_VERSION_WITHOUT_OVERSUBSCRIBED == LIMITS_FORMAT_VERSION - 1
+    # Files without an `oversubscribed` or `mps` line keep the version before them, for older hooks.
+    assert int(c_side["VGPU_LIMITS_OVERSUBSCRIBED_VERSION"]) == OVERSUBSCRIBED_VERSION
+    assert int(c_side["VGPU_LIMITS_MPS_VERSION"]) == MPS_VERSION == LIMITS_FORMAT_VERSION
+    assert LIMITS_VERSION_WITHOUT_OVERSUBSCRIBED == OVERSUBSCRIBED_VERSION - 1 == MPS_VERSION - 2
 
 
 def test_qos_classes_and_coordination_slots_match(c_side: dict[str, str]) -> None:

@@ -16,6 +16,9 @@
  *                                      every 100 ms while launching
  *   launch-ex, launch-coop: the same through cuLaunchKernelEx, cuLaunchCooperativeKernel
  *   graph <kernel> <count>             (one-kernel graph, launched count times)
+ *   captured <kernel> <count>          (a graph of four launches recorded by stream capture in
+ *                                      global mode on a stream of its own, launched count times
+ *                                      there; "launched" counts graph launches)
  *   paced <kernel> <period us> <seconds>  one launch per period (or at once, when the last ended
  *                                      late), each waited for: -> "paced <count> <p50 us> <p99 us>
  *                                      <max us> <seconds>", the latencies from just before the
@@ -77,6 +80,9 @@ typedef CUresult (*legacy_proc_fn)(const char *, void **, int, cuuint64_t);
     X(cuGraphAddKernelNode_v2, 12000)              \
     X(cuGraphInstantiateWithFlags, 11040)          \
     X(cuGraphLaunch, 10000)                        \
+    X(cuStreamCreate, 2000)                        \
+    X(cuStreamBeginCapture_v2, 10010)              \
+    X(cuStreamEndCapture, 10000)                   \
     X(cuGetErrorName, 6000)
 
 static struct {
@@ -388,14 +394,23 @@ int main(int argc, char **argv) {
         } else if (!strcmp(cmd, "paced")) {
             paced(function(argv[i + 1]), atof(argv[i + 2]), atof(argv[i + 3]));
             i += 3;
-        } else if (!strncmp(cmd, "launch", 6) || !strcmp(cmd, "graph")) {
+        } else if (!strncmp(cmd, "launch", 6) || !strcmp(cmd, "graph") || !strcmp(cmd, "captured")) {
             CUfunction f = function(argv[i + 1]);
             long count = atol(argv[i + 2]);
-            int is_graph = !strcmp(cmd, "graph");
+            int is_graph = !strcmp(cmd, "graph") || !strcmp(cmd, "captured");
+            CUstream stream = NULL;
             double seconds = !is_graph && i + 3 < argc ? atof(argv[i + 3]) : 1e9;
             i += is_graph ? 2 : 3;
             CUgraphExec exec = NULL;
-            if (is_graph) {
+            if (!strcmp(cmd, "captured")) {
+                CUgraph g;
+                check(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+                check(api.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+                for (int k = 0; k < 4; k++)
+                    check(api.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL), "cuLaunchKernel (captured)");
+                check(api.cuStreamEndCapture(stream, &g), "cuStreamEndCapture");
+                check(api.cuGraphInstantiateWithFlags(&exec, g, 0), "cuGraphInstantiate");
+            } else if (is_graph) {
                 CUgraph g;
                 CUgraphNode node;
                 CUDA_KERNEL_NODE_PARAMS params = {.func = f, .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1,
@@ -412,7 +427,7 @@ int main(int argc, char **argv) {
                     next_tick += 0.1;
                 }
                 if (is_graph) {
-                    check(api.cuGraphLaunch(exec, NULL), "cuGraphLaunch");
+                    check(api.cuGraphLaunch(exec, stream), "cuGraphLaunch");
                 } else if (!strcmp(cmd, "launch-ex")) {
                     CUlaunchConfig config = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
                                              .blockDimY = 1, .blockDimZ = 1};

@@ -127,5 +127,10 @@ uint64_t fg_kernel_ns(CUfunction f, const unsigned grid[3], CUdevice dev);
 
 /* graph.c: stream capture records launches instead of running them */
 CUresult fg_graph_capture_kernel(struct CUgraph_st *g, CUfunction f, const unsigned grid[3]);
+/* The capture recording into g (0 when none), whether it was invalidated, and invalidating the
+ * capture of that id if still in progress (an event recorded in it was misused). fg_lock held. */
+uint64_t fg_graph_capture_id(const struct CUgraph_st *g);
+int fg_graph_capture_invalidated(const struct CUgraph_st *g);
+void fg_graph_capture_misused(uint64_t capture_id);
 
 #endif

@@ -13,7 +13,16 @@ struct CUevent_st {
     unsigned flags;
     int recorded;
     uint64_t done_ns;
+    uint64_t capture_id; /* last recorded inside that stream capture: a graph node, not a time */
 };
+
+/* A query, wait or timing of an event last recorded inside a stream capture: refused, and the
+ * capture (if still in progress) is invalidated, as the real driver does. fg_lock held. */
+static CUresult captured_event_misused(const struct CUevent_st *e)
+{
+    fg_graph_capture_misused(e->capture_id);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
 
 CUresult fg_resolve_stream(CUstream s, struct CUstream_st **out)
 {
@@ -133,7 +142,11 @@ FG_API CUresult cuStreamSynchronize(CUstream hStream)
     CUresult rc = fg_resolve_stream(hStream, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (s->capture)
+    pthread_mutex_lock(&fg_lock);
+    uint64_t capture = s->capture ? fg_graph_capture_id(s->capture) : 0;
+    fg_graph_capture_misused(capture); /* synchronising a capturing stream invalidates the capture */
+    pthread_mutex_unlock(&fg_lock);
+    if (capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     fg_stream_wait(s);
     return CUDA_SUCCESS;
@@ -152,7 +165,11 @@ FG_API CUresult cuStreamQuery(CUstream hStream)
         return rc;
     pthread_mutex_lock(&fg_lock);
     uint64_t tail = s->tail_ns;
+    uint64_t capture = s->capture ? fg_graph_capture_id(s->capture) : 0;
+    fg_graph_capture_misused(capture); /* querying a capturing stream invalidates the capture */
     pthread_mutex_unlock(&fg_lock);
+    if (capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return fg_now_ns() >= tail ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -261,6 +278,7 @@ FG_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
         return rc;
     uint64_t now = fg_now_ns();
     pthread_mutex_lock(&fg_lock);
+    hEvent->capture_id = s->capture ? fg_graph_capture_id(s->capture) : 0;
     hEvent->done_ns = s->tail_ns > now ? s->tail_ns : now;
     hEvent->recorded = 1;
     pthread_mutex_unlock(&fg_lock);
@@ -291,7 +309,11 @@ FG_API CUresult cuEventQuery(CUevent hEvent)
         return rc;
     pthread_mutex_lock(&fg_lock);
     uint64_t done = hEvent->done_ns;
+    if (hEvent->capture_id)
+        rc = captured_event_misused(hEvent);
     pthread_mutex_unlock(&fg_lock);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     return fg_now_ns() >= done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -302,7 +324,11 @@ FG_API CUresult cuEventSynchronize(CUevent hEvent)
         return rc;
     pthread_mutex_lock(&fg_lock);
     uint64_t done = hEvent->done_ns;
+    if (hEvent->capture_id)
+        rc = captured_event_misused(hEvent);
     pthread_mutex_unlock(&fg_lock);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     fg_sleep_until(done);
     return CUDA_SUCCESS;
 }
@@ -318,7 +344,11 @@ FG_API CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUev
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fg_lock);
     struct CUevent_st a = *hStart, b = *hEnd;
+    if (a.capture_id || b.capture_id)
+        rc = captured_event_misused(a.capture_id ? &a : &b);
     pthread_mutex_unlock(&fg_lock);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (!a.recorded || !b.recorded || ((a.flags | b.flags) & CU_EVENT_DISABLE_TIMING))
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = fg_now_ns();
