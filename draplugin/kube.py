@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import urllib3
 from kubernetes import client
 
-from tessera.contract import ContractKeys, JsonObject
+from tessera.contract import ContractError, ContractKeys, JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,19 @@ GROUP, VERSION = "resource.k8s.io", "v1"
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 TIMEOUT = (10.0, 30.0)
+
+
+def decode(data: bytes | str, what: str) -> Any:
+    """An object the API server sent; a :class:`ContractError` for one nested too deep for Python's
+    JSON reader (the API server accepts thousands of levels in a claim's opaque parameters, which its
+    owner writes), never a RecursionError out of the kubelet's call."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ContractError(
+            f"{what}: nested deeper than {sys.getrecursionlimit()} levels, which this driver does not "
+            "read (its own parameters are three levels deep)"
+        ) from None
 
 
 class ResourceApi:
@@ -44,7 +58,7 @@ class ResourceApi:
             if e.status == HTTP_NOT_FOUND:
                 return None
             raise
-        claim: dict[str, Any] = json.loads(response.data)
+        claim: dict[str, Any] = decode(response.data, f"resource claim {namespace}/{name}")
         return claim
 
     def read_slice(self, name: str) -> JsonObject | None:
@@ -56,7 +70,7 @@ class ResourceApi:
             if e.status == HTTP_NOT_FOUND:
                 return None
             raise
-        found: JsonObject = json.loads(response.data)
+        found: JsonObject = decode(response.data, f"resource slice {name}")
         return found
 
     def create_slice(self, body: JsonObject) -> None:
