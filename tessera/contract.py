@@ -633,8 +633,26 @@ def _container_request(container: object, where: str, keys: ContractKeys) -> Con
     return ContainerRequest(name=name, gpu_count=vgpu, memory_mib=memory, cores=cores)
 
 
-def _split_models(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
+# A pod's placement wishes are its owner's text and are echoed into every node's filter reason, the
+# pod's condition, events and kube-scheduler's log: bounded here, where they are read. NVML's model
+# names are about 20-40 characters ("NVIDIA H100 80GB HBM3"); workload classes are short words.
+MAX_PREFERENCE_NAME = 64
+MAX_MODELS = 32
+
+
+def _bounded_name(name: str, key: str) -> str:
+    if len(name) > MAX_PREFERENCE_NAME:
+        raise ContractError(
+            f"annotation {key}: {_shown(name)} is longer than {MAX_PREFERENCE_NAME} characters"
+        )
+    return name
+
+
+def _split_models(text: str, key: str) -> tuple[str, ...]:
+    models = tuple(_bounded_name(part.strip(), key) for part in text.split(",") if part.strip())
+    if len(models) > MAX_MODELS:
+        raise ContractError(f"annotation {key}: {len(models)} models, at most {MAX_MODELS}")
+    return models
 
 
 _Choice = TypeVar("_Choice", bound=StrEnum)
@@ -673,9 +691,9 @@ def parse_preferences(annotations: Mapping[str, str] | None, keys: ContractKeys 
     if workload is not None and not workload.strip():
         raise ContractError(f"annotation {keys.workload}: {_shown(workload)} is empty")
     return PodPreferences(
-        models=_split_models(annotations.get(keys.gpu_models) or ""),
-        models_exclude=_split_models(annotations.get(keys.gpu_models_exclude) or ""),
-        workload=workload.strip() if workload else None,
+        models=_split_models(annotations.get(keys.gpu_models) or "", keys.gpu_models),
+        models_exclude=_split_models(annotations.get(keys.gpu_models_exclude) or "", keys.gpu_models_exclude),
+        workload=_bounded_name(workload.strip(), keys.workload) if workload else None,
         min_speed=min_speed,
         policy=policy,
         qos=qos,

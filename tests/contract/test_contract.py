@@ -223,6 +223,25 @@ def test_preferences_parse() -> None:
     assert parse_preferences({}).qos is None
 
 
+@pytest.mark.parametrize("key", [KEYS.gpu_models, KEYS.gpu_models_exclude, KEYS.workload])
+def test_a_huge_wish_is_refused_with_a_short_message(key: str) -> None:
+    """A pod's wishes are echoed into every node's filter reason, its condition, events and the
+    scheduler's log: a 150 kB one is refused where it is read, and the refusal quotes 80 characters."""
+    with pytest.raises(ContractError) as refused:
+        parse_preferences({key: "x" * 150_000})
+    assert str(refused.value).startswith(f"annotation {key}: 'xxx")
+    assert "longer than 64 characters" in str(refused.value)
+    assert len(str(refused.value)) < 200
+    assert parse_preferences({key: "y" * 64}) is not None  # the bound itself is fine
+
+
+def test_too_many_models_are_refused() -> None:
+    models = ",".join(f"M{i}" for i in range(33))
+    with pytest.raises(ContractError, match=rf"^annotation {KEYS.gpu_models}: 33 models, at most 32$"):
+        parse_preferences({KEYS.gpu_models: models})
+    assert len(parse_preferences({KEYS.gpu_models: ",".join(f"M{i}" for i in range(32))}).models) == 32
+
+
 @pytest.mark.parametrize(
     ("annotations", "message"),
     [
