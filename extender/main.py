@@ -141,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         "latency-critical (default %(default)d)",
     )
     parser.add_argument(
+        "--qos-latency-critical-namespaces",
+        default="",
+        metavar="NAMESPACE,...",
+        help="namespaces whose pods may ask for any QoS class by the tessera.io/qos annotation; elsewhere "
+        "it may only lower the class the pod's priority grants (default: none)",
+    )
+    parser.add_argument(
         "--qos-best-effort-priority",
         type=int,
         default=BEST_EFFORT_PRIORITY,
@@ -268,7 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.client_ca_file and not args.tls_cert_file:
         parser.error("--client-ca-file needs --tls-cert-file")
     try:
-        qos_thresholds = QosThresholds(args.qos_latency_critical_priority, args.qos_best_effort_priority)
+        qos_thresholds = QosThresholds(
+            args.qos_latency_critical_priority,
+            args.qos_best_effort_priority,
+            frozenset(n.strip() for n in args.qos_latency_critical_namespaces.split(",") if n.strip()),
+        )
         usage_rule = UsageRule(
             margin_mib=args.best_effort_margin_mib,
             margin_percent=args.best_effort_margin_percent,

@@ -46,6 +46,7 @@ from tessera.placement import (
     Shortfall,
     best_fits,
     qos_class,
+    qos_lowered,
     score_fits,
     shape_of,
     to_allocation,
@@ -61,6 +62,8 @@ class NotSyncedError(RuntimeError):
 
 # The scheduler profile whose pods the extender binds (the chart's scheduler.name).
 DEFAULT_SCHEDULER_NAME = "tessera-scheduler"
+# The reason of the Warning event on a pod whose annotation asked for a class it was not granted.
+QOS_LOWERED_REASON = "QosClassLowered"
 # Names of nodes the extender does not know answered per request with a reason; more are rejected
 # by leaving them out (a filter body can carry millions of made-up names).
 UNKNOWN_NAMES_ANSWERED = 100
@@ -125,6 +128,10 @@ class _Filtered:
     kept: list[NodeFit]
     pod: JsonObject  # as the filter body had it: bind decides from it while it reads the pod
     request: PodRequest  # parsed from ``pod``; bind keeps that decision only if the API's copy asks the same
+
+
+def _namespace(pod: JsonObject) -> str:
+    return str((pod.get("metadata") or {}).get("namespace") or "")
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -600,6 +607,7 @@ class Extender:
             return self._fail("api", f"pod {ref}: binding to {node} failed: {e}"), False
         self._filtered.pop(pod_uid, None)
         self.state.placed(self.shape(pod, request))
+        await self._tell_lowered_class(pod, request)
         if any(g.oversubscribed for c in decided.containers for g in c.gpus):
             self.metrics.oversubscribed_binds.inc()
         return "", False
@@ -759,8 +767,23 @@ class Extender:
         return shape_of(request, self.qos(pod, request))
 
     def qos(self, pod: JsonObject, request: PodRequest) -> QosClass:
-        """The pod's QoS class, written into its allocation: its annotation, else its priority's."""
-        return qos_class(request.preferences.qos, pod_priority(pod), self.qos_thresholds)
+        """The pod's QoS class, written into its allocation: granted by its priority (or its
+        namespace), lowered by its annotation (tessera.placement.qos)."""
+        return qos_class(request.preferences.qos, pod_priority(pod), self.qos_thresholds, _namespace(pod))
+
+    async def _tell_lowered_class(self, pod: JsonObject, request: PodRequest) -> None:
+        """A Warning event on a pod bound with a lower class than its annotation asked for."""
+        assert self.kube is not None
+        why = qos_lowered(request.preferences.qos, pod_priority(pod), self.qos_thresholds, _namespace(pod))
+        if not why:
+            return
+        try:
+            await self.kube.create_event(pod, reason=QOS_LOWERED_REASON, message=why, warning=True)
+        except ApiError as e:
+            name = str((pod.get("metadata") or {}).get("name") or "")
+            log.warning(
+                "pod %s: cannot record that its class was lowered: %s", pod_ref(_namespace(pod), name), e
+            )
 
     def _record(self, pod: JsonObject, allocation: Allocation, now: datetime) -> PodAllocation:
         metadata = pod.get("metadata") or {}

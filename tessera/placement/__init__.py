@@ -13,7 +13,8 @@ No I/O here. The extender (kube-scheduler adapter) and the simulator call the sa
   policy table by the contract's ``Policy``.
 * :mod:`.inflight`: placing a pod so that it keeps the in-flight rule (the rule itself, shared with
   the device plugin, is :mod:`tessera.inflight`).
-* :mod:`.qos`: a pod's QoS class (``qos_class``: its annotation, else its priority).
+* :mod:`.qos`: a pod's QoS class (``qos_class``: granted by its priority or namespace, lowered by
+  its annotation; ``qos_lowered``: why it did not get the class it asked for).
 * :mod:`.preemption`: ``choose_victims``, the lower-priority pods to evict on a node so a pod fits.
 * :mod:`.resize`: ``resize``, a placed pod's new quotas on the GPUs it has (live resize).
 * :mod:`.usage`: ``UsageRule`` (the safety margin and staleness of measured use) and
@@ -44,7 +45,7 @@ from tessera.placement.model import (
 )
 from tessera.placement.policies import ClusterContext, PlacementPolicy
 from tessera.placement.preemption import Preemption, Victim, budget_violations, choose_victims
-from tessera.placement.qos import QosThresholds, qos_class
+from tessera.placement.qos import QosThresholds, qos_class, qos_lowered
 from tessera.placement.resize import ResizeRefusal, resize
 from tessera.placement.score import best_fits, choose, score_fits, score_nodes
 from tessera.placement.speed import SpeedProfiles
@@ -87,6 +88,7 @@ __all__ = [
     "placement_keys",
     "placement_of",
     "qos_class",
+    "qos_lowered",
     "release",
     "resize",
     "score_fits",

@@ -31,6 +31,7 @@ class FakeApi:
         self.fail_next_bind: ApiError | None = None
         self.lease_holder = ""
         self.lease_error: ApiError | None = None
+        self.events: list[tuple[str, str, str, bool]] = []  # (pod, reason, message, warning)
 
     def pod(self, name: str) -> JsonObject:
         if name not in self.pods:
@@ -53,6 +54,9 @@ class FakeApi:
         return [copy.deepcopy(p) for p in self.pods.values() if p["spec"].get("nodeName") == node], str(
             self.version
         )
+
+    async def create_event(self, pod: JsonObject, *, reason: str, message: str, warning: bool) -> None:
+        self.events.append((pod["metadata"]["name"], reason, message, warning))
 
     def touch(self, name: str) -> None:
         self.version += 1
@@ -420,6 +424,7 @@ def test_unchecked_reservations_are_bounded(state: ClusterState) -> None:
         (1_000_000, None, QosClass.LATENCY_CRITICAL),
         (-10, None, QosClass.BEST_EFFORT),
         (2_000_000_000, QosClass.BEST_EFFORT.value, QosClass.BEST_EFFORT),
+        (-10, QosClass.LATENCY_CRITICAL.value, QosClass.BEST_EFFORT),  # granted, not claimed
     ],
 )
 def test_bind_writes_the_pods_qos_class(
@@ -433,6 +438,23 @@ def test_bind_writes_the_pods_qos_class(
     ext.filter(api.pod("p"), ["n"])  # the reservation carries the class, and bind confirms it
     assert bind(ext, "default", "p", "uid-p", "n") == ""
     assert parse_allocation(api.pods["p"]["metadata"]["annotations"][KEYS.allocation]).qos == qos
+    lowered = [e for e in api.events if e[1] == "QosClassLowered"]
+    if annotation is not None and QosClass(annotation) != qos:
+        assert lowered == [("p", "QosClassLowered", lowered[0][2], True)]
+        assert lowered[0][2].startswith(f"asked for QoS class {annotation}, runs as {qos.value}")
+    else:
+        assert lowered == []
+
+
+def test_a_namespace_the_admin_lists_may_claim_latency_critical(state: ClusterState) -> None:
+    pod = api_pod("p", annotations={KEYS.qos: QosClass.LATENCY_CRITICAL.value})
+    pod["spec"]["priority"] = -10
+    api = FakeApi([pod])
+    ext = extender(state, api, QosThresholds(latency_critical_namespaces=frozenset({"default"})))
+    assert bind(ext, "default", "p", "uid-p", "n") == ""
+    allocation = parse_allocation(api.pods["p"]["metadata"]["annotations"][KEYS.allocation])
+    assert allocation.qos == QosClass.LATENCY_CRITICAL
+    assert api.events == []
 
 
 def test_thresholds_of_ones_own_decide_the_class(state: ClusterState) -> None:

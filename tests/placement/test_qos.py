@@ -1,11 +1,11 @@
-"""qos_class: a pod's QoS class from its annotation, else from its priority."""
+"""qos_class: a pod's QoS class, granted by its priority (or its namespace), lowered by its annotation."""
 
 from __future__ import annotations
 
 import pytest
 
 from tessera.contract import KEYS, ContractError, PodShapeError, QosClass, parse_preferences, pod_priority
-from tessera.placement import QosThresholds, qos_class
+from tessera.placement import QosThresholds, qos_class, qos_lowered
 
 DEFAULT = QosThresholds()
 
@@ -25,9 +25,35 @@ def test_the_priority_decides_when_the_pod_names_no_class(priority: int, expecte
     assert qos_class(None, priority, DEFAULT) == expected
 
 
-def test_the_annotation_wins_over_the_priority() -> None:
+def test_the_annotation_may_lower_the_class() -> None:
     assert qos_class(QosClass.BEST_EFFORT, 2_000_000_000, DEFAULT) == QosClass.BEST_EFFORT
-    assert qos_class(QosClass.LATENCY_CRITICAL, -5, DEFAULT) == QosClass.LATENCY_CRITICAL
+    assert qos_class(QosClass.STANDARD, 1_000_000, DEFAULT) == QosClass.STANDARD
+    assert qos_lowered(QosClass.BEST_EFFORT, 2_000_000_000, DEFAULT, "team-a") == ""
+
+
+@pytest.mark.parametrize(
+    ("asked", "priority", "given"),
+    [
+        (QosClass.LATENCY_CRITICAL, -5, QosClass.BEST_EFFORT),  # the scavenger that claimed the top
+        (QosClass.STANDARD, -5, QosClass.BEST_EFFORT),
+        (QosClass.LATENCY_CRITICAL, 0, QosClass.STANDARD),
+        (QosClass.LATENCY_CRITICAL, 999_999, QosClass.STANDARD),
+    ],
+)
+def test_the_annotation_cannot_raise_the_class(asked: QosClass, priority: int, given: QosClass) -> None:
+    assert qos_class(asked, priority, DEFAULT, "team-a") == given
+    why = qos_lowered(asked, priority, DEFAULT, "team-a")
+    assert why.startswith(f"asked for QoS class {asked.value}, runs as {given.value}: priority {priority}")
+    assert "namespace team-a is not one whose pods may ask for more" in why
+
+
+def test_a_listed_namespace_may_ask_for_any_class() -> None:
+    thresholds = QosThresholds(latency_critical_namespaces=frozenset({"inference"}))
+    assert qos_class(QosClass.LATENCY_CRITICAL, -5, thresholds, "inference") == QosClass.LATENCY_CRITICAL
+    assert qos_lowered(QosClass.LATENCY_CRITICAL, -5, thresholds, "inference") == ""
+    assert qos_class(QosClass.LATENCY_CRITICAL, -5, thresholds, "team-a") == QosClass.BEST_EFFORT
+    # Without an annotation the priority decides there too.
+    assert qos_class(None, -5, thresholds, "inference") == QosClass.BEST_EFFORT
 
 
 def test_thresholds_of_ones_own() -> None:

@@ -78,6 +78,9 @@ tolerations:
     - --filter-keeps={{ $ext.filterKeeps }}
     - --qos-latency-critical-priority={{ int64 $ext.qos.latencyCriticalPriority }}
     - --qos-best-effort-priority={{ int64 $ext.qos.bestEffortPriority }}
+    {{- with $ext.qos.latencyCriticalNamespaces }}
+    - --qos-latency-critical-namespaces={{ join "," . }}
+    {{- end }}
     {{- with $ext.bestEffortOversubscription }}
     {{- if .enabled }}
     - --best-effort-oversubscription
