@@ -129,7 +129,7 @@ def test_limits_file_wins_over_environment(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("version 4\n", "line 1: version 4 is not 1..3"),
+        ("version 5\n", "line 1: version 5 is not 1..4"),
         ("version 1\n", "no device lines"),
         ("device GPU-x memory 1 cores 0\n", "no `version 3` line"),
         (
