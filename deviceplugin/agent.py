@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deviceplugin.config import Config
@@ -30,7 +30,15 @@ from deviceplugin.matching import (
     preferred_devices,
     snapshot,
 )
-from deviceplugin.oversubscription import GpuPlan, Holder, measured_use, plan_gpu, usage_worth_publishing
+from deviceplugin.oversubscription import (
+    CONTEXT_ALLOWANCE_BYTES,
+    GpuPlan,
+    Holder,
+    driver_checked,
+    measured_use,
+    plan_gpu,
+    usage_worth_publishing,
+)
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
 from deviceplugin.podresources import Owners, PodResourcesError, container_devices
@@ -161,9 +169,14 @@ class Agent:
         # the last usage check, the limits last written per container, the pods being evicted (UID ->
         # when asked, monotonic), and the measured use the node annotation is to say.
         self.utilization: Callable[[str], int | None] = lambda _: None  # percent, from NVML
+        # The driver's truth, from NVML: per GPU, the memory each pod's processes hold (by pod UID)
+        # and the GPU's free memory; None where NVML cannot say (docs/deviceplugin.md).
+        self.driver_memory: Callable[[str], Mapping[str, int] | None] = lambda _: None
+        self.free_memory: Callable[[str], int | None] = lambda _: None
         self._plans: dict[str, GpuPlan[ContainerDir]] = {}
         self._written: dict[ContainerDir, tuple[DeviceLimit, ...]] = {}
         self._evicting: dict[str, float] = {}
+        self._claims_ignored: set[tuple[ContainerDir, str]] = set()
         self._usage: NodeGpuUsage | None = None
         self._published_usage: tuple[GpuUsage, ...] | None = None
         # The containers the last check measured, and those the last patch published.
@@ -796,6 +809,7 @@ class Agent:
                 holders[grant.uuid].append(
                     Holder(
                         key=where,
+                        pod=record.pod_uid,
                         qos=record.qos,
                         grant_bytes=grant.memory_mib * MIB,
                         oversubscribed=grant.oversubscribed and record.qos == QosClass.BEST_EFFORT,
@@ -811,8 +825,15 @@ class Agent:
         }
         evicting = frozenset(w for w, r in records.items() if r.pod_uid in self._evicting)
         margin = self.config.oversubscription_margin_mib * MIB
+        for gpu in self._gpus:
+            claimed = holders.get(gpu.uuid, [])
+            checked = driver_checked(claimed, self.driver_memory(gpu.uuid))
+            self._report_claims(gpu.uuid, claimed, checked)
+            holders[gpu.uuid] = checked
         plans = {
-            gpu.uuid: plan_gpu(gpu.memory_mib * MIB, holders.get(gpu.uuid, []), margin, evicting)
+            gpu.uuid: plan_gpu(
+                gpu.memory_mib * MIB, holders.get(gpu.uuid, []), margin, evicting, self.free_memory(gpu.uuid)
+            )
             for gpu in self._gpus
         }
         with self._lock:
@@ -839,6 +860,33 @@ class Agent:
             held = {h.key: h.used_bytes for h in holders.get(uuid, [])}
             for where in plan.evict:
                 self._evict(records[where], uuid, plan.shortfall_bytes, held[where])
+
+    def _report_claims(
+        self, uuid: str, claimed: list[Holder[ContainerDir]], checked: list[Holder[ContainerDir]]
+    ) -> None:
+        """Log, once per container and GPU, a region that claims more than its grant or more than the
+        driver says its pod holds (beyond a CUDA context's allowance): ignored for placement."""
+        seen = set()
+        for before, after in zip(claimed, checked, strict=True):
+            key = (before.key, uuid)
+            seen.add(key)
+            beyond = before.used_bytes - max(after.used_bytes, 0)
+            if beyond > CONTEXT_ALLOWANCE_BYTES or before.waiting_bytes > before.grant_bytes:
+                if key not in self._claims_ignored:
+                    log.warning(
+                        "container %s on GPU %s claims %d MiB held and %d MiB waited for; the driver and "
+                        "its grant of %d MiB bear out %d MiB: the claim is ignored",
+                        before.key.root.name,
+                        uuid,
+                        before.used_bytes // MIB,
+                        before.waiting_bytes // MIB,
+                        before.grant_bytes // MIB,
+                        after.used_bytes // MIB,
+                    )
+                    self._claims_ignored.add(key)
+            else:
+                self._claims_ignored.discard(key)
+        self._claims_ignored = {k for k in self._claims_ignored if k[1] != uuid or k in seen}
 
     def _evict(self, record: ServedRecord, uuid: str, shortfall: int, held: int) -> None:
         """Delete a best-effort pod that borrows memory a guaranteed container waits for, with a

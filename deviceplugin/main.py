@@ -17,7 +17,13 @@ from deviceplugin.agent import Agent
 from deviceplugin.config import Config, parse_config
 from deviceplugin.kube import Kube, load_api
 from deviceplugin.kubelet import run_registration
-from deviceplugin.metrics import OVER_QUOTA_REASON, AgentCollector, OverQuota, PluginMetrics
+from deviceplugin.metrics import (
+    OVER_QUOTA_REASON,
+    AgentCollector,
+    OverQuota,
+    PluginMetrics,
+    driver_memory_by_pod,
+)
 from deviceplugin.nvml import GpuReading, discover_gpus
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
@@ -47,6 +53,17 @@ def run(config: Config, stop: threading.Event) -> None:
         return None if read is None else round(read.utilization_ratio * 100)
 
     agent.utilization = utilization
+
+    def driver_memory(uuid: str) -> dict[str, int] | None:
+        by_pod = driver_memory_by_pod(uuid) if nvml is not None else None
+        return None if by_pod is None else {uid: held.used_bytes for uid, held in by_pod.items()}
+
+    def free_memory(uuid: str) -> int | None:
+        read = reading(uuid)
+        return None if read is None else max(0, read.memory_total_bytes - read.memory_used_bytes)
+
+    agent.driver_memory = driver_memory
+    agent.free_memory = free_memory
 
     # Events go out on their own thread: a scrape never waits for the API server.
     events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")

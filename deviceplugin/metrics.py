@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from deviceplugin.nvml import GpuReading
+from deviceplugin.oversubscription import CONTEXT_ALLOWANCE_BYTES
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
 from tessera.contract import MIB, GpuGrant, GpuInfo, NodeGpuUsage, QosClass
 
@@ -41,9 +42,6 @@ log = logging.getLogger(__name__)
 GPU_LABELS = ("Hostname", "UUID", "modelName")
 CONTAINER_LABELS = ("namespace", "pod", "container", "Hostname", "UUID", "modelName")
 POD_LABELS = ("namespace", "pod", "Hostname", "UUID", "modelName")
-# CUDA contexts hold device memory the hook does not count (a few hundred MiB per process on real
-# GPUs): a pod is over quota only beyond its quotas plus this much per process.
-CONTEXT_ALLOWANCE_BYTES = 512 * MIB
 PROC = Path("/proc")
 # The pod's UID in a cgroup path: ".../pod<uid>/<container>" (cgroupfs) or
 # ".../kubepods-besteffort-pod<uid with _>.slice/..." (systemd).
@@ -100,6 +98,38 @@ def pod_uid_of(pid: int, proc: Path = PROC) -> str | None:
         return None
     found = _POD_IN_CGROUP.search(text)
     return found.group(1).replace("_", "-") if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class PodMemory:
+    """What the driver says a pod's processes hold on one GPU."""
+
+    used_bytes: int
+    processes: int
+
+
+def driver_memory_by_pod(
+    uuid: str,
+    processes: Callable[[str], tuple[GpuProcess, ...] | None] = nvml_processes,
+    pod_of_pid: Callable[[int], str | None] = pod_uid_of,
+) -> dict[str, PodMemory] | None:
+    """Per pod UID, the device memory its processes hold on the GPU by NVML (a process's pod from its
+    cgroup); None when NVML cannot say, or when it lists processes of which none is in a pod (the
+    agent does not see the host's processes: not in the host's PID namespace). Processes in no pod
+    are left out."""
+    found = processes(uuid)
+    if found is None:
+        return None
+    used: dict[str, int] = defaultdict(int)
+    count: dict[str, int] = defaultdict(int)
+    for process in found:
+        pod_uid = pod_of_pid(process.pid)
+        if pod_uid is not None:
+            used[pod_uid] += process.memory_used_bytes
+            count[pod_uid] += 1
+    if found and not used:
+        return None
+    return {uid: PodMemory(used[uid], count[uid]) for uid in used}
 
 
 # Allocate reads the pod from the agent's cache (milliseconds) or, on a miss, from the API server
@@ -365,23 +395,17 @@ class AgentCollector(Collector):
                 quota[record.pod_uid, grant.uuid] += grant.memory_mib * MIB
         now_over: set[tuple[str, str]] = set()
         for gpu in inventory:
-            found = self._processes(gpu.uuid)
-            if found is None:
+            by_pod = driver_memory_by_pod(gpu.uuid, self._processes, self._pod_of_pid)
+            if by_pod is None:
                 continue
-            used: dict[str, int] = defaultdict(int)
-            count: dict[str, int] = defaultdict(int)
-            for process in found:
-                pod_uid = self._pod_of_pid(process.pid)
-                if pod_uid in names:
-                    used[pod_uid] += process.memory_used_bytes
-                    count[pod_uid] += 1
             for pod_uid, (namespace, pod) in names.items():
-                if (pod_uid, gpu.uuid) not in quota and pod_uid not in used:
+                if (pod_uid, gpu.uuid) not in quota and pod_uid not in by_pod:
                     continue
                 labels = (namespace, pod, self._node, gpu.uuid, gpu.model)
-                allowed = quota[pod_uid, gpu.uuid] + CONTEXT_ALLOWANCE_BYTES * count[pod_uid]
-                exceeds = used[pod_uid] > allowed
-                held.add_metric(labels, used[pod_uid])
+                driver = by_pod.get(pod_uid, PodMemory(0, 0))
+                allowed = quota[pod_uid, gpu.uuid] + CONTEXT_ALLOWANCE_BYTES * driver.processes
+                exceeds = driver.used_bytes > allowed
+                held.add_metric(labels, driver.used_bytes)
                 over.add_metric(labels, 1.0 if exceeds else 0.0)
                 if exceeds:
                     now_over.add((pod_uid, gpu.uuid))
@@ -391,7 +415,7 @@ class AgentCollector(Collector):
                             pod,
                             pod_uid,
                             gpu.uuid,
-                            used[pod_uid] // MIB,
+                            driver.used_bytes // MIB,
                             quota[pod_uid, gpu.uuid] // MIB,
                         )
                         log.warning("pod %s/%s %s", namespace, pod, found_over.message)

@@ -8,17 +8,27 @@ already holds (shrinking frees nothing: its new allocations are refused until us
 guaranteed container still cannot get memory within its quota (the hook publishes the bytes its
 allocations wait for), oversubscribed best-effort containers on the GPU are evicted, newest first,
 until what they hold covers the wait. The agent applies the plan (:mod:`deviceplugin.agent`).
+
+A container's region is its own to write: what it says it holds or waits for is a claim. Measured
+use comes from the driver (:func:`driver_checked`): each claim is cut to the container's grant, and
+where NVML attributes memory to the pod, the pod's containers together hold what NVML says, whatever
+their regions claim; a wait evicts only what NVML confirms is missing (the GPU's free memory by the
+driver falls short of it), never on a container's word alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from tessera.contract import MIB, GpuUsage, QosClass
 
 Key = TypeVar("Key", bound=Hashable)
+
+# CUDA contexts hold device memory the hook does not count (a few hundred MiB per process on real
+# GPUs): a pod is over its quota by the driver only beyond its quotas plus this much per process.
+CONTEXT_ALLOWANCE_BYTES = 512 * MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +36,7 @@ class Holder(Generic[Key]):
     """One container's share of one GPU, as its grant and its accounting region say."""
 
     key: Key
+    pod: str  # the pod's UID: NVML attributes memory to pods (by the processes' cgroups)
     qos: QosClass
     grant_bytes: int
     oversubscribed: bool
@@ -52,12 +63,48 @@ class GpuPlan(Generic[Key]):
     evict: tuple[Key, ...]
 
 
+def driver_checked(holders: Sequence[Holder[Key]], by_pod: Mapping[str, int] | None) -> list[Holder[Key]]:
+    """``holders`` with what they hold and wait for as far as the driver bears them out: each cut
+    to the container's grant; with ``by_pod`` (bytes per pod UID by NVML on this GPU; None when NVML
+    cannot say), each pod's containers hold together exactly what NVML says, shared in proportion to
+    their (cut) claims, or to their grants when they all claim nothing."""
+    cut = [
+        replace(
+            h,
+            used_bytes=max(0, min(h.used_bytes, h.grant_bytes)),
+            waiting_bytes=max(0, min(h.waiting_bytes, h.grant_bytes)),
+        )
+        for h in holders
+    ]
+    if by_pod is None:
+        return cut
+    pods: dict[str, list[Holder[Key]]] = {}
+    for h in cut:
+        pods.setdefault(h.pod, []).append(h)
+    checked: list[Holder[Key]] = []
+    for pod, members in pods.items():
+        truth = by_pod.get(pod, 0)
+        claimed = sum(h.used_bytes for h in members)
+        weights = [h.used_bytes for h in members] if claimed else [h.grant_bytes for h in members]
+        total_weight = sum(weights) or 1
+        shares = [truth * w // total_weight for w in weights]
+        shares[0] += truth - sum(shares)  # what integer division left over
+        checked.extend(replace(h, used_bytes=share) for h, share in zip(members, shares, strict=True))
+    return checked
+
+
 def plan_gpu(
-    total_bytes: int, holders: Sequence[Holder[Key]], margin_bytes: int, evicting: frozenset[Key]
+    total_bytes: int,
+    holders: Sequence[Holder[Key]],
+    margin_bytes: int,
+    evicting: frozenset[Key],
+    free_bytes: int | None = None,
 ) -> GpuPlan[Key]:
     """The quotas and evictions of one GPU of ``total_bytes``; ``evicting``: containers whose
-    eviction is under way (what they hold counts as coming back). The smallest quota is one byte
-    (a limits file's memory is positive), which refuses every allocation."""
+    eviction is under way (what they hold counts as coming back); ``free_bytes``: the GPU's free
+    memory by the driver (None: unknown, and nothing is evicted: a wait alone is a container's word).
+    The smallest quota is one byte (a limits file's memory is positive), which refuses every
+    allocation."""
     used = sum(h.used_bytes for h in holders)
     quotas = {
         h.key: max(min(h.grant_bytes, total_bytes - (used - h.used_bytes) - margin_bytes), h.used_bytes, 1)
@@ -65,8 +112,10 @@ def plan_gpu(
         if h.oversubscribed and not h.guaranteed
     }
     waiting = sum(h.waiting_bytes for h in holders if h.guaranteed)
+    # Only what the GPU lacks by the driver is missing: a wait the free memory covers is no shortage.
+    confirmed = 0 if free_bytes is None else max(0, waiting - free_bytes)
     coming_back = sum(h.used_bytes for h in holders if h.key in evicting)
-    shortfall = max(0, waiting - coming_back)
+    shortfall = max(0, confirmed - coming_back)
     evict: list[Key] = []
     candidates = sorted(
         (h for h in holders if h.key in quotas and h.key not in evicting and h.used_bytes > 0),

@@ -4,9 +4,17 @@ use is published on real change only."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from deviceplugin.oversubscription import Holder, measured_use, plan_gpu, usage_worth_publishing
+from deviceplugin.oversubscription import (
+    Holder,
+    driver_checked,
+    measured_use,
+    plan_gpu,
+    usage_worth_publishing,
+)
 from tessera.contract import MIB, GpuUsage, QosClass
 
 GPU = 16384 * MIB
@@ -25,6 +33,7 @@ def holder(
 ) -> Holder[str]:
     return Holder(
         key=key,
+        pod=f"uid-{key}",
         qos=qos,
         grant_bytes=grant * MIB,
         oversubscribed=oversubscribed,
@@ -85,7 +94,7 @@ def test_a_wait_evicts_borrowers_newest_first_until_what_they_hold_covers_it() -
         borrower("new", 4096, used=2048, served_at=3.0),
         borrower("idle", 4096, used=0, served_at=4.0),  # holds nothing: evicting it frees nothing
     ]
-    plan = plan_gpu(GPU, holders, MARGIN, frozenset())
+    plan = plan_gpu(GPU, holders, MARGIN, frozenset(), free_bytes=0)
     assert plan.shortfall_bytes == 3000 * MIB
     assert plan.evict == ("new", "mid")
 
@@ -96,10 +105,49 @@ def test_evictions_under_way_count_as_memory_coming_back() -> None:
         borrower("old", 4096, used=3072, served_at=1.0),
         borrower("new", 4096, used=2048, served_at=3.0),
     ]
-    plan = plan_gpu(GPU, holders, MARGIN, frozenset({"new"}))
+    plan = plan_gpu(GPU, holders, MARGIN, frozenset({"new"}), free_bytes=0)
     assert plan.shortfall_bytes == 952 * MIB
     assert plan.evict == ("old",)
-    assert plan_gpu(GPU, holders, MARGIN, frozenset({"new", "old"})).evict == ()
+    assert plan_gpu(GPU, holders, MARGIN, frozenset({"new", "old"}), free_bytes=0).evict == ()
+
+
+def test_a_wait_evicts_only_what_the_driver_confirms_is_missing() -> None:
+    """A guaranteed container's region says it waits for 4096 MiB (it could write that itself): with
+    the GPU's free memory by the driver covering it, nobody is evicted; short by 1000 MiB, borrowers
+    holding 1000 MiB are; with NVML unable to say, nobody."""
+    holders = [
+        guaranteed("g", 16384, used=4096, waiting=4096),
+        borrower("old", 4096, used=1024, served_at=1.0),
+        borrower("new", 4096, used=1024, served_at=2.0),
+    ]
+    assert plan_gpu(GPU, holders, MARGIN, frozenset(), free_bytes=8192 * MIB).evict == ()
+    short = plan_gpu(GPU, holders, MARGIN, frozenset(), free_bytes=3096 * MIB)
+    assert (short.shortfall_bytes, short.evict) == (1000 * MIB, ("new",))
+    assert plan_gpu(GPU, holders, MARGIN, frozenset(), free_bytes=None).evict == ()
+
+
+def test_measured_use_is_the_drivers_not_the_regions() -> None:
+    """A region forged to say 1,000,000 MiB on a 16 GiB GPU counts its grant at most, and with NVML's
+    word its pod's actual holding; a zeroed region whose pod NVML shows holding 2 GiB counts 2 GiB."""
+    forged = guaranteed("forged", 4096, used=1_000_000, waiting=1_000_000)
+    zeroed = guaranteed("zeroed", 4096, used=0)
+    honest = guaranteed("honest", 4096, used=1024)
+    cut = driver_checked([forged, zeroed, honest], None)
+    assert [(h.used_bytes // MIB, h.waiting_bytes // MIB) for h in cut] == [(4096, 4096), (0, 0), (1024, 0)]
+    by_driver = {"uid-forged": 300 * MIB, "uid-zeroed": 2048 * MIB, "uid-honest": 1024 * MIB}
+    checked = driver_checked([forged, zeroed, honest], by_driver)
+    assert [h.used_bytes // MIB for h in checked] == [300, 2048, 1024]
+    assert measured_use("GPU-0", checked, 0).guaranteed_used_mib == 300 + 2048 + 1024
+
+
+def test_a_pods_containers_share_what_the_driver_says_the_pod_holds() -> None:
+    first = dataclasses.replace(holder("a", QosClass.STANDARD, grant=4096, used=3000), pod="uid-pod")
+    second = dataclasses.replace(holder("b", QosClass.STANDARD, grant=4096, used=1000), pod="uid-pod")
+    checked = driver_checked([first, second], {"uid-pod": 2000 * MIB})
+    assert [h.used_bytes // MIB for h in checked] == [1500, 500]
+    # Both zeroed: shared by their grants.
+    zeroed = [dataclasses.replace(h, used_bytes=0) for h in (first, second)]
+    assert [h.used_bytes // MIB for h in driver_checked(zeroed, {"uid-pod": 2000 * MIB})] == [1000, 1000]
 
 
 def test_measured_use_rounds_up_and_splits_the_guaranteed_part() -> None:
@@ -108,7 +156,7 @@ def test_measured_use_rounds_up_and_splits_the_guaranteed_part() -> None:
     assert use == GpuUsage(
         uuid="GPU-0", memory_used_mib=150, guaranteed_used_mib=100, utilization_percent=100
     )
-    one_byte = Holder("k", QosClass.STANDARD, MIB, False, 1, 0, 0.0)
+    one_byte = Holder("k", "uid-k", QosClass.STANDARD, MIB, False, 1, 0, 0.0)
     assert measured_use("GPU-0", [one_byte], 5).memory_used_mib == 1
 
 

@@ -131,7 +131,7 @@ def test_limits_file_wins_over_environment(
     [
         ("version 5\n", "line 1: version 5 is not 1..4"),
         ("version 1\n", "no device lines"),
-        ("device GPU-x memory 1 cores 0\n", "no `version 3` line"),
+        ("device GPU-x memory 1 cores 0\n", "no `version 4` line"),
         (
             "version 2\ndevice GPU-x memory 1 cores 0\noversubscribed GPU-x wait 10\n",
             "line 3: `oversubscribed` needs `version 3` (or later) before it",
