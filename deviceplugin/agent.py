@@ -30,6 +30,7 @@ from deviceplugin.matching import (
     preferred_devices,
     snapshot,
 )
+from deviceplugin.mps_daemon import mps_paths
 from deviceplugin.oversubscription import (
     CONTEXT_ALLOWANCE_BYTES,
     GpuPlan,
@@ -43,6 +44,7 @@ from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
 from deviceplugin.podresources import Owners, PodResourcesError, container_devices
 from deviceplugin.response import ContainerAnswer, answer_for, resized_grants
+from deviceplugin.sharing import MpsPolicy
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir, create_state_dir
 from hook.limits import DeviceLimit, write_limits
 from tessera.contract import (
@@ -56,6 +58,7 @@ from tessera.contract import (
     NodeGpuUsage,
     Phase,
     QosClass,
+    SharingMode,
     dump_gpu_usage,
     dump_inventory,
     format_time,
@@ -76,6 +79,8 @@ CONFIRM_FIRST_PAUSE = 0.05
 CONFIRM_MAX_PAUSE = 1.0
 # The Warning event on a best-effort pod evicted to give borrowed GPU memory back.
 EVICTED_REASON = "TesseraBestEffortEvicted"
+# The Warning event on each pod served under MPS when the node's MPS control daemon was restarted.
+MPS_RESTARTED_REASON = "TesseraMpsDaemonRestarted"
 # A GPU's utilisation published before the next heartbeat once it moved by this many points.
 USAGE_CHANGE_PERCENT = 10
 # An eviction asked for is asked again (the pod still served) after its grace period and this long.
@@ -118,12 +123,19 @@ class Agent:
         cache: PodCache | None = None,
         phases: PhaseWriter | None = None,
         pod_resources: Callable[[], Owners | None] | None = None,
+        sharing: SharingMode | None = None,
     ) -> None:
         """``cache``: the pods on the node, read by Allocate before the API (None: the API only).
         ``phases``: writes the ``allocated`` phase once the kubelet admitted a pod; whoever runs the
         agent runs its loop (``phases.run``), or drains it. ``pod_resources``: which container the
-        kubelet gave each device set to (default: its pod-resources API at the configured socket)."""
+        kubelet gave each device set to (default: its pod-resources API at the configured socket).
+        ``sharing``: the node's mode (default ``--sharing``; the caller decides it from the Node's
+        label, :func:`deviceplugin.sharing.node_sharing_mode`)."""
         self.config = config
+        self.sharing = config.sharing if sharing is None else sharing
+        # Under MPS: each container's client settings by class, and the daemon's directories.
+        self.mps_policy = MpsPolicy(config.mps_best_effort_threads)
+        self.mps_paths = mps_paths(config.state_dir)
         self.kube = kube
         self.state = state
         self.cache = cache
@@ -405,6 +417,7 @@ class Agent:
                 self.state,
                 self.state.unused_container(c.pod.uid, c.container),
                 self.config.hook_library,
+                mps=self.mps_paths if self.sharing == SharingMode.MPS else None,
             )
             for c, ids in zip(chosen, requests, strict=True)
         ]
@@ -520,7 +533,13 @@ class Agent:
         """Write the container's limits file (atomically: the hook in each of its processes follows
         it within 100 ms); under the lock."""
         limits = self._limits_for(where, record)
-        write_limits(where.limits, limits, qos=record.qos, coordination=CONTAINER_COORDINATION_DIR)
+        write_limits(
+            where.limits,
+            limits,
+            qos=record.qos,
+            coordination=CONTAINER_COORDINATION_DIR,
+            mps=self.mps_policy.client(record.qos) if record.mps else None,
+        )
         self._written[where] = limits
 
     # ---------------------------------------------------------------------------------------------
@@ -914,6 +933,20 @@ class Agent:
             self.kube.warn(pod, EVICTED_REASON, message)
         except Exception as e:
             log.warning("pod %s: cannot record event: %s", pod_ref(pod.namespace, pod.name), e)
+
+    def warn_mps_clients(self, message: str) -> int:
+        """A Warning event on each pod with a container served under MPS (the node's MPS control
+        daemon was restarted: ``message`` says so); returns how many pods were told."""
+        with self._lock:
+            pods = {
+                r.pod_uid: PodTarget(r.namespace, r.pod, r.pod_uid) for r in self._records.values() if r.mps
+            }
+        for pod in pods.values():
+            try:
+                self.kube.warn(pod, MPS_RESTARTED_REASON, message)
+            except Exception as e:
+                log.warning("pod %s: cannot record event: %s", pod_ref(pod.namespace, pod.name), e)
+        return len(pods)
 
     def _borrowing(self) -> bool:
         """Whether a served container borrows memory (an oversubscribed best-effort grant)."""

@@ -11,7 +11,16 @@ from pathlib import Path
 
 from hook.limits import MAX_SHORTFALL_WAIT_MS
 from tessera.cliargs import non_negative_int, port_or_zero, positive_int, seconds
-from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, ContractError, ContractKeys, keys_for
+from tessera.contract import (
+    DEFAULT_DOMAIN,
+    DOMAIN_ENV,
+    MAX_CORES,
+    ContractError,
+    ContractKeys,
+    SharingMode,
+    keys_for,
+    parse_sharing_mode,
+)
 from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -19,6 +28,7 @@ DEFAULT_HOOK_LIBRARY = Path("/usr/local/tessera/libvgpu.so")
 DEFAULT_STATE_DIR = Path("/var/lib/tessera")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_MPS_CONTROL = "nvidia-cuda-mps-control"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +56,11 @@ class Config:
     # a GPU's use moved by this much.
     usage_publish_seconds: float = 5.0
     usage_change_mib: int = 256
+    # MPS mode (docs/deviceplugin.md "MPS mode"): the mode of a node without the sharing label, the
+    # best-effort containers' share of each GPU's threads, and the MPS control program.
+    sharing: SharingMode = SharingMode.TIMESLICE
+    mps_best_effort_threads: int = 50
+    mps_control: str = DEFAULT_MPS_CONTROL
 
     @property
     def kubelet_socket(self) -> Path:
@@ -187,7 +202,42 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="a GPU's measured use is patched before the next heartbeat only once it moved by this much "
         "(env TESSERA_USAGE_CHANGE_MIB, default %(default)s)",
     )
+    p.add_argument(
+        "--sharing",
+        type=_sharing,
+        default=env("TESSERA_SHARING", SharingMode.TIMESLICE.value),
+        help="how the node's GPUs are shared when its Node has no <domain>/sharing label: timeslice "
+        "(contexts of their own) or mps (clients of one MPS control daemon); the label, when set, "
+        "decides (env TESSERA_SHARING, default %(default)s)",
+    )
+    p.add_argument(
+        "--mps-best-effort-threads",
+        type=_threads,
+        default=env("TESSERA_MPS_BEST_EFFORT_THREADS", "50"),
+        help="in MPS mode, the percent of each GPU's threads a best-effort container's kernels may use, "
+        "1-100 (env TESSERA_MPS_BEST_EFFORT_THREADS, default %(default)s)",
+    )
+    p.add_argument(
+        "--mps-control",
+        default=env("TESSERA_MPS_CONTROL", DEFAULT_MPS_CONTROL),
+        help="in MPS mode, the MPS control program the agent starts as the node's daemon (env "
+        "TESSERA_MPS_CONTROL, default %(default)s)",
+    )
     return p
+
+
+def _sharing(text: str) -> SharingMode:
+    try:
+        return parse_sharing_mode(text, source="sharing mode")
+    except ContractError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _threads(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_CORES:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside 1..{MAX_CORES}")
+    return value
 
 
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
@@ -230,4 +280,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         eviction_grace_seconds=args.eviction_grace_seconds,
         usage_publish_seconds=args.usage_publish_seconds,
         usage_change_mib=args.usage_change_mib,
+        sharing=args.sharing,
+        mps_best_effort_threads=args.mps_best_effort_threads,
+        mps_control=args.mps_control,
     )

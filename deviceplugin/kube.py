@@ -254,6 +254,17 @@ class Kube:
             if e.status not in (HTTP_NOT_FOUND, HTTP_CONFLICT):  # gone, or another pod of that name now
                 raise
 
+    def node_labels(self) -> dict[str, str]:
+        """This node's labels (its sharing mode among them). Raises :class:`KubeUnavailableError`."""
+        try:
+            response = self._core.read_node(
+                self.node, _preload_content=False, _request_timeout=(CONNECT_SECONDS, READ_SECONDS)
+            )
+            labels: dict[str, str] = json.loads(response.data)["metadata"].get("labels") or {}
+        except API_ERRORS as e:
+            raise _unavailable(f"read node {self.node}", e) from None
+        return labels
+
     def node_annotations(self) -> dict[str, str]:
         response = self._core.read_node(self.node, _preload_content=False)
         annotations: dict[str, str] = json.loads(response.data)["metadata"].get("annotations") or {}

@@ -24,12 +24,15 @@ from deviceplugin.metrics import (
     PluginMetrics,
     driver_memory_by_pod,
 )
+from deviceplugin.mps_daemon import MpsDaemon, MpsPaths, mps_paths
 from deviceplugin.nvml import GpuReading, discover_gpus
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
 from deviceplugin.process import serve_until_signalled
+from deviceplugin.sharing import node_sharing_mode
 from deviceplugin.statedir import StateDir
 from hook._library import LIBRARY_ENV
+from tessera.contract import CONTAINER_MPS_SHM_DIR, SharingMode
 
 log = logging.getLogger("tessera-device-plugin")
 
@@ -41,9 +44,17 @@ def run(config: Config, stop: threading.Event) -> None:
     state = StateDir(config.state_dir)
     state.prepare()
     nvml, gpus = discover_gpus(config.split)
+    sharing = node_sharing_mode(kube.node_labels(), config.keys, config.node_name, config.sharing)
+    log.info("node %s: GPUs shared by %s", config.node_name, sharing.value)
+    daemon = None
+    if sharing == SharingMode.MPS and gpus:
+        # Before the kubelet hears of the agent: no container is served before its daemon runs.
+        daemon = MpsDaemon(config.mps_control, mps_paths(config.state_dir), [g.uuid for g in gpus])
+        daemon.ensure()
+        _check_shm(daemon.paths)
     cache = PodCache(kube)
     phases = PhaseWriter(kube)
-    agent = Agent(config, gpus, kube, state, cache=cache, phases=phases)
+    agent = Agent(config, gpus, kube, state, cache=cache, phases=phases, sharing=sharing)
 
     def reading(uuid: str) -> GpuReading | None:
         return nvml.reading(uuid) if nvml is not None else None
@@ -76,6 +87,9 @@ def run(config: Config, stop: threading.Event) -> None:
                 log.warning("pod %s/%s: cannot record event: %s", over.namespace, over.name, e)
 
         events.submit(send)
+
+    if daemon is not None:
+        daemon.on_restart = lambda message: events.submit(agent.warn_mps_clients, message)
 
     registry = CollectorRegistry()
     registry.register(
@@ -111,6 +125,8 @@ def run(config: Config, stop: threading.Event) -> None:
         threads.append(
             threading.Thread(target=agent.run_presence_checks, args=(nvml.present, stop), name="presence")
         )
+    if daemon is not None:  # never stopped by the agent: its clients would end with it
+        threads.append(threading.Thread(target=daemon.watch, args=(stop,), name="mps"))
     for thread in threads:
         thread.start()
     try:
@@ -128,6 +144,25 @@ def run(config: Config, stop: threading.Event) -> None:
         if nvml is not None:
             nvml.close()
         log.info("stopped")
+
+
+def _check_shm(paths: MpsPaths) -> None:
+    """Say so when the daemon's /dev/shm is not the directory containers get as theirs (the chart
+    mounts it so): the server and its clients would not share memory, and clients could not connect."""
+    try:
+        same = os.path.samefile(CONTAINER_MPS_SHM_DIR, paths.shm)
+    except OSError:
+        same = False
+    if not same:
+        log.warning(
+            "MPS: %s is not %s, which containers get as their %s: mount %s at %s in the agent's "
+            "container (the chart does), or MPS clients may not reach the server",
+            CONTAINER_MPS_SHM_DIR,
+            paths.shm,
+            CONTAINER_MPS_SHM_DIR,
+            paths.shm,
+            CONTAINER_MPS_SHM_DIR,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

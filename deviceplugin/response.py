@@ -8,12 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deviceplugin.matching import InFlight
+from deviceplugin.mps_daemon import MpsPaths
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
     CONTAINER_LIMITS_DIR,
+    CONTAINER_MPS_PIPE_DIR,
+    CONTAINER_MPS_SHM_DIR,
     CONTAINER_STATE_DIR,
     COORDINATION_SLOT_SUFFIX,
     Allocation,
@@ -55,10 +58,27 @@ def hook_mounts(where: ContainerDir, state: StateDir, hook_library: Path) -> tup
     )
 
 
+def mps_mounts(paths: MpsPaths) -> tuple[MountSpec, ...]:
+    """What a container on a node in MPS mode gets besides: the daemon's pipe directory, through
+    which its processes connect (read-write), and the /dev/shm the daemon's server shares with its
+    clients (read-write; NVIDIA's device plugin and DRA driver mount the daemon's /dev/shm alike)."""
+    return (
+        MountSpec(CONTAINER_MPS_PIPE_DIR, str(paths.pipe), read_only=False),
+        MountSpec(CONTAINER_MPS_SHM_DIR, str(paths.shm), read_only=False),
+    )
+
+
 def answer_for(
-    container: InFlight, device_ids: Sequence[str], state: StateDir, where: ContainerDir, hook_library: Path
+    container: InFlight,
+    device_ids: Sequence[str],
+    state: StateDir,
+    where: ContainerDir,
+    hook_library: Path,
+    *,
+    mps: MpsPaths | None = None,
 ) -> ContainerAnswer:
-    """The answer for ``container``, its files in ``where`` (:meth:`StateDir.unused_container`)."""
+    """The answer for ``container``, its files in ``where`` (:meth:`StateDir.unused_container`);
+    ``mps``: the node's MPS daemon's directories on a node in MPS mode (None: time-sliced)."""
     uuids = [g.uuid for g in container.grants]
     slots = tuple(
         state.coordination_slot(uuid, container.qos, container.pod.uid, where.root.name) for uuid in uuids
@@ -79,7 +99,11 @@ def answer_for(
     ]
     return ContainerAnswer(
         envs={VISIBLE_DEVICES_ENV: ",".join(uuids)},
-        mounts=(*hook_mounts(where, state, hook_library), *coordination),
+        mounts=(
+            *hook_mounts(where, state, hook_library),
+            *coordination,
+            *(mps_mounts(mps) if mps is not None else ()),
+        ),
         where=where,
         qos=container.qos,
         slots=slots,
@@ -92,6 +116,7 @@ def answer_for(
             device_ids=tuple(device_ids),
             qos=container.qos,
             served_at=time.time(),
+            mps=mps is not None,
         ),
     )
 

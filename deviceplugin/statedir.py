@@ -85,6 +85,9 @@ class ServedRecord(BaseModel):
     # before this was kept): best-effort containers that borrow memory are evicted newest first.
     qos: QosClass = QosClass.STANDARD
     served_at: float = 0.0
+    # Served on a node in MPS mode: the container has the daemon's pipe directory and /dev/shm, and
+    # its limits file keeps its `mps` line for its life, whatever the node's mode later.
+    mps: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +213,10 @@ class StateDir:
             return None
 
     def write_record(self, where: ContainerDir, record: ServedRecord) -> None:
-        write_atomically(where.record, record.model_dump_json(), mode=0o644)
+        # Without `mps` when false, so that an agent of before MPS mode still reads the records of a
+        # time-sliced node (it refuses a field it does not know, and would serve the container again).
+        text = record.model_dump_json(exclude=None if record.mps else {"mps"})
+        write_atomically(where.record, text, mode=0o644)
 
     @staticmethod
     def remove_record(where: ContainerDir) -> None:

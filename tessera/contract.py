@@ -55,6 +55,11 @@ CONTAINER_LD_SO_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_COORDINATION_DIR = "/var/run/tessera/coordination"
 COORDINATION_SLOT_SUFFIX = ".slot"
 COORDINATION_SLOT_BYTES = 64
+# On a node in MPS mode (docs/deviceplugin.md, "MPS mode"): the node's MPS control daemon's pipe
+# directory (read-write: a client connects through it) and the daemon's /dev/shm (the server and its
+# clients share memory through it), both mounted into every container with a GPU share.
+CONTAINER_MPS_PIPE_DIR = "/var/run/tessera/mps"
+CONTAINER_MPS_SHM_DIR = "/dev/shm"
 
 MAX_CORES = 100
 # Quotas are MiB on the wire (resources, annotations) and bytes in the hook's limits file.
@@ -130,6 +135,29 @@ class Policy(StrEnum):
     FRAGMENTATION = "fragmentation"
 
 
+class SharingMode(StrEnum):
+    """How a node's GPUs are shared (docs/install.md, "MPS node pools"), by its Node's
+    :attr:`ContractKeys.node_sharing` label.
+
+    ``timeslice``: every container's processes have contexts of their own, which the GPU time-slices.
+    ``mps``: every container's processes are clients of the node's MPS control daemon; their kernels
+    run side by side in one server context per GPU.
+    """
+
+    TIMESLICE = "timeslice"
+    MPS = "mps"
+
+
+def parse_sharing_mode(value: str, *, source: str) -> SharingMode:
+    """``value`` as a :class:`SharingMode`; ``source`` names where it came from (the label and the
+    node, a flag) in the :class:`ContractError` a bad value raises."""
+    try:
+        return SharingMode(value)
+    except ValueError:
+        allowed = " or ".join(m.value for m in SharingMode)
+        raise ContractError(f"{source}: {value!r} is not {allowed}") from None
+
+
 class QosClass(StrEnum):
     """A pod's class on a shared GPU (docs/placement.md, "QoS classes").
 
@@ -172,6 +200,12 @@ class ContractKeys:
     def node_gpu_usage(self) -> str:
         """What each GPU really uses, measured by the node agent (:class:`NodeGpuUsage`)."""
         return f"{self.domain}/gpu-usage"
+
+    @property
+    def node_sharing(self) -> str:
+        """A label of a Node, set by the cluster's admins per node pool: its GPUs' :class:`SharingMode`
+        (absent: the node agent's ``--sharing``, by default ``timeslice``)."""
+        return f"{self.domain}/sharing"
 
     @property
     def gpu_models(self) -> str:

@@ -14,7 +14,7 @@ import yaml
 from kubernetes import client
 
 from sandbox.controlplane import ControlPlane, find_binaries
-from tessera.contract import KEYS, ContractError, Policy, keys_for
+from tessera.contract import KEYS, ContractError, Policy, SharingMode, keys_for
 
 pytestmark = pytest.mark.k8s
 
@@ -333,6 +333,8 @@ def test_schema_policy_enum_is_the_contracts() -> None:
         (Path(__file__).resolve().parents[2] / "charts" / "tessera" / "values.schema.json").read_text()
     )
     assert schema["properties"]["extender"]["properties"]["policy"]["enum"] == [p.value for p in Policy]
+    sharing = schema["properties"]["devicePlugin"]["properties"]["sharing"]["enum"]
+    assert sharing == [m.value for m in SharingMode]
     pattern = schema["properties"]["domain"]["pattern"]
     for domain in ("tessera.io", "gpu.example.com", "Bad_Domain", "-x.io", "a..b"):
         try:
