@@ -8,14 +8,27 @@ per-container files and reports results to the API. Decisions are made by the pu
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from deviceplugin.config import Config
+from deviceplugin.config import OVER_QUOTA_STOP, Config
 from deviceplugin.devices import GpuHealth, VirtualDevice, virtual_devices, with_health
+from deviceplugin.driveruse import (
+    CONTEXT_ALLOWANCE_BYTES,
+    OVER_QUOTA_REASON,
+    UNMANAGED_REASON,
+    GpuHolders,
+    OverQuota,
+    OverQuotaTimer,
+    PodMemory,
+    over_quota,
+    unmanaged_bytes,
+)
 from deviceplugin.identity import corrected_records
 from deviceplugin.kube import FreshReads, Kube, KubeUnavailableError
 from deviceplugin.matching import (
@@ -32,7 +45,6 @@ from deviceplugin.matching import (
 )
 from deviceplugin.mps_daemon import mps_paths
 from deviceplugin.oversubscription import (
-    CONTEXT_ALLOWANCE_BYTES,
     GpuPlan,
     Holder,
     driver_checked,
@@ -181,10 +193,16 @@ class Agent:
         # the last usage check, the limits last written per container, the pods being evicted (UID ->
         # when asked, monotonic), and the measured use the node annotation is to say.
         self.utilization: Callable[[str], int | None] = lambda _: None  # percent, from NVML
-        # The driver's truth, from NVML: per GPU, the memory each pod's processes hold (by pod UID)
-        # and the GPU's free memory; None where NVML cannot say (docs/deviceplugin.md).
-        self.driver_memory: Callable[[str], Mapping[str, int] | None] = lambda _: None
+        # The driver's word, from NVML: per GPU, what each pod's processes hold, and the GPU's free
+        # memory; None where NVML cannot say (deviceplugin/driveruse.py). Over-quota pods are
+        # stopped by killing their processes on the GPU (host PIDs: the agent runs in the host's
+        # PID namespace).
+        self.gpu_holders: Callable[[str], GpuHolders | None] = lambda _: None
         self.free_memory: Callable[[str], int | None] = lambda _: None
+        self.kill: Callable[[int], None] = _kill
+        self.clock: Callable[[], float] = time.monotonic  # the over-quota grace's
+        self._over_quota = OverQuotaTimer(config.over_quota_grace_seconds)
+        self._unmanaged_told: set[tuple[str, str]] = set()
         self._plans: dict[str, GpuPlan[ContainerDir]] = {}
         self._written: dict[ContainerDir, tuple[DeviceLimit, ...]] = {}
         self._evicting: dict[str, float] = {}
@@ -844,9 +862,12 @@ class Agent:
         }
         evicting = frozenset(w for w, r in records.items() if r.pod_uid in self._evicting)
         margin = self.config.oversubscription_margin_mib * MIB
+        drivers = {gpu.uuid: self.gpu_holders(gpu.uuid) for gpu in self._gpus}
         for gpu in self._gpus:
             claimed = holders.get(gpu.uuid, [])
-            checked = driver_checked(claimed, self.driver_memory(gpu.uuid))
+            driver = drivers[gpu.uuid]
+            by_pod = None if driver is None else {uid: held.used_bytes for uid, held in driver.pods.items()}
+            checked = driver_checked(claimed, by_pod)
             self._report_claims(gpu.uuid, claimed, checked)
             holders[gpu.uuid] = checked
         plans = {
@@ -879,6 +900,70 @@ class Agent:
             held = {h.key: h.used_bytes for h in holders.get(uuid, [])}
             for where in plan.evict:
                 self._evict(records[where], uuid, plan.shortfall_bytes, held[where])
+        self._act_on_the_driver(records, drivers)
+
+    def _act_on_the_driver(
+        self, records: Mapping[ContainerDir, ServedRecord], drivers: Mapping[str, GpuHolders | None]
+    ) -> None:
+        """Stop pods that stay over their quota by the driver (or report them), and tell pods that
+        use a GPU Tessera did not give them (deviceplugin/driveruse.py)."""
+        quotas: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        pods: dict[str, ServedRecord] = {}
+        for record in records.values():
+            pods[record.pod_uid] = record
+            for grant in record.gpus:
+                quotas[grant.uuid][record.pod_uid] += grant.memory_mib * MIB
+        over: dict[tuple[str, str], PodMemory] = {}
+        unmanaged: set[tuple[str, str]] = set()
+        for uuid, driver in drivers.items():
+            if driver is None:
+                continue
+            for uid, held in over_quota(quotas[uuid], driver).items():
+                over[uid, uuid] = held
+            for uid, used in unmanaged_bytes(quotas[uuid].keys(), driver).items():
+                if uid and used:
+                    unmanaged.add((uid, uuid))
+                    if (uid, uuid) not in self._unmanaged_told:
+                        self._tell_unmanaged(uid, uuid, used)
+        self._unmanaged_told = unmanaged
+        for uid, uuid in self._over_quota.due(over, self.clock()):
+            record = pods[uid]
+            held = over[uid, uuid]
+            found = OverQuota(
+                record.namespace, record.pod, uid, uuid, held.used_bytes // MIB, quotas[uuid][uid] // MIB
+            )
+            if self.config.over_quota_action == OVER_QUOTA_STOP:
+                for pid in held.pids:
+                    self.kill(pid)
+                action = f"; its processes on this GPU were stopped (PIDs {', '.join(map(str, held.pids))})"
+            else:
+                action = "; reported only (--over-quota-action report)"
+            log.warning("pod %s %s%s", pod_ref(record.namespace, record.pod), found.message, action)
+            self._warn(
+                PodTarget(record.namespace, record.pod, uid), OVER_QUOTA_REASON, found.message + action
+            )
+
+    def _tell_unmanaged(self, uid: str, uuid: str, used: int) -> None:
+        """A Warning event on a pod whose processes hold memory on a GPU Tessera did not give it."""
+        node_pod = self.cache.pod(uid) if self.cache is not None else None
+        message = (
+            f"holds {-(-used // MIB)} MiB on GPU {uuid} by NVML without a Tessera allocation there: it "
+            "reached the GPU around Tessera (no hook, no quota), e.g. through NVIDIA_VISIBLE_DEVICES"
+        )
+        if node_pod is None:
+            log.warning("pod with UID %s %s", uid, message)
+            return
+        view = node_pod.view
+        log.warning("pod %s %s", pod_ref(view.namespace, view.name), message)
+        self._warn(PodTarget(view.namespace, view.name, view.uid), UNMANAGED_REASON, message)
+
+    def _warn(self, target: PodTarget, reason: str, message: str) -> None:
+        try:
+            self.kube.warn(target, reason, message)
+        except Exception as e:  # an event is told once; the log has it anyway
+            log.warning(
+                "pod %s: cannot record event %s: %s", pod_ref(target.namespace, target.name), reason, e
+            )
 
     def _report_claims(
         self, uuid: str, claimed: list[Holder[ContainerDir]], checked: list[Holder[ContainerDir]]
@@ -979,6 +1064,14 @@ class Agent:
         while not stop.wait(self.config.health_poll_seconds):
             for uuid in self.gpu_uuids:
                 self.record_presence(uuid, present(uuid))
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a process over its quota; one gone meanwhile, or not ours to signal, is logged."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError) as e:
+        log.warning("process %d: cannot stop it: %s", pid, e)
 
 
 def _refs(records: dict[ContainerDir, ServedRecord]) -> set[ContainerRef]:

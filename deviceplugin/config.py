@@ -28,6 +28,8 @@ DEFAULT_HOOK_LIBRARY = Path("/usr/local/tessera/libvgpu.so")
 DEFAULT_STATE_DIR = Path("/var/lib/tessera")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 KUBELET_SOCKET = "kubelet.sock"
+# What the agent does with a pod its driver's word shows over its memory quota (deviceplugin/driveruse.py).
+OVER_QUOTA_STOP, OVER_QUOTA_REPORT = "stop", "report"
 DEFAULT_MPS_CONTROL = "nvidia-cuda-mps-control"
 
 
@@ -56,6 +58,10 @@ class Config:
     # a GPU's use moved by this much.
     usage_publish_seconds: float = 5.0
     usage_change_mib: int = 256
+    # A pod over its memory quota by NVML for this long is stopped (its processes on the GPU killed),
+    # or only reported.
+    over_quota_action: str = OVER_QUOTA_STOP
+    over_quota_grace_seconds: float = 5.0
     # MPS mode (docs/deviceplugin.md "MPS mode"): the mode of a node without the sharing label, the
     # best-effort containers' share of each GPU's threads, and the MPS control program.
     sharing: SharingMode = SharingMode.TIMESLICE
@@ -223,6 +229,21 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="in MPS mode, the MPS control program the agent starts as the node's daemon (env "
         "TESSERA_MPS_CONTROL, default %(default)s)",
     )
+    p.add_argument(
+        "--over-quota-action",
+        choices=(OVER_QUOTA_STOP, OVER_QUOTA_REPORT),
+        default=env("TESSERA_OVER_QUOTA_ACTION", OVER_QUOTA_STOP),
+        help="a pod whose processes hold more of a GPU than its quotas allow, by NVML, for the grace "
+        "period: stop its processes on that GPU (with an event), or only report it (env "
+        "TESSERA_OVER_QUOTA_ACTION, default %(default)s)",
+    )
+    p.add_argument(
+        "--over-quota-grace-seconds",
+        type=seconds,
+        default=env("TESSERA_OVER_QUOTA_GRACE_SECONDS", "5"),
+        help="how long a pod may stay over its memory quota by NVML before it is stopped (env "
+        "TESSERA_OVER_QUOTA_GRACE_SECONDS, default %(default)s)",
+    )
     return p
 
 
@@ -280,6 +301,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         eviction_grace_seconds=args.eviction_grace_seconds,
         usage_publish_seconds=args.usage_publish_seconds,
         usage_change_mib=args.usage_change_mib,
+        over_quota_action=args.over_quota_action,
+        over_quota_grace_seconds=args.over_quota_grace_seconds,
         sharing=args.sharing,
         mps_best_effort_threads=args.mps_best_effort_threads,
         mps_control=args.mps_control,

@@ -15,15 +15,10 @@ from prometheus_client.registry import CollectorRegistry
 
 from deviceplugin.agent import Agent
 from deviceplugin.config import Config, parse_config
+from deviceplugin.driveruse import GpuHolders, gpu_holders
 from deviceplugin.kube import Kube, load_api
 from deviceplugin.kubelet import run_registration
-from deviceplugin.metrics import (
-    OVER_QUOTA_REASON,
-    AgentCollector,
-    OverQuota,
-    PluginMetrics,
-    driver_memory_by_pod,
-)
+from deviceplugin.metrics import AgentCollector, PluginMetrics
 from deviceplugin.mps_daemon import MpsDaemon, MpsPaths, mps_paths
 from deviceplugin.nvml import GpuReading, discover_gpus
 from deviceplugin.phases import PhaseWriter
@@ -65,28 +60,18 @@ def run(config: Config, stop: threading.Event) -> None:
 
     agent.utilization = utilization
 
-    def driver_memory(uuid: str) -> dict[str, int] | None:
-        by_pod = driver_memory_by_pod(uuid) if nvml is not None else None
-        return None if by_pod is None else {uid: held.used_bytes for uid, held in by_pod.items()}
+    def driver_holders(uuid: str) -> GpuHolders | None:
+        return gpu_holders(uuid) if nvml is not None else None
 
     def free_memory(uuid: str) -> int | None:
         read = reading(uuid)
         return None if read is None else max(0, read.memory_total_bytes - read.memory_used_bytes)
 
-    agent.driver_memory = driver_memory
+    agent.gpu_holders = driver_holders
     agent.free_memory = free_memory
 
-    # Events go out on their own thread: a scrape never waits for the API server.
+    # Events go out on their own thread: a caller never waits for the API server.
     events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
-
-    def warn_over(over: OverQuota) -> None:
-        def send() -> None:
-            try:
-                kube.warn(over, OVER_QUOTA_REASON, over.message)
-            except Exception as e:
-                log.warning("pod %s/%s: cannot record event: %s", over.namespace, over.name, e)
-
-        events.submit(send)
 
     if daemon is not None:
         daemon.on_restart = lambda message: events.submit(agent.warn_mps_clients, message)
@@ -98,7 +83,6 @@ def run(config: Config, stop: threading.Event) -> None:
             agent.inventory,
             reading,
             state,
-            report_over=warn_over,
             measured=agent.measured_usage,
         )
     )

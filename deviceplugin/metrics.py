@@ -16,20 +16,24 @@ GPU allow, by metric and by a warning in the log (docs/security.md).
 from __future__ import annotations
 
 import logging
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
-import pynvml
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from deviceplugin.driveruse import (
+    GpuProcess,
+    PodMemory,
+    allowed_bytes,
+    gpu_holders,
+    nvml_processes,
+    pod_uid_of,
+    unmanaged_bytes,
+)
 from deviceplugin.nvml import GpuReading
-from deviceplugin.oversubscription import CONTEXT_ALLOWANCE_BYTES
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
 from tessera.contract import MIB, GpuGrant, GpuInfo, NodeGpuUsage, QosClass
 
@@ -42,94 +46,6 @@ log = logging.getLogger(__name__)
 GPU_LABELS = ("Hostname", "UUID", "modelName")
 CONTAINER_LABELS = ("namespace", "pod", "container", "Hostname", "UUID", "modelName")
 POD_LABELS = ("namespace", "pod", "Hostname", "UUID", "modelName")
-PROC = Path("/proc")
-# The pod's UID in a cgroup path: ".../pod<uid>/<container>" (cgroupfs) or
-# ".../kubepods-besteffort-pod<uid with _>.slice/..." (systemd).
-_POD_IN_CGROUP = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
-
-
-# The Warning event on a pod found over its quota (`kubectl describe pod` shows it).
-OVER_QUOTA_REASON = "TesseraGpuMemoryOverQuota"
-
-
-@dataclass(frozen=True, slots=True)
-class OverQuota:
-    """A pod whose processes hold more of a GPU's memory, by the driver, than its quotas allow."""
-
-    namespace: str
-    name: str
-    uid: str
-    gpu: str
-    used_mib: int
-    quota_mib: int
-
-    @property
-    def message(self) -> str:
-        return (
-            f"holds {self.used_mib} MiB on GPU {self.gpu} by NVML, over its quota of {self.quota_mib} MiB: "
-            "its accounting region was bypassed or forged"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    """A process on a GPU as the driver reports it: host PID, device memory it holds."""
-
-    pid: int
-    memory_used_bytes: int
-
-
-def nvml_processes(uuid: str) -> tuple[GpuProcess, ...] | None:
-    """The GPU's compute processes from NVML (the agent's session); None when NVML cannot say."""
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-        infos = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-    except pynvml.NVMLError as e:
-        log.debug("GPU %s: no per-process memory from NVML: %s", uuid, e)
-        return None
-    return tuple(GpuProcess(int(p.pid), int(p.usedGpuMemory or 0)) for p in infos)
-
-
-def pod_uid_of(pid: int, proc: Path = PROC) -> str | None:
-    """The UID of the pod whose cgroup holds the process, None if it is in no pod's (or gone)."""
-    try:
-        text = (proc / str(pid) / "cgroup").read_text()
-    except OSError:
-        return None
-    found = _POD_IN_CGROUP.search(text)
-    return found.group(1).replace("_", "-") if found else None
-
-
-@dataclass(frozen=True, slots=True)
-class PodMemory:
-    """What the driver says a pod's processes hold on one GPU."""
-
-    used_bytes: int
-    processes: int
-
-
-def driver_memory_by_pod(
-    uuid: str,
-    processes: Callable[[str], tuple[GpuProcess, ...] | None] = nvml_processes,
-    pod_of_pid: Callable[[int], str | None] = pod_uid_of,
-) -> dict[str, PodMemory] | None:
-    """Per pod UID, the device memory its processes hold on the GPU by NVML (a process's pod from its
-    cgroup); None when NVML cannot say, or when it lists processes of which none is in a pod (the
-    agent does not see the host's processes: not in the host's PID namespace). Processes in no pod
-    are left out."""
-    found = processes(uuid)
-    if found is None:
-        return None
-    used: dict[str, int] = defaultdict(int)
-    count: dict[str, int] = defaultdict(int)
-    for process in found:
-        pod_uid = pod_of_pid(process.pid)
-        if pod_uid is not None:
-            used[pod_uid] += process.memory_used_bytes
-            count[pod_uid] += 1
-    if found and not used:
-        return None
-    return {uid: PodMemory(used[uid], count[uid]) for uid in used}
 
 
 # Allocate reads the pod from the agent's cache (milliseconds) or, on a miss, from the API server
@@ -192,7 +108,6 @@ class AgentCollector(Collector):
         *,
         processes: Callable[[str], tuple[GpuProcess, ...] | None] = nvml_processes,
         pod_of_pid: Callable[[int], str | None] = pod_uid_of,
-        report_over: Callable[[OverQuota], None] = lambda _: None,
         measured: Callable[[], NodeGpuUsage | None] = lambda: None,
     ) -> None:
         self._node = node
@@ -201,10 +116,8 @@ class AgentCollector(Collector):
         self._state = state
         self._processes = processes
         self._pod_of_pid = pod_of_pid
-        self._report_over = report_over  # told once when a pod goes over (an event on the pod)
         self._measured = measured  # each GPU's use as the node agent publishes it
         # (pod UID, GPU) found over quota at the last scrape: each is logged when it starts and ends.
-        self._over: set[tuple[str, str]] = set()
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         # One read of the inventory and of the served records per scrape, shared by every family.
@@ -375,8 +288,10 @@ class AgentCollector(Collector):
         yield from (quota, used, peak, refused, cores, busy, throttled)
 
     def _driver_crosscheck(self, inventory: Inventory, records: Records) -> Iterator[GaugeMetricFamily]:
-        """Per pod and GPU: device memory its processes hold by NVML, and whether that exceeds
-        what its containers' quotas allow there (whatever their regions say)."""
+        """Per pod and GPU: device memory its processes hold by NVML, and whether that exceeds what
+        its containers' quotas allow there (whatever their regions say); per GPU, what processes of
+        pods Tessera did not give it, or of no pod, hold (the node agent acts on both and records
+        the events: :mod:`deviceplugin.driveruse`)."""
         held = GaugeMetricFamily(
             "tessera_pod_gpu_memory_driver_bytes",
             "GPU memory the pod's processes hold, as the driver (NVML) reports it",
@@ -387,41 +302,33 @@ class AgentCollector(Collector):
             "1 if the pod's processes hold more GPU memory than its quotas allow (by NVML)",
             labels=POD_LABELS,
         )
+        unmanaged = GaugeMetricFamily(
+            "tessera_gpu_memory_unmanaged_bytes",
+            "GPU memory held by processes of pods Tessera did not give this GPU, or of no pod (by NVML)",
+            labels=GPU_LABELS,
+        )
         quota: dict[tuple[str, str], int] = defaultdict(int)
         names: dict[str, tuple[str, str]] = {}
         for _, record in records:
             names[record.pod_uid] = (record.namespace, record.pod)
             for grant in record.gpus:
                 quota[record.pod_uid, grant.uuid] += grant.memory_mib * MIB
-        now_over: set[tuple[str, str]] = set()
         for gpu in inventory:
-            by_pod = driver_memory_by_pod(gpu.uuid, self._processes, self._pod_of_pid)
-            if by_pod is None:
+            holders = gpu_holders(gpu.uuid, self._processes, self._pod_of_pid)
+            if holders is None:
                 continue
+            served = {uid for uid, uuid in quota if uuid == gpu.uuid}
+            unmanaged.add_metric(
+                (self._node, gpu.uuid, gpu.model), sum(unmanaged_bytes(served, holders).values())
+            )
             for pod_uid, (namespace, pod) in names.items():
-                if (pod_uid, gpu.uuid) not in quota and pod_uid not in by_pod:
+                if (pod_uid, gpu.uuid) not in quota and pod_uid not in holders.pods:
                     continue
                 labels = (namespace, pod, self._node, gpu.uuid, gpu.model)
-                driver = by_pod.get(pod_uid, PodMemory(0, 0))
-                allowed = quota[pod_uid, gpu.uuid] + CONTEXT_ALLOWANCE_BYTES * driver.processes
-                exceeds = driver.used_bytes > allowed
+                driver = holders.pods.get(pod_uid, PodMemory(0, ()))
                 held.add_metric(labels, driver.used_bytes)
-                over.add_metric(labels, 1.0 if exceeds else 0.0)
-                if exceeds:
-                    now_over.add((pod_uid, gpu.uuid))
-                    if (pod_uid, gpu.uuid) not in self._over:
-                        found_over = OverQuota(
-                            namespace,
-                            pod,
-                            pod_uid,
-                            gpu.uuid,
-                            driver.used_bytes // MIB,
-                            quota[pod_uid, gpu.uuid] // MIB,
-                        )
-                        log.warning("pod %s/%s %s", namespace, pod, found_over.message)
-                        self._report_over(found_over)
-        for pod_uid, uuid in self._over - now_over:
-            namespace, pod = names.get(pod_uid, ("?", pod_uid))
-            log.info("pod %s/%s is back within its quota on GPU %s", namespace, pod, uuid)
-        self._over = now_over
-        yield from (held, over)
+                over.add_metric(
+                    labels,
+                    1.0 if driver.used_bytes > allowed_bytes(quota[pod_uid, gpu.uuid], driver) else 0.0,
+                )
+        yield from (held, over, unmanaged)

@@ -26,10 +26,6 @@ from tessera.contract import MIB, GpuUsage, QosClass
 
 Key = TypeVar("Key", bound=Hashable)
 
-# CUDA contexts hold device memory the hook does not count (a few hundred MiB per process on real
-# GPUs): a pod is over its quota by the driver only beyond its quotas plus this much per process.
-CONTEXT_ALLOWANCE_BYTES = 512 * MIB
-
 
 @dataclass(frozen=True, slots=True)
 class Holder(Generic[Key]):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -139,11 +139,14 @@ def make_agent(
     pods: list[PodView],
     cache: bool = False,
     pod_resources: Callable[[], Owners | None] = lambda: None,
+    flags: Sequence[str] = (),
 ) -> tuple[Agent, MemoryKube]:
     """The agent on ``pods``; ``pod_resources`` stands in for the kubelet's pod-resources API (by
-    default a kubelet without it: the pods matched are taken as admitted)."""
+    default a kubelet without it: the pods matched are taken as admitted); ``flags``: more of its
+    command line."""
     config = parse_config(
-        [f"--node-name={NODE}", f"--state-dir={tmp_path}", "--hook-library=/opt/libvgpu.so"], environ={}
+        [f"--node-name={NODE}", f"--state-dir={tmp_path}", "--hook-library=/opt/libvgpu.so", *flags],
+        environ={},
     )
     state = StateDir(config.state_dir)
     state.prepare()

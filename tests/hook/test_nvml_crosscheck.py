@@ -1,19 +1,18 @@
 """Accounting a container cannot forge, detected: the node agent's metrics sum what the driver
 (NVML) reports per process for each pod and flag a pod holding more than its quotas allow, whatever
-its region says. Here the fake GPU's NVML reports the processes; a pod's "escape" is a process that
-runs without the hook (as one that zeroed or deleted its region would be counted)."""
+its region says, and what processes of pods Tessera did not serve hold. Here the fake GPU's NVML
+reports the processes; a pod's "escape" is a process that runs without the hook (as one that zeroed
+or deleted its region would be counted). What the agent then does is tests/deviceplugin/test_driveruse.py's."""
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from deviceplugin.metrics import AgentCollector, GpuProcess, OverQuota, pod_uid_of
+from deviceplugin.driveruse import GpuProcess, pod_uid_of
+from deviceplugin.metrics import AgentCollector
 from deviceplugin.statedir import REGION_NAME, ServedRecord, StateDir
 from tessera.contract import GpuGrant, GpuInfo
 from tests.hook.conftest import GIB, Clients, FakeGpus
@@ -42,7 +41,7 @@ def driver_view(gpu: FakeGpus) -> Callable[[str], tuple[GpuProcess, ...]]:
 
 
 def test_a_pod_holding_more_than_its_quota_by_nvml_is_reported(
-    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
 ) -> None:
     state = StateDir(tmp_path / "state-dir")
     pods = {}
@@ -62,10 +61,12 @@ def test_a_pod_holding_more_than_its_quota_by_nvml_is_reported(
         gpu.env(TESSERA_MEMORY_LIMIT="1g", TESSERA_REGION=str(pods["honest"].state / REGION_NAME)),
     )
     greedy = processes.start([clients.dynamic, "dlsym", "alloc", "3g", "hold"], gpu.env(hooked=False))
-    for process in (honest, greedy):
+    # A pod Tessera never served, on the same GPU (NVIDIA_VISIBLE_DEVICES=all, no hook).
+    outsider = processes.start([clients.dynamic, "dlsym", "alloc", "2g", "hold"], gpu.env(hooked=False))
+    for process in (honest, greedy, outsider):
         assert process.stdout is not None
         assert [process.stdout.readline().strip() for _ in range(2)] == ["ok 0", "holding"]
-    owners = {honest.pid: "uid-honest", greedy.pid: "uid-greedy"}
+    owners = {honest.pid: "uid-honest", greedy.pid: "uid-greedy", outsider.pid: "uid-outsider"}
     inventory = (
         GpuInfo(
             uuid=gpu.uuids[0],
@@ -77,41 +78,23 @@ def test_a_pod_holding_more_than_its_quota_by_nvml_is_reported(
             split=4,
         ),
     )
-    reported: list[OverQuota] = []
     collector = AgentCollector(
-        "node",
-        lambda: inventory,
-        lambda uuid: None,
-        state,
-        processes=driver_view(gpu),
-        pod_of_pid=owners.get,
-        report_over=reported.append,
+        "node", lambda: inventory, lambda uuid: None, state, processes=driver_view(gpu), pod_of_pid=owners.get
     )
-    with caplog.at_level(logging.INFO, logger="deviceplugin.metrics"):
-        families = {family.name: family for family in collector.collect()}
+    families = {family.name: family for family in collector.collect()}
     held = {s.labels["pod"]: s.value for s in families["tessera_pod_gpu_memory_driver_bytes"].samples}
     over = {s.labels["pod"]: s.value for s in families["tessera_pod_gpu_memory_over_quota"].samples}
     assert held == {"greedy": 3 * GIB, "honest": GIB}
     assert over == {"greedy": 1.0, "honest": 0.0}
     regions = {s.labels["pod"]: s.value for s in families["tessera_container_memory_used_bytes"].samples}
     assert regions == {"greedy": 0, "honest": GIB}  # what the regions say: the greedy one looks idle
-    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert "pod ns/greedy holds 3072 MiB on GPU" in warning and "over its quota of 1024 MiB" in warning
-    # and told once, for an event on the pod
-    assert reported == [OverQuota("ns", "greedy", "uid-greedy", gpu.uuids[0], 3072, 1024)]
-    list(collector.collect())
-    assert len(reported) == 1
+    (unmanaged,) = families["tessera_gpu_memory_unmanaged_bytes"].samples
+    assert unmanaged.value == 2 * GIB and unmanaged.labels["UUID"] == gpu.uuids[0]
 
-    # Logged when it starts and when it ends, not at every scrape.
-    caplog.clear()
     Processes.stop(greedy)
-    with caplog.at_level(logging.INFO, logger="deviceplugin.metrics"):
-        families = {family.name: family for family in collector.collect()}
+    families = {family.name: family for family in collector.collect()}
     over = {s.labels["pod"]: s.value for s in families["tessera_pod_gpu_memory_over_quota"].samples}
     assert over == {"greedy": 0.0, "honest": 0.0}
-    assert [r.getMessage() for r in caplog.records] == [
-        f"pod ns/greedy is back within its quota on GPU {gpu.uuids[0]}"
-    ]
 
 
 def test_a_process_pod_is_read_from_its_cgroup(tmp_path: Path) -> None:

@@ -220,7 +220,7 @@ def test_the_alerts_load_and_evaluate(prometheus: Prometheus) -> None:
         ):
             break
         time.sleep(0.5)
-    assert len(rules) == 8
+    assert len(rules) == 9
     assert {name: r["health"] for name, r in rules.items()} == dict.fromkeys(rules, "ok")
     # Nothing is wrong with these exporters: no alert fires (the tripwires least of all).
     assert prometheus.get("/api/v1/alerts")["alerts"] == []
