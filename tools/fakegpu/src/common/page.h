@@ -91,6 +91,8 @@ struct fg_page {
     uint64_t mem_used;
     uint32_t ring_next; /* index of the next busy record to write */
     uint32_t ring_count;
+    uint32_t slot_limit; /* 1 + the highest slot ever claimed: the scheduler looks no further */
+    uint32_t unused;
     struct fg_sched sched;
     struct fg_proc_slot procs[FG_MAX_PROCS];
     struct fg_busy ring[FG_RING];

@@ -29,6 +29,7 @@ struct model {
     int commit; /* the page's own state: write completion times and busy records */
     int active[FG_MAX_PROCS]; /* slots with queued work when the model started */
     int nactive;
+    int nmps; /* of them MPS clients: without any, the MPS server is never runnable */
     int target; /* a prediction: the slot and item whose completion ends the run, else -1 */
     uint64_t target_seq;
     uint64_t target_end;
@@ -64,6 +65,8 @@ static int runnable(const struct model *m, int e, uint64_t t)
 {
     if (e != FG_MPS)
         return !is_mps(m, e) && eligible(m, e, t);
+    if (!m->nmps)
+        return 0;
     for (int k = 0; k < m->nactive; k++)
         if (is_mps(m, m->active[k]) && eligible(m, m->active[k], t))
             return 1;
@@ -93,6 +96,8 @@ static int pick(const struct model *m, uint64_t t, int except)
     int best = -1;
     uint64_t best_since = NEVER;
     for (int k = 0; k <= m->nactive; k++) {
+        if (k == m->nactive && !m->nmps)
+            break;
         int e = k < m->nactive ? m->active[k] : FG_MPS;
         if (e == except || (e != FG_MPS && is_mps(m, e)) || !runnable(m, e, t))
             continue;
@@ -346,9 +351,14 @@ static void model_init(struct model *m, struct fg_shared *s, struct fg_sched *g,
     m->target_seq = 0;
     m->target_end = NEVER;
     m->nactive = 0;
-    for (int i = 0; i < FG_MAX_PROCS; i++)
-        if (pending(m, i))
+    int limit = s->page->slot_limit < FG_MAX_PROCS ? (int)s->page->slot_limit : FG_MAX_PROCS;
+    m->nmps = 0;
+    for (int i = 0; i < limit; i++) {
+        if (pending(m, i)) {
             m->active[m->nactive++] = i;
+            m->nmps += is_mps(m, i);
+        }
+    }
 }
 
 /* Drops slot i's queued work at `t`, as if it had all completed then. */

@@ -150,6 +150,8 @@ static struct fg_proc_slot *own_slot(struct fg_shared *s)
             *slot = (struct fg_proc_slot){
                 .used = 1, .pid = getpid(), .generation = generation ? generation : 1, .pidns = fg_own_pidns()};
             s->page->sched.run[i] = (struct fg_run){0};
+            if (s->page->slot_limit < (uint32_t)i + 1)
+                s->page->slot_limit = (uint32_t)i + 1;
             s->slot = i;
             s->slot_pid = getpid();
             return slot;

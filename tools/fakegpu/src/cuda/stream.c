@@ -300,31 +300,34 @@ FG_API CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, un
     return cuEventRecordWithFlags(hEvent, hStream, flags);
 }
 
-/* 1 if the event completed (then *done_ns: when), waiting for it first if `wait`. */
-static int event_done(CUevent e, int wait, uint64_t *done_ns)
+/* 1 if the recorded event completed, and then its time in e->done_ns; fg_lock held. fg_work_done
+ * takes the page lock inside fg_lock, the lock order of launches too. */
+static int event_resolve(CUevent e)
+{
+    uint64_t end;
+    if (e->resolved)
+        return 1;
+    if (!fg_work_done(e->shared, e->ref, &end))
+        return 0;
+    e->done_ns = end > e->record_ns ? end : e->record_ns;
+    e->resolved = 1;
+    return 1;
+}
+
+/* 1 if the event completed (or was never recorded), waiting for it first if `wait`. */
+static int event_done(CUevent e, int wait)
 {
     pthread_mutex_lock(&fg_lock);
-    struct CUevent_st copy = *e;
+    int done = !e->recorded || event_resolve(e);
+    struct fg_shared *shared = e->shared;
+    struct fg_ref ref = e->ref;
     pthread_mutex_unlock(&fg_lock);
-    if (!copy.recorded) {
-        *done_ns = 0;
-        return 1;
-    }
-    if (copy.resolved) {
-        *done_ns = copy.done_ns;
-        return 1;
-    }
-    uint64_t end;
-    if (wait)
-        end = fg_work_wait(copy.shared, copy.ref);
-    else if (!fg_work_done(copy.shared, copy.ref, &end))
-        return 0;
-    *done_ns = end > copy.record_ns ? end : copy.record_ns;
+    if (done || !wait)
+        return done;
+    fg_work_wait(shared, ref); /* without fg_lock: other threads go on meanwhile */
     pthread_mutex_lock(&fg_lock);
-    if (e->magic == FG_MAGIC_EVENT && e->ref.seq == copy.ref.seq && e->record_ns == copy.record_ns) {
-        e->done_ns = *done_ns;
-        e->resolved = 1;
-    }
+    if (e->magic == FG_MAGIC_EVENT && e->recorded)
+        event_resolve(e);
     pthread_mutex_unlock(&fg_lock);
     return 1;
 }
@@ -334,8 +337,7 @@ FG_API CUresult cuEventQuery(CUevent hEvent)
     CUresult rc = resolve_event(hEvent);
     if (rc != CUDA_SUCCESS)
         return rc;
-    uint64_t done;
-    return event_done(hEvent, 0, &done) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return event_done(hEvent, 0) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 FG_API CUresult cuEventSynchronize(CUevent hEvent)
@@ -343,8 +345,7 @@ FG_API CUresult cuEventSynchronize(CUevent hEvent)
     CUresult rc = resolve_event(hEvent);
     if (rc != CUDA_SUCCESS)
         return rc;
-    uint64_t done;
-    event_done(hEvent, 1, &done);
+    event_done(hEvent, 1);
     return CUDA_SUCCESS;
 }
 
@@ -358,16 +359,14 @@ FG_API CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUev
     if (!pMilliseconds)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fg_lock);
-    int recorded = hStart->recorded && hEnd->recorded;
-    unsigned flags = hStart->flags | hEnd->flags;
+    if (!hStart->recorded || !hEnd->recorded || ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING))
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    else if (!event_resolve(hStart) || !event_resolve(hEnd))
+        rc = CUDA_ERROR_NOT_READY;
+    else
+        *pMilliseconds = (float)((double)((int64_t)(hEnd->done_ns - hStart->done_ns)) / 1e6);
     pthread_mutex_unlock(&fg_lock);
-    if (!recorded || (flags & CU_EVENT_DISABLE_TIMING))
-        return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t a, b;
-    if (!event_done(hStart, 0, &a) || !event_done(hEnd, 0, &b))
-        return CUDA_ERROR_NOT_READY;
-    *pMilliseconds = (float)((double)((int64_t)(b - a)) / 1e6);
-    return CUDA_SUCCESS;
+    return rc;
 }
 
 FG_API CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
