@@ -37,9 +37,15 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
     fakegpu.build()
     hook = fakegpu.build_hook()
     tmp = tmp_path_factory.mktemp("replay")
-    h200 = fakegpu.example_gpu(0, model="NVIDIA H200", memory_mib=143771, sm_count=132, compute_capability="9.0")
+    h200 = fakegpu.example_gpu(
+        0, model="NVIDIA H200", memory_mib=143771, sm_count=132, compute_capability="9.0"
+    )
     config = fakegpu.write_config(tmp / "gpus.conf", [h200])
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NVIDIA_", "LD_PRELOAD", "TESSERA_"))}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CUDA_", "NVIDIA_", "LD_PRELOAD", "TESSERA_"))
+    }
     env = fakegpu.client_env(config, tmp / "state", base)
     # The stand-in nvidia-cuda-mps-control, found on the PATH as the real one is.
     env["PATH"] = f"{fakegpu.BIN_DIR}:{env.get('PATH', '')}"

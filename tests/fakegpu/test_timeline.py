@@ -121,7 +121,13 @@ def mps(gpus: Gpus, procs: ClientProcesses, tmp_path: Path) -> Iterator[dict[str
         yield variables
     finally:
         stopped = subprocess.run(
-            [mps_control()], input="quit\n", env=gpus.env(**variables), capture_output=True, text=True, timeout=30
+            [mps_control()],
+            check=False,
+            input="quit\n",
+            env=gpus.env(**variables),
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert stopped.returncode == 0, stopped.stderr
         assert "quit" in (tmp_path / "mps-log" / "control.log").read_text()
@@ -158,7 +164,9 @@ def test_nvml_utilization_under_mps_counts_concurrent_kernels_once(
     gpus: Gpus, procs: ClientProcesses, mps: dict[str, str]
 ) -> None:
     half = gpus.env(**mps, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="50")
-    clients = [procs.start([CUCLIENT, "launch", "sleep_us_5000", "1", "1000", "hold"], half) for _ in range(2)]
+    clients = [
+        procs.start([CUCLIENT, "launch", "sleep_us_5000", "1", "1000", "hold"], half) for _ in range(2)
+    ]
     for client in clients:
         procs.expect(client, "launch")
     time.sleep(0.3)  # a full 200 ms sample window of work
