@@ -202,6 +202,13 @@ def test_cu_get_proc_address_honours_the_abi_version(built: object) -> None:
         ("gpu name=x uuid=GPU-00000000-0000-4000-8000-000000000000 memory=1GiB cc=8.0 pci=0:1:0.0", "'sms'"),
         ("gpu name=x colour=red", "unknown gpu field 'colour'"),
         ("driver util_window_ms=5", "field 'util_window_ms': bad value '5'"),
+        ("driver timeslice_us=0", "field 'timeslice_us': bad value '0' (want 1 to 10000000)"),
+        ("driver switch_us=-3", "field 'switch_us': bad value '-3' (want 0 to 1000000)"),
+        (
+            "gpu name=x uuid=GPU-00000000-0000-4000-8000-000000000000 memory=1GiB sms=1 cc=8.0 pci=0:1:0.0 "
+            "timeslice_us=1ms",
+            "field 'timeslice_us': bad value '1ms'",
+        ),
         (
             "gpu name=x uuid=GPU-00000000-0000-4000-8000-000000000000 memory=1GiB sms=1 cc=8.0 pci=0:1:0.0 "
             "nvlink=GPU-00000009-0000-4000-8000-000000000009",

@@ -25,6 +25,8 @@ from hook._library import BUILD_LIBRARY
 
 HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "build"
+# The MPS control daemon's stand-in, alone there: put BIN_DIR on a PATH to find it as the real one.
+BIN_DIR = BUILD_DIR / "bin"
 # The hook as `make -C hook` builds it, and that directory.
 HOOK_LIBRARY = BUILD_LIBRARY
 HOOK_DIR = HOOK_LIBRARY.parent.parent
@@ -52,6 +54,9 @@ class FakeGpuSpec:
     numa_node: int | None = None
     nvlink_peers: tuple[str, ...] = ()
     pci_device_id: int | None = None
+    # The scheduler model (docs/fakegpu.md, "Time model"); None: the driver line's, else the default.
+    timeslice_us: int | None = None
+    switch_us: int | None = None
 
     def config_line(self) -> str:
         """The `gpu ...` line of the config file; ValueError naming the field if a value is bad."""
@@ -86,7 +91,22 @@ class FakeGpuSpec:
             fields.append("nvlink=" + ",".join(self.nvlink_peers))
         if self.pci_device_id is not None:
             fields.append(f"pci_device_id={self.pci_device_id:#x}")
+        fields.extend(_sched_fields("FakeGpuSpec", self.timeslice_us, self.switch_us))
         return "gpu " + " ".join(fields)
+
+
+def _sched_fields(owner: str, timeslice_us: int | None, switch_us: int | None) -> list[str]:
+    """The scheduler model's fields, checked as the fake driver checks them."""
+    fields = []
+    if timeslice_us is not None:
+        if not 1 <= timeslice_us <= 10_000_000:
+            raise ValueError(f"{owner}.timeslice_us: bad value {timeslice_us!r}")
+        fields.append(f"timeslice_us={timeslice_us}")
+    if switch_us is not None:
+        if not 0 <= switch_us <= 1_000_000:
+            raise ValueError(f"{owner}.switch_us: bad value {switch_us!r}")
+        fields.append(f"switch_us={switch_us}")
+    return fields
 
 
 def gpu_uuid(index: int) -> str:
@@ -165,12 +185,20 @@ def cuclient() -> Path:
     return BUILD_DIR / "cuclient"
 
 
+def mps_control() -> Path:
+    """The stand-in for nvidia-cuda-mps-control (`-d` starts MPS on the fake GPU, `quit` on stdin
+    stops it; clients whose CUDA_MPS_PIPE_DIRECTORY names its directory are MPS clients)."""
+    return BIN_DIR / "nvidia-cuda-mps-control"
+
+
 def render_config(
     specs: Sequence[FakeGpuSpec],
     *,
     driver_version: str | None = None,
     cuda_version: int | None = None,
     util_window_ms: int | None = None,
+    timeslice_us: int | None = None,
+    switch_us: int | None = None,
 ) -> str:
     """The config file describing `specs` (format in docs/fakegpu.md); ValueError naming the field
     and value if one is bad."""
@@ -186,6 +214,7 @@ def render_config(
         driver.append(f"cuda={cuda_version}")
     if util_window_ms is not None:
         driver.append(f"util_window_ms={util_window_ms}")
+    driver.extend(_sched_fields("render_config", timeslice_us, switch_us))
     if driver:
         lines.append("driver " + " ".join(driver))
     lines.extend(spec.config_line() for spec in specs)
@@ -199,10 +228,17 @@ def write_config(
     driver_version: str | None = None,
     cuda_version: int | None = None,
     util_window_ms: int | None = None,
+    timeslice_us: int | None = None,
+    switch_us: int | None = None,
 ) -> Path:
     """Writes the config file describing `specs` (see render_config); returns its path."""
     text = render_config(
-        specs, driver_version=driver_version, cuda_version=cuda_version, util_window_ms=util_window_ms
+        specs,
+        driver_version=driver_version,
+        cuda_version=cuda_version,
+        util_window_ms=util_window_ms,
+        timeslice_us=timeslice_us,
+        switch_us=switch_us,
     )
     path.write_text(text)
     return path

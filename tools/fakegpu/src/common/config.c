@@ -13,6 +13,9 @@
 #define FG_DEFAULT_DRIVER_VERSION "580.95.05"
 #define FG_DEFAULT_CUDA_VERSION 13000
 #define FG_DEFAULT_UTIL_WINDOW_MS 200
+/* Calibrated to an H200 with driver 580 at its default time slice (docs/fakegpu.md, "Time model"). */
+#define FG_DEFAULT_TIMESLICE_US 1200
+#define FG_DEFAULT_SWITCH_US 100
 
 static struct fg_config g_config;
 static int g_config_ok;
@@ -167,6 +170,30 @@ static int next_pair(char **cursor, char **key, char **value)
     return 1;
 }
 
+/* The scheduler fields, on a gpu or the driver line: 1 if `key` is one (then *rc says if its value
+ * was good), 0 if not. */
+static int parse_sched_field(const char *path, int line, const char *key, const char *value, int64_t *timeslice_us,
+                             int64_t *switch_us, int *rc)
+{
+    uint64_t n;
+    *rc = 0;
+    if (strcmp(key, "timeslice_us") == 0) {
+        if (parse_u64(value, 10, &n) != 0 || n < 1 || n > 10000000)
+            *rc = config_error(path, line, "field 'timeslice_us': bad value '%s' (want 1 to 10000000)", value);
+        else
+            *timeslice_us = (int64_t)n;
+        return 1;
+    }
+    if (strcmp(key, "switch_us") == 0) {
+        if (parse_u64(value, 10, &n) != 0 || n > 1000000)
+            *rc = config_error(path, line, "field 'switch_us': bad value '%s' (want 0 to 1000000)", value);
+        else
+            *switch_us = (int64_t)n;
+        return 1;
+    }
+    return 0;
+}
+
 struct pending_nvlinks {
     char peers[FG_MAX_GPUS][512];
     int line[FG_MAX_GPUS];
@@ -181,6 +208,9 @@ static int parse_gpu_field(struct fg_config *cfg, struct fg_gpu_spec *gpu, struc
     const char *path = cfg->path;
     int idx = (int)(gpu - cfg->gpus);
     uint64_t n;
+    int rc;
+    if (parse_sched_field(path, line, key, value, &gpu->timeslice_us, &gpu->switch_us, &rc))
+        return rc;
     if (strcmp(key, "name") == 0) {
         *seen |= SEEN_NAME;
         if (!*value || strlen(value) >= sizeof gpu->name)
@@ -245,6 +275,8 @@ static int parse_gpu_line(struct fg_config *cfg, struct pending_nvlinks *links, 
     struct fg_gpu_spec *gpu = &cfg->gpus[cfg->gpu_count];
     memset(gpu, 0, sizeof *gpu);
     gpu->numa_node = -1;
+    gpu->timeslice_us = -1;
+    gpu->switch_us = -1;
     gpu->pci_device_id = 0x10de; /* NVIDIA's vendor id, device id 0 unless configured */
     char *key, *value;
     int r;
@@ -275,8 +307,12 @@ static int parse_driver_line(struct fg_config *cfg, int line, char *rest)
     char *key, *value;
     int r;
     uint64_t n;
+    int rc;
     while ((r = next_pair(&rest, &key, &value)) == 1) {
-        if (strcmp(key, "version") == 0) {
+        if (parse_sched_field(cfg->path, line, key, value, &cfg->timeslice_us, &cfg->switch_us, &rc)) {
+            if (rc != 0)
+                return rc;
+        } else if (strcmp(key, "version") == 0) {
             if (!*value || strlen(value) >= sizeof cfg->driver_version)
                 return config_error(cfg->path, line, "field 'version': bad value '%s'", value);
             strcpy(cfg->driver_version, value);
@@ -346,6 +382,12 @@ static int parse_file(struct fg_config *cfg)
     fclose(f);
     if (rc == 0)
         rc = resolve_nvlinks(cfg, &links);
+    for (int i = 0; rc == 0 && i < cfg->gpu_count; i++) {
+        if (cfg->gpus[i].timeslice_us < 0)
+            cfg->gpus[i].timeslice_us = cfg->timeslice_us;
+        if (cfg->gpus[i].switch_us < 0)
+            cfg->gpus[i].switch_us = cfg->switch_us;
+    }
     return rc;
 }
 
@@ -418,6 +460,8 @@ static void load_config(void)
     strcpy(cfg->driver_version, FG_DEFAULT_DRIVER_VERSION);
     cfg->cuda_version = FG_DEFAULT_CUDA_VERSION;
     cfg->util_window_ms = FG_DEFAULT_UTIL_WINDOW_MS;
+    cfg->timeslice_us = FG_DEFAULT_TIMESLICE_US;
+    cfg->switch_us = FG_DEFAULT_SWITCH_US;
     if (parse_file(cfg) != 0 || apply_runtime_visibility(cfg) != 0)
         return;
     const char *state = getenv("FAKEGPU_STATE");

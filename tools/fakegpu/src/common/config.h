@@ -25,6 +25,9 @@ struct fg_gpu_spec {
     int numa_node;          /* -1: not reported */
     int nvlink_count;
     int nvlink_peer[FG_MAX_NVLINKS]; /* index of the peer GPU in the config */
+    /* The scheduler model (docs/fakegpu.md, "Time model"): its line's values, else the driver line's. */
+    int64_t timeslice_us; /* -1 until set */
+    int64_t switch_us;    /* -1 until set */
 };
 
 struct fg_config {
@@ -33,6 +36,8 @@ struct fg_config {
     char driver_version[32];
     int cuda_version;
     unsigned util_window_ms;
+    int64_t timeslice_us; /* the driver line's, for GPUs whose line names none */
+    int64_t switch_us;
     int gpu_count;
     struct fg_gpu_spec gpus[FG_MAX_GPUS];
     /* GPUs the (emulated) container runtime exposes, in order: NVIDIA_VISIBLE_DEVICES. */

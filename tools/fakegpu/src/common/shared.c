@@ -1,6 +1,7 @@
-/* Per-GPU state in a mapped file shared across processes, guarded by a robust process-shared mutex
- * (a process killed while holding it leaves it recoverable, never deadlocked). */
-#include "shared.h"
+/* Per-GPU state in a mapped file shared across processes (layout: page.h), guarded by a robust
+ * process-shared mutex (a process killed while holding it leaves it recoverable, never deadlocked):
+ * mapping it, the slots of the processes using the GPU, and their device memory. */
+#include "page.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,54 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FG_PAGE_MAGIC 0x3350474b454b4146ULL /* "FAKEGPU3" */
-#define FG_MAX_PROCS 256
-#define FG_RING 16384
-#define FG_SLOT_BITS 8 /* an owner id is generation << FG_SLOT_BITS | slot */
-#define FG_GENERATION_MASK 0x7fffffu
-
-/* One process using the GPU. Liveness is an OFD lock the owner holds on byte (sizeof page + slot)
- * of the state file while it lives: the kernel drops it when the process dies, however it dies, and
- * it works across PID namespaces (containers sharing the state dir), where pids mean nothing. */
-struct fg_proc_slot {
-    int32_t used;
-    int32_t pid; /* as the process sees itself; may repeat across PID namespaces */
-    int32_t contexts;
-    uint32_t generation; /* bumped at each claim, so an owner id names one process */
-    uint64_t mem_used;
-    uint64_t pidns; /* the inode of its PID namespace: with `pid`, what NVML translates (fg_pid) */
-};
-
-struct fg_busy {
-    uint64_t start_ns;
-    uint64_t end_ns;
-    int32_t owner; /* the process, by its slot: its pid is the slot's */
-    int32_t unused;
-};
-
-struct fg_page {
-    uint64_t magic;
-    uint64_t size;
-    pthread_mutex_t lock;
-    uint64_t mem_used;
-    uint64_t busy_until_ns;
-    uint32_t ring_next; /* index of the next record to write */
-    uint32_t ring_count;
-    struct fg_proc_slot procs[FG_MAX_PROCS];
-    struct fg_busy ring[FG_RING];
-};
-
 #define FG_LOCK_BASE ((off_t)sizeof(struct fg_page))
-
-struct fg_shared {
-    struct fg_page *page;
-    char path[PATH_MAX + 64];
-    uint64_t total;
-    int slot;       /* this process's slot, -1 until it charges memory or holds a context */
-    pid_t slot_pid; /* the pid that claimed `slot` (a forked child claims its own) */
-    int lock_fd;    /* this process's own open file description of the state file */
-    pid_t lock_pid;
-};
 
 static struct fg_shared g_shared[FG_MAX_GPUS];
 static pthread_mutex_t g_shared_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -88,7 +42,7 @@ void fg_sleep_until(uint64_t deadline_ns)
     }
 }
 
-static void page_lock(struct fg_page *p)
+void fg_page_lock(struct fg_page *p)
 {
     if (pthread_mutex_lock(&p->lock) == EOWNERDEAD) {
         /* The holder died mid-update; every update leaves the fields usable, so carry on. */
@@ -96,7 +50,7 @@ static void page_lock(struct fg_page *p)
     }
 }
 
-static void page_unlock(struct fg_page *p)
+void fg_page_unlock(struct fg_page *p)
 {
     pthread_mutex_unlock(&p->lock);
 }
@@ -122,7 +76,7 @@ static int own_slot_index(const struct fg_shared *s)
     return s->slot >= 0 && s->slot_pid == getpid() ? s->slot : -1;
 }
 
-static int slot_alive(struct fg_shared *s, int i)
+int fg_slot_alive(struct fg_shared *s, int i)
 {
     if (i == own_slot_index(s))
         return 1;
@@ -133,15 +87,13 @@ static int slot_alive(struct fg_shared *s, int i)
     return fl.l_type != F_UNLCK;
 }
 
-static int owner_alive(struct fg_shared *s, int32_t owner)
+int32_t fg_slot_owner(const struct fg_page *p, int i)
 {
-    int i = owner & (FG_MAX_PROCS - 1);
-    const struct fg_proc_slot *slot = &s->page->procs[i];
-    return slot->used && (int32_t)(slot->generation << FG_SLOT_BITS | (uint32_t)i) == owner && slot_alive(s, i);
+    return (int32_t)(p->procs[i].generation << FG_SLOT_BITS | (uint32_t)i);
 }
 
 /* The pid of the process behind `owner`, while its slot still names it ({0, 0} once reused). */
-static struct fg_pid owner_pid(struct fg_shared *s, int32_t owner)
+struct fg_pid fg_owner_pid(struct fg_shared *s, int32_t owner)
 {
     const struct fg_proc_slot *slot = &s->page->procs[owner & (FG_MAX_PROCS - 1)];
     if (!slot->used || (int32_t)(slot->generation << FG_SLOT_BITS | (uint32_t)(owner & (FG_MAX_PROCS - 1))) != owner)
@@ -160,8 +112,10 @@ static void reap_dead(struct fg_shared *s)
     struct fg_page *p = s->page;
     for (int i = 0; i < FG_MAX_PROCS; i++) {
         struct fg_proc_slot *slot = &p->procs[i];
-        if (!slot->used || slot_alive(s, i))
+        if (!slot->used || fg_slot_alive(s, i))
             continue;
+        if (slot->submitted > p->sched.run[i].completed)
+            fg_sched_drop(s, i, fg_now_ns()); /* a real GPU drops a dead context's queued work */
         p->mem_used -= slot->mem_used;
         *slot = (struct fg_proc_slot){.generation = slot->generation};
     }
@@ -191,8 +145,13 @@ static struct fg_proc_slot *own_slot(struct fg_shared *s)
                 return NULL;
             }
             uint32_t generation = (slot->generation + 1) & FG_GENERATION_MASK;
+            if (slot->submitted > s->page->sched.run[i].completed)
+                fg_sched_drop(s, i, fg_now_ns()); /* left by a process that died unnoticed */
             *slot = (struct fg_proc_slot){
                 .used = 1, .pid = getpid(), .generation = generation ? generation : 1, .pidns = fg_own_pidns()};
+            s->page->sched.run[i] = (struct fg_run){0};
+            if (s->page->slot_limit < (uint32_t)i + 1)
+                s->page->slot_limit = (uint32_t)i + 1;
             s->slot = i;
             s->slot_pid = getpid();
             return slot;
@@ -202,7 +161,7 @@ static struct fg_proc_slot *own_slot(struct fg_shared *s)
     return NULL;
 }
 
-static int32_t own_owner(struct fg_shared *s)
+int32_t fg_own_owner_locked(struct fg_shared *s)
 {
     struct fg_proc_slot *slot = own_slot(s);
     return slot ? (int32_t)(slot->generation << FG_SLOT_BITS | (uint32_t)s->slot) : 0;
@@ -237,6 +196,8 @@ static struct fg_page *map_page(const char *path)
         pthread_mutex_init(&p->lock, &attr);
         pthread_mutexattr_destroy(&attr);
         p->size = sizeof *p;
+        p->sched.running = -1;
+        p->sched.loaded = -1;
         p->magic = FG_PAGE_MAGIC;
     }
     flock(fd, LOCK_UN);
@@ -263,6 +224,9 @@ struct fg_shared *fg_shared_get(const struct fg_config *cfg, int gpu)
         s->total = cfg->gpus[gpu].memory_bytes;
         s->slot = -1;
         s->lock_fd = -1;
+        s->timeslice_ns = (uint64_t)cfg->gpus[gpu].timeslice_us * 1000ULL;
+        s->switch_ns = (uint64_t)cfg->gpus[gpu].switch_us * 1000ULL;
+        s->sms = cfg->gpus[gpu].sm_count;
         s->page = map_page(s->path);
     }
     pthread_mutex_unlock(&g_shared_mutex);
@@ -272,7 +236,7 @@ struct fg_shared *fg_shared_get(const struct fg_config *cfg, int gpu)
 int fg_mem_charge(struct fg_shared *s, uint64_t bytes)
 {
     int rc = -1;
-    page_lock(s->page);
+    fg_page_lock(s->page);
     struct fg_proc_slot *slot = own_slot(s);
     if (slot && s->page->mem_used + bytes > s->total)
         reap_dead(s);
@@ -281,44 +245,44 @@ int fg_mem_charge(struct fg_shared *s, uint64_t bytes)
         slot->mem_used += bytes;
         rc = 0;
     }
-    page_unlock(s->page);
+    fg_page_unlock(s->page);
     return rc;
 }
 
 void fg_mem_uncharge(struct fg_shared *s, uint64_t bytes)
 {
-    page_lock(s->page);
+    fg_page_lock(s->page);
     struct fg_proc_slot *slot = own_slot(s);
     if (slot) {
         uint64_t give = bytes < slot->mem_used ? bytes : slot->mem_used;
         slot->mem_used -= give;
         s->page->mem_used -= give;
     }
-    page_unlock(s->page);
+    fg_page_unlock(s->page);
 }
 
 uint64_t fg_mem_used(struct fg_shared *s)
 {
-    page_lock(s->page);
+    fg_page_lock(s->page);
     reap_dead(s);
     uint64_t used = s->page->mem_used;
-    page_unlock(s->page);
+    fg_page_unlock(s->page);
     return used;
 }
 
 void fg_proc_context(struct fg_shared *s, int delta)
 {
-    page_lock(s->page);
+    fg_page_lock(s->page);
     struct fg_proc_slot *slot = own_slot(s);
     if (slot && slot->contexts + delta >= 0)
         slot->contexts += delta;
-    page_unlock(s->page);
+    fg_page_unlock(s->page);
 }
 
 int fg_procs(struct fg_shared *s, struct fg_proc_info *out, int max)
 {
     int n = 0;
-    page_lock(s->page);
+    fg_page_lock(s->page);
     reap_dead(s);
     for (int i = 0; i < FG_MAX_PROCS; i++) {
         const struct fg_proc_slot *slot = &s->page->procs[i];
@@ -328,108 +292,7 @@ int fg_procs(struct fg_shared *s, struct fg_proc_info *out, int max)
             out[n] = (struct fg_proc_info){.pid = {slot->pid, slot->pidns}, .mem_used = slot->mem_used};
         n++;
     }
-    page_unlock(s->page);
-    return n;
-}
-
-/* A real GPU drops the queued work of a process that died. The fake can only drop it while it is
- * the last work queued (later work of others was placed after it already); caller holds the lock. */
-static void drop_dead_tail(struct fg_shared *s, int32_t self, uint64_t now)
-{
-    struct fg_page *p = s->page;
-    int dropped = 0;
-    while (p->ring_count > 0) {
-        uint32_t last = (p->ring_next + FG_RING - 1) % FG_RING;
-        struct fg_busy *b = &p->ring[last];
-        if (b->end_ns <= now || b->owner == self || owner_alive(s, b->owner))
-            break;
-        dropped = 1;
-        if (b->start_ns < now) {
-            b->end_ns = now;
-            break;
-        }
-        p->ring_next = last;
-        p->ring_count--;
-    }
-    if (dropped) {
-        uint32_t last = (p->ring_next + FG_RING - 1) % FG_RING;
-        p->busy_until_ns = p->ring_count > 0 && p->ring[last].end_ns > now ? p->ring[last].end_ns : now;
-    }
-}
-
-uint64_t fg_timeline_submit(struct fg_shared *s, uint64_t not_before_ns, uint64_t duration_ns)
-{
-    struct fg_page *p = s->page;
-    uint64_t now = fg_now_ns();
-    page_lock(p);
-    int32_t owner = own_owner(s);
-    if (p->busy_until_ns > now)
-        drop_dead_tail(s, owner, now);
-    uint64_t start = not_before_ns > now ? not_before_ns : now;
-    if (p->busy_until_ns > start)
-        start = p->busy_until_ns;
-    uint64_t end = start + duration_ns;
-    p->busy_until_ns = end;
-    uint32_t last = (p->ring_next + FG_RING - 1) % FG_RING;
-    if (p->ring_count > 0 && p->ring[last].owner == owner && p->ring[last].end_ns == start) {
-        p->ring[last].end_ns = end; /* back-to-back work of one process: one record */
-    } else {
-        p->ring[p->ring_next] =
-            (struct fg_busy){.start_ns = start, .end_ns = end, .owner = owner};
-        p->ring_next = (p->ring_next + 1) % FG_RING;
-        if (p->ring_count < FG_RING)
-            p->ring_count++;
-    }
-    page_unlock(p);
-    return end;
-}
-
-uint64_t fg_timeline_busy(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, int32_t owner,
-                          uint64_t *covered_from)
-{
-    struct fg_page *p = s->page;
-    uint64_t busy = 0, covered = from_ns;
-    page_lock(p);
-    for (uint32_t k = 0; k < p->ring_count; k++) {
-        const struct fg_busy *b = &p->ring[(p->ring_next + FG_RING - 1 - k) % FG_RING];
-        if (b->end_ns <= from_ns)
-            break;
-        if (k == FG_RING - 1 && b->start_ns > from_ns)
-            covered = b->start_ns; /* the ring dropped older records inside the window */
-        if (owner != 0 && b->owner != owner)
-            continue;
-        uint64_t a = b->start_ns > from_ns ? b->start_ns : from_ns;
-        uint64_t e = b->end_ns < to_ns ? b->end_ns : to_ns;
-        if (e > a)
-            busy += e - a;
-    }
-    page_unlock(p);
-    if (covered_from)
-        *covered_from = covered;
-    return busy;
-}
-
-int fg_timeline_owners(struct fg_shared *s, uint64_t from_ns, uint64_t to_ns, struct fg_owner *out, int max)
-{
-    struct fg_page *p = s->page;
-    int n = 0;
-    page_lock(p);
-    for (uint32_t k = 0; k < p->ring_count; k++) {
-        const struct fg_busy *b = &p->ring[(p->ring_next + FG_RING - 1 - k) % FG_RING];
-        if (b->end_ns <= from_ns)
-            break;
-        if (b->start_ns >= to_ns)
-            continue;
-        int seen = 0;
-        for (int i = 0; i < n && i < max; i++)
-            seen |= out[i].owner == b->owner;
-        if (!seen) {
-            if (n < max)
-                out[n] = (struct fg_owner){.owner = b->owner, .pid = owner_pid(s, b->owner)};
-            n++;
-        }
-    }
-    page_unlock(p);
+    fg_page_unlock(s->page);
     return n;
 }
 
@@ -441,12 +304,14 @@ __attribute__((destructor)) static void release_process(void)
         int own = s->page ? own_slot_index(s) : -1;
         if (own < 0)
             continue;
-        page_lock(s->page);
+        fg_page_lock(s->page);
         struct fg_proc_slot *slot = &s->page->procs[own];
+        if (slot->submitted > s->page->sched.run[own].completed)
+            fg_sched_drop(s, own, fg_now_ns()); /* its queued work goes with it, as on a real GPU */
         s->page->mem_used -= slot->mem_used;
         *slot = (struct fg_proc_slot){.generation = slot->generation};
         s->slot = -1;
-        page_unlock(s->page);
+        fg_page_unlock(s->page);
         close(s->lock_fd); /* the slot is free for others at once, even if the library is reloaded */
         s->lock_fd = -1;
     }

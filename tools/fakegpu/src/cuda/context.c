@@ -290,8 +290,8 @@ FG_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     pthread_mutex_lock(&fg_lock);
     if (d->primary_refs > 0) {
         fg_free_ctx_allocations(&d->primary);
-        d->primary.tail_ns = 0;
-        d->primary.null_stream.tail_ns = 0;
+        d->primary.tail = (struct fg_ref){0, 0};
+        d->primary.null_stream.tail = (struct fg_ref){0, 0};
     }
     pthread_mutex_unlock(&fg_lock);
     return CUDA_SUCCESS;

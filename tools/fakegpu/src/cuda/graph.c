@@ -301,8 +301,10 @@ FG_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
         const struct fg_kernel *k = &hGraphExec->kernels[i];
         if (k->f->magic != FG_MAGIC_FUNC)
             rc = CUDA_ERROR_INVALID_HANDLE; /* its module was unloaded */
-        else
-            fg_stream_run(s, fg_kernel_ns(k->f, k->grid, s->ctx->dev));
+        else {
+            struct fg_work work = fg_kernel_work(k->f, k->grid);
+            fg_stream_run(s, &work);
+        }
     }
     pthread_mutex_unlock(&fg_lock);
     return rc;

@@ -33,9 +33,11 @@ struct CUstream_st {
     struct CUctx_st *ctx;
     unsigned flags;
     int priority;
-    uint64_t tail_ns;           /* when the last work queued on this stream completes */
-    uint64_t *queue;            /* completion times of the last FG_QUEUE_DEPTH launches */
+    struct fg_ref tail;         /* the last kernel queued on this stream */
+    struct fg_ref *queue;       /* its last FG_QUEUE_DEPTH launches */
     uint64_t queued;            /* launches so far */
+    struct fg_shared *waits_on; /* cuStreamWaitEvent on another GPU's event: its next launch waits */
+    struct fg_ref waits_for;
     struct CUgraph_st *capture; /* non-NULL while stream capture records into a graph */
 };
 
@@ -44,7 +46,7 @@ struct CUctx_st {
     CUdevice dev;
     int primary;
     unsigned flags;
-    uint64_t tail_ns; /* when the last work queued on any of its streams completes */
+    struct fg_ref tail; /* the last kernel queued on any of its streams */
     struct CUstream_st null_stream;
 };
 
@@ -91,10 +93,11 @@ struct CUfunc_st {
 
 /* stream.c */
 CUresult fg_resolve_stream(CUstream s, struct CUstream_st **out);
-/* Queues `duration_ns` of kernel work on the stream and the device timeline. fg_lock held. */
-void fg_stream_run(struct CUstream_st *s, uint64_t duration_ns);
-/* Completion time of the launch FG_QUEUE_DEPTH launches back: a new launch waits for it. fg_lock held. */
-uint64_t fg_stream_queue_wait(struct CUstream_st *s);
+/* Queues a kernel on the stream, after its process's earlier work on the GPU. fg_lock held. */
+void fg_stream_run(struct CUstream_st *s, const struct fg_work *work);
+/* Waits (fg_lock not held) until the stream may take another launch: the launch FG_QUEUE_DEPTH back
+ * completed, and an event of another GPU it was told to wait for. */
+void fg_stream_wait_room(struct CUstream_st *s);
 /* Sleeps until the context's queued work completed. */
 void fg_ctx_wait(struct CUctx_st *ctx);
 
@@ -123,7 +126,10 @@ void fg_vmm_fork_lock(int lock);
 void fg_uncharge(CUdevice dev, size_t bytes);
 
 /* launch.c */
-uint64_t fg_kernel_ns(CUfunction f, const unsigned grid[3], CUdevice dev);
+struct fg_work fg_kernel_work(CUfunction f, const unsigned grid[3]);
+
+/* mps.c: how this process's work shares the GPU (an MPS client or not), decided once. */
+const struct fg_client *fg_client(void);
 
 /* graph.c: stream capture records launches instead of running them */
 CUresult fg_graph_capture_kernel(struct CUgraph_st *g, CUfunction f, const unsigned grid[3]);

@@ -1,17 +1,13 @@
-/* Kernel launches: a launch occupies the device timeline for its simulated duration, after the
- * stream's earlier work and after everything any process already queued on the GPU. */
+/* Kernel launches: a launch queues a kernel on the GPU after its process's earlier work; the
+ * scheduler model (common/sched.c) decides when it runs. */
 #include "internal.h"
 
-#define FG_LAUNCH_OVERHEAD_NS 10000ULL
-
-uint64_t fg_kernel_ns(CUfunction f, const unsigned grid[3], CUdevice dev)
+/* Its duration follows from its name and grid, and the SMs it will run on (sched.c). */
+struct fg_work fg_kernel_work(CUfunction f, const unsigned grid[3])
 {
     if (f->fixed)
-        return f->fixed_ns;
-    uint64_t blocks = (uint64_t)grid[0] * grid[1] * grid[2];
-    uint64_t sms = (uint64_t)fg_spec(dev)->sm_count;
-    uint64_t waves = (blocks + sms - 1) / sms;
-    return FG_LAUNCH_OVERHEAD_NS + waves * f->wave_ns;
+        return (struct fg_work){.ns = f->fixed_ns, .blocks = 0};
+    return (struct fg_work){.ns = f->wave_ns, .blocks = (uint64_t)grid[0] * grid[1] * grid[2]};
 }
 
 static CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
@@ -33,14 +29,13 @@ static CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, u
         pthread_mutex_unlock(&fg_lock);
         return rc;
     }
-    uint64_t wait = fg_stream_queue_wait(s);
     pthread_mutex_unlock(&fg_lock);
-    if (wait > fg_now_ns())
-        fg_sleep_until(wait); /* the stream's queue is full: block like a real push buffer */
+    fg_stream_wait_room(s); /* the stream's queue is full: block like a real push buffer */
     pthread_mutex_lock(&fg_lock);
-    if (s->magic == FG_MAGIC_STREAM)
-        fg_stream_run(s, fg_kernel_ns(f, grid, s->ctx->dev));
-    else
+    if (s->magic == FG_MAGIC_STREAM) {
+        struct fg_work work = fg_kernel_work(f, grid);
+        fg_stream_run(s, &work);
+    } else
         rc = CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_unlock(&fg_lock);
     return rc;

@@ -1,5 +1,7 @@
-/* Streams and events over the simulated timeline. A stream's tail is when its last queued work
- * completes; an event records the tail of its stream; synchronisation sleeps until then. */
+/* Streams and events over the scheduler model (common/sched.c). A stream's tail is its last queued
+ * kernel; an event records the tail of its stream and completes with it (or at once on an idle
+ * stream); synchronisation sleeps until the model says the kernel completed. When it completes
+ * depends on what other processes queue meanwhile, so every answer is the model's as of the call. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +14,10 @@ struct CUevent_st {
     uint32_t magic;
     unsigned flags;
     int recorded;
+    struct fg_shared *shared; /* the GPU of the stream it was recorded on */
+    struct fg_ref ref;        /* that stream's last kernel then */
+    uint64_t record_ns;       /* when it was recorded: it completes no earlier */
+    int resolved;             /* done_ns is known */
     uint64_t done_ns;
     uint64_t capture_id; /* last recorded inside that stream capture: a graph node, not a time */
 };
@@ -22,6 +28,15 @@ static CUresult captured_event_misused(const struct CUevent_st *e)
 {
     fg_graph_capture_misused(e->capture_id);
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+/* The same check, taking fg_lock: CUDA_SUCCESS for an event recorded outside any capture. */
+static CUresult captured_event_check(const struct CUevent_st *e)
+{
+    pthread_mutex_lock(&fg_lock);
+    CUresult rc = e->capture_id ? captured_event_misused(e) : CUDA_SUCCESS;
+    pthread_mutex_unlock(&fg_lock);
+    return rc;
 }
 
 CUresult fg_resolve_stream(CUstream s, struct CUstream_st **out)
@@ -44,48 +59,53 @@ CUresult fg_resolve_stream(CUstream s, struct CUstream_st **out)
     return CUDA_SUCCESS;
 }
 
-static uint64_t *queue_slot(struct CUstream_st *s)
+static struct fg_shared *shared_of(const struct CUstream_st *s)
 {
-    if (!s->queue) {
+    return fg_devices[s->ctx->dev].shared;
+}
+
+void fg_stream_wait_room(struct CUstream_st *s)
+{
+    pthread_mutex_lock(&fg_lock);
+    struct fg_shared *shared = shared_of(s);
+    struct fg_ref oldest = s->queue ? s->queue[s->queued % FG_QUEUE_DEPTH] : (struct fg_ref){0, 0};
+    struct fg_shared *other = s->waits_on;
+    struct fg_ref event = s->waits_for;
+    s->waits_on = NULL;
+    pthread_mutex_unlock(&fg_lock);
+    if (other) /* another GPU's work does not run in this GPU's model: wait for it here */
+        fg_work_wait(other, event);
+    fg_work_wait(shared, oldest);
+}
+
+void fg_stream_run(struct CUstream_st *s, const struct fg_work *work)
+{
+    struct fg_ref ref = fg_work_submit(shared_of(s), work, fg_client());
+    if (!s->queue)
         s->queue = calloc(FG_QUEUE_DEPTH, sizeof *s->queue);
-        if (!s->queue)
-            return NULL;
-    }
-    return &s->queue[s->queued % FG_QUEUE_DEPTH];
-}
-
-uint64_t fg_stream_queue_wait(struct CUstream_st *s)
-{
-    uint64_t *slot = queue_slot(s);
-    return slot ? *slot : 0;
-}
-
-void fg_stream_run(struct CUstream_st *s, uint64_t duration_ns)
-{
-    uint64_t end = fg_timeline_submit(fg_devices[s->ctx->dev].shared, s->tail_ns, duration_ns);
-    uint64_t *slot = queue_slot(s);
-    if (slot)
-        *slot = end;
+    if (s->queue)
+        s->queue[s->queued % FG_QUEUE_DEPTH] = ref;
     s->queued++;
-    s->tail_ns = end;
-    if (s->ctx->tail_ns < end)
-        s->ctx->tail_ns = end;
+    s->tail = ref;
+    s->ctx->tail = ref; /* a process's work on a GPU runs in the order it was queued */
 }
 
 static void fg_stream_wait(struct CUstream_st *s)
 {
     pthread_mutex_lock(&fg_lock);
-    uint64_t until = s->tail_ns;
+    struct fg_ref tail = s->tail;
+    struct fg_shared *shared = shared_of(s);
     pthread_mutex_unlock(&fg_lock);
-    fg_sleep_until(until);
+    fg_work_wait(shared, tail);
 }
 
 void fg_ctx_wait(struct CUctx_st *ctx)
 {
     pthread_mutex_lock(&fg_lock);
-    uint64_t until = ctx->tail_ns;
+    struct fg_ref tail = ctx->tail;
+    struct fg_shared *shared = fg_devices[ctx->dev].shared;
     pthread_mutex_unlock(&fg_lock);
-    fg_sleep_until(until);
+    fg_work_wait(shared, tail);
 }
 
 FG_API CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
@@ -164,13 +184,15 @@ FG_API CUresult cuStreamQuery(CUstream hStream)
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&fg_lock);
-    uint64_t tail = s->tail_ns;
+    struct fg_ref tail = s->tail;
+    struct fg_shared *shared = shared_of(s);
     uint64_t capture = s->capture ? fg_graph_capture_id(s->capture) : 0;
     fg_graph_capture_misused(capture); /* querying a capturing stream invalidates the capture */
     pthread_mutex_unlock(&fg_lock);
     if (capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    return fg_now_ns() >= tail ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    uint64_t end;
+    return fg_work_done(shared, tail, &end) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 FG_API CUresult cuStreamQuery_ptsz(CUstream hStream)
@@ -279,7 +301,10 @@ FG_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     uint64_t now = fg_now_ns();
     pthread_mutex_lock(&fg_lock);
     hEvent->capture_id = s->capture ? fg_graph_capture_id(s->capture) : 0;
-    hEvent->done_ns = s->tail_ns > now ? s->tail_ns : now;
+    hEvent->shared = shared_of(s);
+    hEvent->ref = s->tail;
+    hEvent->record_ns = now;
+    hEvent->resolved = 0;
     hEvent->recorded = 1;
     pthread_mutex_unlock(&fg_lock);
     return CUDA_SUCCESS;
@@ -302,19 +327,46 @@ FG_API CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, un
     return cuEventRecordWithFlags(hEvent, hStream, flags);
 }
 
+/* 1 if the recorded event completed, and then its time in e->done_ns; fg_lock held. fg_work_done
+ * takes the page lock inside fg_lock, the lock order of launches too. */
+static int event_resolve(CUevent e)
+{
+    uint64_t end;
+    if (e->resolved)
+        return 1;
+    if (!fg_work_done(e->shared, e->ref, &end))
+        return 0;
+    e->done_ns = end > e->record_ns ? end : e->record_ns;
+    e->resolved = 1;
+    return 1;
+}
+
+/* 1 if the event completed (or was never recorded), waiting for it first if `wait`. */
+static int event_done(CUevent e, int wait)
+{
+    pthread_mutex_lock(&fg_lock);
+    int done = !e->recorded || event_resolve(e);
+    struct fg_shared *shared = e->shared;
+    struct fg_ref ref = e->ref;
+    pthread_mutex_unlock(&fg_lock);
+    if (done || !wait)
+        return done;
+    fg_work_wait(shared, ref); /* without fg_lock: other threads go on meanwhile */
+    pthread_mutex_lock(&fg_lock);
+    if (e->magic == FG_MAGIC_EVENT && e->recorded)
+        event_resolve(e);
+    pthread_mutex_unlock(&fg_lock);
+    return 1;
+}
+
 FG_API CUresult cuEventQuery(CUevent hEvent)
 {
     CUresult rc = resolve_event(hEvent);
     if (rc != CUDA_SUCCESS)
         return rc;
-    pthread_mutex_lock(&fg_lock);
-    uint64_t done = hEvent->done_ns;
-    if (hEvent->capture_id)
-        rc = captured_event_misused(hEvent);
-    pthread_mutex_unlock(&fg_lock);
-    if (rc != CUDA_SUCCESS)
+    if ((rc = captured_event_check(hEvent)) != CUDA_SUCCESS)
         return rc;
-    return fg_now_ns() >= done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return event_done(hEvent, 0) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 FG_API CUresult cuEventSynchronize(CUevent hEvent)
@@ -322,14 +374,9 @@ FG_API CUresult cuEventSynchronize(CUevent hEvent)
     CUresult rc = resolve_event(hEvent);
     if (rc != CUDA_SUCCESS)
         return rc;
-    pthread_mutex_lock(&fg_lock);
-    uint64_t done = hEvent->done_ns;
-    if (hEvent->capture_id)
-        rc = captured_event_misused(hEvent);
-    pthread_mutex_unlock(&fg_lock);
-    if (rc != CUDA_SUCCESS)
+    if ((rc = captured_event_check(hEvent)) != CUDA_SUCCESS)
         return rc;
-    fg_sleep_until(done);
+    event_done(hEvent, 1);
     return CUDA_SUCCESS;
 }
 
@@ -343,19 +390,16 @@ FG_API CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUev
     if (!pMilliseconds)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fg_lock);
-    struct CUevent_st a = *hStart, b = *hEnd;
-    if (a.capture_id || b.capture_id)
-        rc = captured_event_misused(a.capture_id ? &a : &b);
+    if (hStart->capture_id || hEnd->capture_id)
+        rc = captured_event_misused(hStart->capture_id ? hStart : hEnd);
+    else if (!hStart->recorded || !hEnd->recorded || ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING))
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    else if (!event_resolve(hStart) || !event_resolve(hEnd))
+        rc = CUDA_ERROR_NOT_READY;
+    else
+        *pMilliseconds = (float)((double)((int64_t)(hEnd->done_ns - hStart->done_ns)) / 1e6);
     pthread_mutex_unlock(&fg_lock);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!a.recorded || !b.recorded || ((a.flags | b.flags) & CU_EVENT_DISABLE_TIMING))
-        return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t now = fg_now_ns();
-    if (now < a.done_ns || now < b.done_ns)
-        return CUDA_ERROR_NOT_READY;
-    *pMilliseconds = (float)((double)((int64_t)(b.done_ns - a.done_ns)) / 1e6);
-    return CUDA_SUCCESS;
+    return rc;
 }
 
 FG_API CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
@@ -390,9 +434,12 @@ FG_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int
         return rc;
     if (Flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
         return CUDA_ERROR_INVALID_VALUE;
+    /* An event of this GPU needs nothing: the process's work on it runs in the order it was queued. */
     pthread_mutex_lock(&fg_lock);
-    if (hEvent->recorded && s->tail_ns < hEvent->done_ns)
-        s->tail_ns = hEvent->done_ns;
+    if (hEvent->recorded && hEvent->shared != shared_of(s)) {
+        s->waits_on = hEvent->shared;
+        s->waits_for = hEvent->ref;
+    }
     pthread_mutex_unlock(&fg_lock);
     return CUDA_SUCCESS;
 }
