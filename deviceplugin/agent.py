@@ -436,6 +436,7 @@ class Agent:
                 self.state.unused_container(c.pod.uid, c.container),
                 self.config.hook_library,
                 mps=self.mps_paths if self.sharing == SharingMode.MPS else None,
+                devices=self.config.device_list_strategy,
             )
             for c, ids in zip(chosen, requests, strict=True)
         ]

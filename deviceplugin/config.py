@@ -17,6 +17,7 @@ from tessera.contract import (
     MAX_CORES,
     ContractError,
     ContractKeys,
+    DeviceListStrategy,
     SharingMode,
     keys_for,
     parse_sharing_mode,
@@ -62,6 +63,8 @@ class Config:
     # or only reported.
     over_quota_action: str = OVER_QUOTA_STOP
     over_quota_grace_seconds: float = 5.0
+    # How a container's GPUs are named to the NVIDIA container toolkit (docs/install.md).
+    device_list_strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR
     # MPS mode (docs/deviceplugin.md "MPS mode"): the mode of a node without the sharing label, the
     # best-effort containers' share of each GPU's threads, and the MPS control program.
     sharing: SharingMode = SharingMode.TIMESLICE
@@ -244,6 +247,15 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="how long a pod may stay over its memory quota by NVML before it is stopped (env "
         "TESSERA_OVER_QUOTA_GRACE_SECONDS, default %(default)s)",
     )
+    p.add_argument(
+        "--device-list-strategy",
+        type=DeviceListStrategy,
+        choices=list(DeviceListStrategy),
+        default=env("TESSERA_DEVICE_LIST_STRATEGY", DeviceListStrategy.ENVVAR.value),
+        help="how a container's GPUs are named to the NVIDIA container toolkit: envvar "
+        "(NVIDIA_VISIBLE_DEVICES) or volume-mounts (what a toolkit that ignores that variable from "
+        "unprivileged containers honours; env TESSERA_DEVICE_LIST_STRATEGY, default %(default)s)",
+    )
     return p
 
 
@@ -303,6 +315,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         usage_change_mib=args.usage_change_mib,
         over_quota_action=args.over_quota_action,
         over_quota_grace_seconds=args.over_quota_grace_seconds,
+        device_list_strategy=args.device_list_strategy,
         sharing=args.sharing,
         mps_best_effort_threads=args.mps_best_effort_threads,
         mps_control=args.mps_control,

@@ -12,6 +12,7 @@ from deviceplugin.mps_daemon import MpsPaths
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
+    CONTAINER_DEVICE_LIST_DIR,
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
     CONTAINER_LIMITS_DIR,
@@ -20,6 +21,7 @@ from tessera.contract import (
     CONTAINER_STATE_DIR,
     COORDINATION_SLOT_SUFFIX,
     Allocation,
+    DeviceListStrategy,
     GpuGrant,
     QosClass,
 )
@@ -68,6 +70,20 @@ def mps_mounts(paths: MpsPaths) -> tuple[MountSpec, ...]:
     )
 
 
+def device_list(
+    uuids: Sequence[str], strategy: DeviceListStrategy
+) -> tuple[dict[str, str], tuple[MountSpec, ...]]:
+    """How the container's GPUs are named to the NVIDIA container toolkit: the environment and the
+    mounts (``volume-mounts``: /dev/null at <CONTAINER_DEVICE_LIST_DIR>/<uuid>, as NVIDIA's device
+    plugin does)."""
+    if strategy == DeviceListStrategy.VOLUME_MOUNTS:
+        mounts = tuple(
+            MountSpec(f"{CONTAINER_DEVICE_LIST_DIR}/{uuid}", "/dev/null", read_only=True) for uuid in uuids
+        )
+        return {VISIBLE_DEVICES_ENV: CONTAINER_DEVICE_LIST_DIR}, mounts
+    return {VISIBLE_DEVICES_ENV: ",".join(uuids)}, ()
+
+
 def answer_for(
     container: InFlight,
     device_ids: Sequence[str],
@@ -76,10 +92,13 @@ def answer_for(
     hook_library: Path,
     *,
     mps: MpsPaths | None = None,
+    devices: DeviceListStrategy = DeviceListStrategy.ENVVAR,
 ) -> ContainerAnswer:
     """The answer for ``container``, its files in ``where`` (:meth:`StateDir.unused_container`);
-    ``mps``: the node's MPS daemon's directories on a node in MPS mode (None: time-sliced)."""
+    ``mps``: the node's MPS daemon's directories on a node in MPS mode (None: time-sliced);
+    ``devices``: how its GPUs are named to the container toolkit."""
     uuids = [g.uuid for g in container.grants]
+    envs, device_mounts = device_list(uuids, devices)
     slots = tuple(
         state.coordination_slot(uuid, container.qos, container.pod.uid, where.root.name) for uuid in uuids
     )
@@ -98,8 +117,9 @@ def answer_for(
         )
     ]
     return ContainerAnswer(
-        envs={VISIBLE_DEVICES_ENV: ",".join(uuids)},
+        envs=envs,
         mounts=(
+            *device_mounts,
             *hook_mounts(where, state, hook_library),
             *coordination,
             *(mps_mounts(mps) if mps is not None else ()),

@@ -60,6 +60,17 @@ COORDINATION_SLOT_BYTES = 64
 # clients share memory through it), both mounted into every container with a GPU share.
 CONTAINER_MPS_PIPE_DIR = "/var/run/tessera/mps"
 CONTAINER_MPS_SHM_DIR = "/dev/shm"
+# How a container's GPUs are named to the NVIDIA container toolkit: in NVIDIA_VISIBLE_DEVICES
+# (``envvar``), or as mounts under this directory, one per GPU, with NVIDIA_VISIBLE_DEVICES naming
+# the directory (``volume-mounts``: what a toolkit that ignores the variable from unprivileged
+# containers honours, so that a pod cannot name GPUs itself; docs/install.md).
+CONTAINER_DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+
+
+class DeviceListStrategy(StrEnum):
+    ENVVAR = "envvar"
+    VOLUME_MOUNTS = "volume-mounts"
+
 
 MAX_CORES = 100
 # Quotas are MiB on the wire (resources, annotations) and bytes in the hook's limits file.

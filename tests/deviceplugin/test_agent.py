@@ -22,6 +22,7 @@ from deviceplugin.podresources import Owners, PodResourcesError
 from deviceplugin.statedir import ServedRecord, StateDir
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
+    CONTAINER_DEVICE_LIST_DIR,
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,
     CONTAINER_LIMITS_DIR,
@@ -192,6 +193,22 @@ def test_allocate_answers_and_writes_the_containers_files(tmp_path: Path) -> Non
     # Served: the same call again finds no container (a restart of the agent reads the same records).
     with pytest.raises(AllocationError):
         agent.allocate([["GPU-2::5"]])
+
+
+def test_volume_mounts_name_the_gpus_where_the_toolkit_ignores_the_variable(tmp_path: Path) -> None:
+    """--device-list-strategy volume-mounts: the toolkit, set to ignore NVIDIA_VISIBLE_DEVICES from
+    unprivileged containers (docs/install.md), takes the GPUs from mounts only Allocate can make."""
+    pod = in_flight_pod("p", {"main": [("GPU-1", 1024, 10), ("GPU-3", 1024, 10)]})
+    agent, _ = make_agent(tmp_path, [pod], flags=["--device-list-strategy=volume-mounts"])
+    (answer,) = agent.allocate([["GPU-1::0", "GPU-3::0"]])
+    assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": CONTAINER_DEVICE_LIST_DIR}
+    devices = {
+        (m.container_path, m.host_path, m.read_only) for m in answer.mounts if m.host_path == "/dev/null"
+    }
+    assert devices == {
+        (f"{CONTAINER_DEVICE_LIST_DIR}/GPU-1", "/dev/null", True),
+        (f"{CONTAINER_DEVICE_LIST_DIR}/GPU-3", "/dev/null", True),
+    }
 
 
 def test_each_container_gets_a_slot_of_its_class_in_each_gpus_coordination_area(tmp_path: Path) -> None:

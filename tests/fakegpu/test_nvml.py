@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from fakegpu import BUILD_DIR, inject_xid, set_lost
+from tessera.contract import CONTAINER_DEVICE_LIST_DIR
 from tests.fakegpu.conftest import NVML_PROBE, ClientProcesses, Gpus
 
 CUCLIENT = BUILD_DIR / "cuclient"
@@ -59,6 +60,36 @@ def test_nvml_ignores_cuda_visible_devices_but_not_the_runtime(gpus: Gpus, procs
     assert names == [spec.model for spec in gpus.specs]
     env = gpus.env(NVIDIA_VISIBLE_DEVICES=gpus.specs[1].uuid)
     assert [g["uuid"] for g in json.loads(procs.probe(env, "inventory")[0])["gpus"]] == [gpus.specs[1].uuid]
+
+
+def test_the_runtime_s_volume_mounts_device_list_names_the_gpus(gpus: Gpus, procs: ClientProcesses) -> None:
+    """NVIDIA_VISIBLE_DEVICES naming the volume-mounts directory (the device plugin's
+    --device-list-strategy volume-mounts): the container has the GPUs its entries name. In a mount
+    namespace of its own with /run on a tmpfs, so nothing is left on the host."""
+    entry = f"{CONTAINER_DEVICE_LIST_DIR}/{gpus.specs[1].uuid}"
+    script = (
+        f'mount -t tmpfs tmpfs /run && mkdir -p {CONTAINER_DEVICE_LIST_DIR} && touch {entry} && exec "$@"'
+    )
+    env = gpus.env(NVIDIA_VISIBLE_DEVICES=CONTAINER_DEVICE_LIST_DIR)
+    done = procs.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            sys.executable,
+            str(NVML_PROBE),
+            "inventory",
+        ],
+        env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [g["uuid"] for g in json.loads(done.lines[0])["gpus"]] == [gpus.specs[1].uuid]
 
 
 def test_memory_and_processes_come_from_cuda_users(gpus: Gpus, procs: ClientProcesses) -> None:

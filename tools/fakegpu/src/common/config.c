@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -414,7 +415,24 @@ int fg_config_find_gpu(const struct fg_config *cfg, const int *among, int among_
     return found;
 }
 
-/* Emulates the container runtime: NVIDIA_VISIBLE_DEVICES picks the GPUs a container has at all. */
+/* The NVIDIA container toolkit's volume-mounts device list: NVIDIA_VISIBLE_DEVICES names this
+ * directory and each GPU is an entry in it (tessera.contract.CONTAINER_DEVICE_LIST_DIR). */
+#define DEVICE_LIST_DIR "/var/run/nvidia-container-devices"
+
+static int add_present(struct fg_config *cfg, const int *all, const char *id)
+{
+    int g = fg_config_find_gpu(cfg, all, cfg->gpu_count, id);
+    if (g < 0)
+        return config_error(cfg->path, 0, "NVIDIA_VISIBLE_DEVICES: bad value '%s' (no such gpu)", id);
+    for (int i = 0; i < cfg->present_count; i++)
+        if (cfg->present[i] == g)
+            return config_error(cfg->path, 0, "NVIDIA_VISIBLE_DEVICES: gpu '%s' listed twice", id);
+    cfg->present[cfg->present_count++] = g;
+    return 0;
+}
+
+/* Emulates the container runtime: NVIDIA_VISIBLE_DEVICES picks the GPUs a container has at all, as
+ * a list of GPUs or as the volume-mounts directory whose entries name them. */
 static int apply_runtime_visibility(struct fg_config *cfg)
 {
     int all[FG_MAX_GPUS];
@@ -429,19 +447,24 @@ static int apply_runtime_visibility(struct fg_config *cfg)
     }
     if (strcmp(env, "none") == 0 || strcmp(env, "void") == 0)
         return 0;
+    if (strcmp(env, DEVICE_LIST_DIR) == 0) {
+        DIR *dir = opendir(DEVICE_LIST_DIR);
+        if (!dir)
+            return 0; /* no device mounted: no GPU, as the toolkit gives none */
+        int rc = 0;
+        for (struct dirent *e; rc == 0 && (e = readdir(dir));)
+            if (e->d_name[0] != '.')
+                rc = add_present(cfg, all, e->d_name);
+        closedir(dir);
+        return rc;
+    }
     char list[1024];
     snprintf(list, sizeof list, "%s", env);
     char *save = NULL;
-    for (char *id = strtok_r(list, ",", &save); id; id = strtok_r(NULL, ",", &save)) {
-        int g = fg_config_find_gpu(cfg, all, cfg->gpu_count, id);
-        if (g < 0)
-            return config_error(cfg->path, 0, "NVIDIA_VISIBLE_DEVICES: bad value '%s' (no such gpu)", id);
-        for (int i = 0; i < cfg->present_count; i++)
-            if (cfg->present[i] == g)
-                return config_error(cfg->path, 0, "NVIDIA_VISIBLE_DEVICES: gpu '%s' listed twice", id);
-        cfg->present[cfg->present_count++] = g;
-    }
-    return 0;
+    int rc = 0;
+    for (char *id = strtok_r(list, ",", &save); id && rc == 0; id = strtok_r(NULL, ",", &save))
+        rc = add_present(cfg, all, id);
+    return rc;
 }
 
 static void load_config(void)
