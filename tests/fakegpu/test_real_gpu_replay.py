@@ -1,4 +1,4 @@
-"""The real GPU's numbers, replayed on the fake: `bench/real_gpu.py --checks timing,qos` (its driver
+"""The real GPU's numbers, replayed on the fake: `bench/real_gpu.py --checks timing,qos,mps` (its driver
 probes run on both) on a fake H200, with MPS started by the fake's stand-in control daemon, and the
 SHAPE of what an NVIDIA H200 measured asserted (docs/fakegpu.md, "Time model"):
 
@@ -7,7 +7,11 @@ SHAPE of what an NVIDIA H200 measured asserted (docs/fakegpu.md, "Time model"):
 - the best-effort class's yield does not make the service meaningfully faster than beside an
   unhooked batch (time slices, not queues, decide its wait);
 - under MPS, beside a batch at below-normal priority capped at 50% of the threads, the service keeps
-  about its latency alone and the batch most of its rate.
+  about its latency alone and the batch most of its rate;
+- MPS mode as shipped (the hook sets each container's MPS client from its limits, over the
+  container's own environment) meets issue 25's targets: the latency-critical p99 within 2x of its
+  p99 alone, the best-effort batch at least half its rate; and a standard container keeps its share
+  within 2 points beside best-effort work.
 
 Host timings on a loaded 2-core machine only grow, so bounds are generous where they could; the
 exact simulated numbers are asserted with CUDA events in test_timeline.py."""
@@ -51,7 +55,16 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
     env["PATH"] = f"{fakegpu.BIN_DIR}:{env.get('PATH', '')}"
     out = tmp / "results.jsonl"
     done = subprocess.run(
-        [sys.executable, str(REAL_GPU), "--hook", str(hook), "--checks", "timing,qos", "--json", str(out)],
+        [
+            sys.executable,
+            str(REAL_GPU),
+            "--hook",
+            str(hook),
+            "--checks",
+            "timing,qos,mps",
+            "--json",
+            str(out),
+        ],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -108,3 +121,20 @@ def test_under_mps_a_capped_low_priority_batch_leaves_the_service_its_latency(
     # Holding every SM, the batch makes the service wait for its kernels' ends, priority or not.
     full = table["qos driver under MPS: latency-critical beside batch at priority below normal"]
     assert full["p50_ms"] - alone["p50_ms"] >= 0.3, (alone, full)
+
+
+def test_mps_mode_as_shipped_meets_the_targets(table: dict[str, dict[str, Any]]) -> None:
+    alone = table["mps mode driver: latency-critical alone"]
+    name = "mps mode driver: latency-critical beside best-effort batch, 50% threads"
+    beside, batch = table[name], table[f"{name}: batch"]
+    # The H200: p99 0.789 ms against 0.652 alone (1.21x); the batch at 1.0 of its rate.
+    assert beside["p99_ms"] <= 2 * alone["p99_ms"] + 0.5, (alone, beside)
+    assert batch["beside_over_alone"] >= 0.5, batch
+
+
+def test_a_standard_container_keeps_its_share_beside_best_effort(table: dict[str, dict[str, Any]]) -> None:
+    alone = table["qos driver: standard 30% alone"]["steps_per_s"]
+    beside = table["qos driver: standard 30% beside best-effort batch"]["steps_per_s"]
+    # 1000 us kernels at 30%: 300 a second is its whole share; within 2 points is 280 (the H200: 312
+    # alone, 313 beside).
+    assert beside >= alone * (28 / 30), (alone, beside)

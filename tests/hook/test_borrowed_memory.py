@@ -5,13 +5,16 @@ Real hooked processes run as the containers would (each in its own mount namespa
 state dirs mounted where the hook looks for them), the node agent's usage checks run as in the
 agent, and a stand-in for the API server "evicts" a pod by killing its processes (the kubelet's
 part). Best-effort containers allocate and free at random against their dynamic quotas; the
-guaranteed container walks at random within its quota and must never be refused."""
+guaranteed container walks at random within its quota and must never be refused. The agent reads
+the GPU's free memory from the fake GPU's NVML, as in a node, to confirm a shortage before it evicts."""
 
 from __future__ import annotations
 
 import random
 import subprocess
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from tests.hook.conftest import Clients, FakeGpus, write_fake_gpus
 from tests.processes import Processes
 from tests.waiting import wait_for
 
+NVML_MEMORY = Path(__file__).resolve().parent / "clients" / "nvml_memory_server.py"
 GPU_MIB = 4096
 GRANT_MIB = 3072
 BLOCK_MIB = 256
@@ -59,6 +63,21 @@ class EvictingKube:
 
     def warn(self, pod: Any, reason: str, message: str) -> None:
         self.events.append((pod.name, reason, message))
+
+
+def driver_free_memory(gpu: FakeGpus, processes: Processes) -> Callable[[str], int | None]:
+    """The GPU's free memory by the fake GPU's NVML, from a process asked over a pipe."""
+    server = processes.start([sys.executable, str(NVML_MEMORY)], gpu.env(hooked=False))
+    lock = threading.Lock()
+
+    def free(uuid: str) -> int | None:
+        assert server.stdin is not None and server.stdout is not None
+        with lock:
+            server.stdin.write(uuid + "\n")
+            server.stdin.flush()
+            return int(server.stdout.readline().split()[0])
+
+    return free
 
 
 def serve(state: StateDir, gpu: FakeGpus, name: str, qos: QosClass, served_at: float) -> ContainerDir:
@@ -157,6 +176,7 @@ def test_a_guaranteed_allocation_within_quota_never_fails_beside_borrowers(
     kube = EvictingKube()
     kube_any: Any = kube
     agent = Agent(config, (info,), kube_any, state, pod_resources=lambda: None)
+    agent.free_memory = driver_free_memory(gpu, processes)
     agent.check_usage()  # the limits files, before any process starts
     stop = threading.Event()
     checks = threading.Thread(target=agent.run_usage_checks, args=(stop,))
