@@ -93,8 +93,9 @@ def test_a_service_beside_batch_kernels_waits_one_time_slice_not_the_kernel(
         # within the slice more often); never the 8 ms kernel.
         assert 0.5 <= wait <= SLICE_MS + SWITCH_MS + 1.5, (kernel_us, alone, beside)
         batch = table[f"timing service beside {kernel_us} us batch kernels: batch"]
-        # It loses the service's kernels and the switches (the H200: 0.88-0.90 of its rate alone).
-        assert 0.6 <= batch["beside_over_alone"] <= 1.05, (kernel_us, batch)
+        # It loses the service's kernels and the switches (the H200: 0.88-0.90 of its rate alone); the
+        # host's pauses on a loaded machine can make its stretch alone the slower one.
+        assert 0.6 <= batch["beside_over_alone"] <= 1.25, (kernel_us, batch)
 
 
 def test_the_best_effort_yield_does_not_shorten_the_wait(table: dict[str, dict[str, Any]]) -> None:

@@ -13,10 +13,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # Instructions the hook may add per call: issue #15's targets, with QoS classes active. Measured
-# (docs/benchmarks.md): 25, 212, 391, and 277-287 for the launches of the classes. The launches
-# under a compute quota vary by a few from run to run with how many of them are measured (the
-# bench's docstring says why), hence the wide spread between the two call counts below.
-TARGET = 300
+# (docs/benchmarks.md): 25, 212, 391, and 277-287 for the launches of the classes on the FIFO fake
+# GPU; 241, and 304-319 for the classes, on the fake GPU's scheduler model (issue 25): the count
+# includes the fake driver's own work in the event calls the hook's measured launches make, which
+# now run the model, and under valgrind more launches are measured (the bench's docstring says
+# why); the hook's own path grew by one load and branch (stream capture). The launches under a
+# compute quota vary by a few from run to run, hence the wide spread between the call counts below.
+TARGET = 340
 BUDGET = {
     "launch": 50,  # cuLaunchKernel, no compute quota
     "launch_quota": TARGET,  # cuLaunchKernel, compute quota, nothing to wait for

@@ -1,11 +1,11 @@
-"""QoS classes on one fake GPU (docs/hook.md, "QoS classes on the GPU"): a latency-critical
-container keeps its kernels' latency beside a best-effort one, which still gets the time left idle,
-and standard containers keep their shares beside a best-effort one.
-
-The fake GPU runs the kernels of every process one after another on one device timeline, so a
-kernel waits for whatever was queued before it: that queue is what the classes keep short. Only
-behaviour is asserted (latencies relative to the same client alone, shares of device time), with
-margins for a loaded machine."""
+"""QoS classes on one fake GPU (docs/hook.md, "QoS classes on the GPU"), time-sliced as a real one
+(docs/fakegpu.md, "Time model"): a latency-critical container's kernels wait at most about one time
+slice beside a best-effort one (what an NVIDIA H200 showed: the GPU preempts the running context at
+the slice's end, whatever its kernels' length; MPS mode does better, tests/hook/test_mps.py and
+tests/fakegpu/test_real_gpu_replay.py), the best-effort one still gets the time left idle, and
+standard containers keep their shares beside a best-effort one. Only behaviour is asserted
+(latencies relative to the same client alone, shares of device time), with margins for a loaded
+machine."""
 
 from __future__ import annotations
 
@@ -22,9 +22,11 @@ CRITICAL_PERIOD_US = 3333
 # The best-effort client: 5 ms kernels, flat out.
 BEST_EFFORT_KERNEL = "sleep_us_5000"
 BEST_EFFORT_KERNEL_US = 5000.0
-# Scheduling noise on a loaded 2-core machine, on top of the one best-effort kernel a
-# latency-critical kernel may find running.
-NOISE_US = 3000.0
+# The fake GPU's time slice and context switch (its defaults, calibrated to an H200: docs/fakegpu.md).
+SLICE_US = 1200.0 + 100.0
+# Scheduling noise on a loaded 2-core machine, on top of the one time slice a latency-critical
+# kernel may wait for.
+NOISE_US = 1000.0
 
 
 @dataclass(frozen=True)
@@ -90,27 +92,11 @@ def test_latency_critical_keeps_its_latency_beside_best_effort_which_gets_the_id
     # for a second after it).
     best_effort_share = share_between(ticks(finish(best_effort)), 0.5, 5.5, BEST_EFFORT_KERNEL_US * 1e-6)
 
-    # Without classes: the same pair, the batch container standard without a compute quota (as a
-    # best-effort pod would be without classes), so nothing bounds its queue.
-    unclassed = processes.start(
-        flat_out(clients, BEST_EFFORT_KERNEL, 4), gpu.env(TESSERA_REGION=str(tmp_path / "region-unclassed"))
-    )
-    without = Paced.parse(
-        finish(
-            processes.start(
-                critical(clients, 2),
-                gpu.env(TESSERA_CORES="40", TESSERA_REGION=str(tmp_path / "region-standard")),
-            )
-        )
-    )
-    processes.stop(unclassed)
-
     numbers = (
-        f"alone {alone}, beside best-effort {beside} ({best_effort_share:.1f}%; alone {batch_alone:.1f}%), "
-        f"without classes {without}"
+        f"alone {alone}, beside best-effort {beside} ({best_effort_share:.1f}%; alone {batch_alone:.1f}%)"
     )
-    assert beside.p99_us <= alone.p99_us + BEST_EFFORT_KERNEL_US + NOISE_US, numbers
-    assert 3 * beside.p99_us <= without.p99_us, numbers
+    # One time slice (and the switch) at most, not the best-effort kernel's 5 ms.
+    assert beside.p99_us <= alone.p99_us + SLICE_US + NOISE_US, numbers
     # The best-effort container gets at least 70% of the time the latency-critical one leaves idle
     # (of what it can use of it on this machine: its share alone).
     assert best_effort_share >= 0.7 * (100.0 - beside.share) * batch_alone / 100.0, numbers
