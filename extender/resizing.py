@@ -6,6 +6,9 @@ the API server's copy, never a cached one); the new allocation is counted from t
 decided (so no bind can take what it grows into while it is written); one merge patch, under the
 pod's resourceVersion, writes the allocation and the ``<domain>/resize-status`` and removes the
 request; a refusal writes the status and an event naming the shortfall, and changes nothing else.
+A resize that grows the pod is also held against its namespace's ResourceQuotas on Tessera's
+resources (:mod:`tessera.placement.quota`: the quota controller counts specs, not resizes), read
+afresh with the namespace's pods.
 The device plugin on the node then rewrites the container's limits file, which the hook follows.
 
 A request is done once its status is written and the request removed, so it is asked again only by
@@ -35,11 +38,13 @@ from tessera.contract import (
     dump_resize_status,
     format_time,
     parse_allocation,
+    parse_integer_quantity,
+    parse_pod_request,
     parse_resize,
     pod_ref,
 )
 from tessera.inflight import is_allocating
-from tessera.placement import ResizeRefusal, resize
+from tessera.placement import QuotaLimit, ResizeRefusal, beyond_spec, quota_refusal, quota_resources, resize
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +155,8 @@ class Resizer:
             return _Step.WAIT  # its containers are being given their GPUs with the allocation as it is
         self.state.upsert_pod(pod)  # the state counts the pod as the API server has it now
         decided = self._decide(pod, text)
+        if isinstance(decided, Allocation):
+            decided = await self._within_quota(pod, decided) or decided
         patch: dict[str, str | None] = {self.keys.resize: None}
         if isinstance(decided, Allocation):
             patch[self.keys.allocation] = decided.model_dump_json()
@@ -212,6 +219,69 @@ class Resizer:
         if isinstance(decided, ResizeRefusal):
             return decided.reason
         return decided
+
+    async def _within_quota(self, pod: JsonObject, decided: Allocation) -> str:
+        """Why ``decided`` breaks the pod's namespace's ResourceQuota ("" when it does not), with the
+        quotas and the namespace's pods read afresh (only when the namespace has such a quota)."""
+        metadata = pod.get("metadata") or {}
+        namespace, uid = str(metadata.get("namespace")), str(metadata.get("uid"))
+        limits = await self._quota_limits(namespace)
+        if not limits:
+            return ""
+        before = parse_allocation((metadata.get("annotations") or {})[self.keys.allocation])
+        containers = parse_pod_request(pod, self.keys).containers
+        pods, _ = await self.kube.list(f"/api/v1/namespaces/{namespace}/pods")
+        others: dict[str, int] = {}
+        for other in pods:
+            other_meta = other.get("metadata") or {}
+            allocation_text = (other_meta.get("annotations") or {}).get(self.keys.allocation)
+            if other_meta.get("uid") == uid or allocation_text is None:
+                continue
+            if (other.get("status") or {}).get("phase") in TERMINAL_POD_PHASES:
+                continue  # the quota controller no longer counts it either
+            try:
+                held = beyond_spec(
+                    parse_pod_request(other, self.keys).containers,
+                    parse_allocation(allocation_text),
+                    self.keys,
+                )
+            except ContractError:
+                continue  # not a pod Tessera placed as it is now
+            for resource, amount in held.items():
+                others[resource] = others.get(resource, 0) + amount
+        return quota_refusal(
+            namespace,
+            limits,
+            others,
+            beyond_spec(containers, before, self.keys),
+            beyond_spec(containers, decided, self.keys),
+        )
+
+    async def _quota_limits(self, namespace: str) -> list[QuotaLimit]:
+        """The namespace's ResourceQuotas' limits on Tessera's resources. A quota with scopes counts
+        only some pods, which this does not tell apart: it is left out (docs/placement.md)."""
+        quotas, _ = await self.kube.list(f"/api/v1/namespaces/{namespace}/resourcequotas")
+        limits = []
+        for quota in quotas:
+            spec = quota.get("spec") or {}
+            if spec.get("scopes") or spec.get("scopeSelector"):
+                continue
+            hard = spec.get("hard") or {}
+            used = (quota.get("status") or {}).get("used") or {}
+            name = str((quota.get("metadata") or {}).get("name"))
+            for resource in quota_resources(self.keys):
+                if resource not in hard:
+                    continue
+                try:
+                    limit = parse_integer_quantity(hard[resource], field=f"{name}: spec.hard[{resource}]")
+                    use = parse_integer_quantity(
+                        used.get(resource, "0"), field=f"{name}: status.used[{resource}]"
+                    )
+                except ContractError as e:  # Tessera's resources are whole numbers; this quota cannot hold
+                    log.warning("namespace %s: ResourceQuota ignored for resizes: %s", namespace, e)
+                    continue
+                limits.append(QuotaLimit(quota=name, resource=resource, hard=limit, used=use))
+        return limits
 
 
 def _describe(allocation: Allocation) -> str:

@@ -17,6 +17,7 @@ No I/O here. The extender (kube-scheduler adapter) and the simulator call the sa
   its annotation; ``qos_lowered``: why it did not get the class it asked for).
 * :mod:`.preemption`: ``choose_victims``, the lower-priority pods to evict on a node so a pod fits.
 * :mod:`.resize`: ``resize``, a placed pod's new quotas on the GPUs it has (live resize).
+* :mod:`.quota`: a namespace's ResourceQuota held against a live resize (``quota_refusal``).
 * :mod:`.usage`: ``UsageRule`` (the safety margin and staleness of measured use) and
   ``placed_since``, for placing best-effort pods against measured use.
 """
@@ -46,6 +47,7 @@ from tessera.placement.model import (
 from tessera.placement.policies import ClusterContext, PlacementPolicy
 from tessera.placement.preemption import Preemption, Victim, budget_violations, choose_victims
 from tessera.placement.qos import QosThresholds, qos_class, qos_lowered
+from tessera.placement.quota import QuotaLimit, beyond_spec, quota_refusal, quota_resources
 from tessera.placement.resize import ResizeRefusal, resize
 from tessera.placement.score import best_fits, choose, score_fits, score_nodes
 from tessera.placement.speed import SpeedProfiles
@@ -68,6 +70,7 @@ __all__ = [
     "PodShape",
     "Preemption",
     "QosThresholds",
+    "QuotaLimit",
     "ResizeRefusal",
     "ShapeMix",
     "Shortfall",
@@ -76,6 +79,7 @@ __all__ = [
     "Victim",
     "apply",
     "best_fits",
+    "beyond_spec",
     "budget_violations",
     "build_node",
     "choose",
@@ -89,6 +93,8 @@ __all__ = [
     "placement_of",
     "qos_class",
     "qos_lowered",
+    "quota_refusal",
+    "quota_resources",
     "release",
     "resize",
     "score_fits",

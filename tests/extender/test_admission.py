@@ -1,6 +1,8 @@
 """deploy/extender.yaml's RBAC and admission policy, applied to the real API server: only Tessera's
 service accounts may set or change a pod's placement annotations (a tenant editing its bound pod's
-allocation from 40960 to 1024 MiB is refused), and the extender may do exactly what its code does."""
+allocation from 40960 to 1024 MiB is refused), only users granted tessera-resizer may ask a pod for
+a live resize (a tenant who may edit its pods may not), and the extender may do exactly what its
+code does."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.k8s
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "extender.yaml"
 EXTENDER_SA = "system:serviceaccount:kube-system:tessera-extender"
 TENANT = "tenant"
+RESIZER = "resizer"  # a user the namespace binds the chart's tessera-resizer to
 KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
          "ValidatingAdmissionPolicyBinding")  # fmt: skip
 
@@ -88,7 +91,22 @@ def deployed(kube: client.ApiClient, namespace: str) -> Iterator[None]:
         {
             "metadata": {"name": "tenant"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
+            "subjects": [
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}
+                for user in (TENANT, RESIZER)
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "resizer"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "tessera-resizer",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": RESIZER}],
         },
     )
     try:
@@ -198,7 +216,17 @@ def test_only_tessera_sets_or_changes_the_placement_annotations(
                 )
             )
             assert status == 403 and f"{KEYS.bind_time}, {KEYS.resize_status} of pod" in text, text
-    tenant.patch_namespaced_pod("p", namespace, {"metadata": {"annotations": {KEYS.resize: "cores=50"}}})
+    # Asking for a live resize needs a right of its own: a tenant who may edit its pods may not (a
+    # resize grows what the pod gets); a user the namespace binds tessera-resizer to may.
+    ask = {"metadata": {"annotations": {KEYS.resize: "cores=50"}}}
+    status, text = refused(lambda: tenant.patch_namespaced_pod("p", namespace, ask))
+    assert status == 403 and f"{TENANT} may not ask pod {namespace}/p for a live resize" in text, text
+    assert "update on pods/resize in the API group tessera.io" in text, text
+    status, text = refused(
+        lambda: tenant.create_namespaced_pod(namespace, pod("r", {KEYS.resize: "cores=50"}))
+    )
+    assert status == 403 and "for a live resize" in text, text
+    as_user(RESIZER).patch_namespaced_pod("p", namespace, ask)
     # The extender answers it through the pod's status subresource (kube-scheduler's right).
     answer = {KEYS.allocation: allocation(2048), KEYS.resize_status: "{}", KEYS.resize: None}
     extender.patch_namespaced_pod_status("p", namespace, {"metadata": {"annotations": answer}})
@@ -222,12 +250,14 @@ def test_the_extender_may_do_what_its_code_does_and_no_more(
     client.CoreV1Api(kube).create_namespaced_pod(namespace, pod("p"))
     extender = as_user(EXTENDER_SA)
     # What extender/kube.py does: list and watch nodes and pods, get a pod, create a Binding, patch a
-    # pod's status (a live resize's answer) and create an event.
+    # pod's status (a live resize's answer), create an event, and list a namespace's ResourceQuotas
+    # (a live resize is held against them).
     assert [n.metadata.name for n in extender.list_node().items] == ["n"]
     assert [
         p.metadata.name for p in extender.list_pod_for_all_namespaces(field_selector="spec.nodeName=").items
     ]
     assert extender.read_namespaced_pod("p", namespace).metadata.name == "p"
+    assert extender.list_namespaced_resource_quota(namespace).items == []
     extender.patch_namespaced_pod_status("p", namespace, {"metadata": {"annotations": {"x": "y"}}})
     extender.create_namespaced_event(
         namespace,
@@ -243,6 +273,7 @@ def test_the_extender_may_do_what_its_code_does_and_no_more(
         lambda: extender.read_node("n"),
         lambda: extender.patch_node("n", {"metadata": {"labels": {"x": "y"}}}),
         lambda: extender.create_namespaced_pod(namespace, pod("other")),
+        lambda: extender.create_namespaced_resource_quota(namespace, {"metadata": {"name": "q"}, "spec": {}}),
     ):
         status, text = refused(call)
         assert status == 403 and "forbidden" in text, text

@@ -210,3 +210,63 @@ def test_concurrent_resizes_and_new_pods_never_overcommit_a_gpu(
 
 def annotations_of(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, str]:
     return dict(core.read_namespaced_pod(name, namespace).metadata.annotations or {})
+
+
+def test_a_resize_is_held_against_the_namespaces_resource_quota(
+    kube: client.ApiClient,
+    namespace: str,
+    create_fake_node: Callable[..., str],
+    extender_with_scheduler: Callable[[int], ExtenderServer],
+) -> None:
+    """The quota controller counts pods' specs, not their resizes: a tenant with a quota of 4096 MiB
+    of GPU memory resizing its 1024 MiB pod to 8192 MiB is refused, naming the quota, though the GPU
+    has room; up to the quota is applied; and what resized pods hold beyond their specs counts for
+    the next resize in the namespace."""
+    core = client.CoreV1Api(kube)
+    one_gpu_node(create_fake_node)
+    extender_with_scheduler(600)
+    memory = f"requests.{KEYS.vgpu_memory}"
+
+    def quota_counts(used_mib: int) -> None:
+        # What the quota controller writes (the test's control plane does not run it): the specs' sum.
+        core.patch_namespaced_resource_quota_status(
+            "gpu", namespace, {"status": {"hard": {memory: "4096"}, "used": {memory: str(used_mib)}}}
+        )
+
+    with FakeDevicePlugin(kube, namespace):
+        for name in ("own", "second"):
+            pod = gpu_pod(name, memory=1024, cores=10)
+            pod["metadata"].pop("namespace")
+            core.create_namespaced_pod(namespace, pod)
+            wait_for(
+                lambda n=name: (
+                    (core.read_namespaced_pod(n, namespace).metadata.annotations or {}).get(
+                        KEYS.allocation_phase
+                    )
+                    == "allocated"
+                ),
+                what=f"{name} bound and allocated",
+            )
+        core.create_namespaced_resource_quota(
+            namespace, {"metadata": {"name": "gpu"}, "spec": {"hard": {memory: "4096"}}}
+        )
+        quota_counts(2048)
+
+        refused = ask(core, namespace, "own", "memory=8192")
+        assert refused.outcome is ResizeOutcome.REFUSED, refused
+        assert refused.message.startswith(
+            f"namespace {namespace}'s ResourceQuota gpu allows {memory} 4096; with this resize its pods "
+            "would hold 9216"
+        ), refused.message
+        assert quotas(core, namespace, "own") == (1024, 10)
+
+        applied = ask(core, namespace, "own", "memory=3072")  # 2048 by specs + 2048 beyond: 4096
+        assert applied.outcome is ResizeOutcome.APPLIED, applied
+        assert quotas(core, namespace, "own") == (3072, 10)
+        # The quota still counts 2048 (specs); the other pod's growth meets the first's.
+        again = ask(core, namespace, "second", "memory=2048")
+        assert again.outcome is ResizeOutcome.REFUSED, again
+        assert "resized pods hold 3072 beyond them, 1024 of it this resize's" in again.message, again.message
+        # Shrinking passes, and gives back what it held beyond its spec.
+        assert ask(core, namespace, "own", "memory=1024").outcome is ResizeOutcome.APPLIED
+        assert ask(core, namespace, "second", "memory=2048").outcome is ResizeOutcome.APPLIED
