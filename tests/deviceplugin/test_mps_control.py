@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from deviceplugin import mps_control
 from deviceplugin.mps_control import ControlConfig, parse_control_config, serve
-from deviceplugin.mps_daemon import DaemonReport, MpsDaemon, mps_paths
+from deviceplugin.mps_daemon import DaemonReport, MpsDaemon, MpsPaths, mps_paths
 from deviceplugin.sharing import NodeModeError
 from tessera.contract import KEYS, SharingMode
 from tests.deviceplugin.test_mps_daemon import started, wait_gone
@@ -44,9 +45,11 @@ class Run:
     """``serve`` on a thread, as the binary runs it until SIGTERM (``stop``)."""
 
     def __init__(
-        self, config: ControlConfig, labels: Mapping[str, str], uuids: Sequence[str] = UUIDS
+        self, runs: list[Run], config: ControlConfig, labels: Mapping[str, str], uuids: Sequence[str] = UUIDS
     ) -> None:
         self.stop = threading.Event()
+        # Set once the daemon is started or adopted (serve's next step, check_shm, was reached).
+        self.ready = threading.Event()
         self.asked_gpus = 0
         self.told: list[str] = []
         self.result: list[MpsDaemon | None] = []
@@ -67,6 +70,7 @@ class Run:
                 self.error.append(e)
 
         self.thread = threading.Thread(target=target)
+        runs.append(self)  # before it starts: the runs fixture tells the last one it is ready
         self.thread.start()
 
     def end(self) -> MpsDaemon | None:
@@ -79,8 +83,15 @@ class Run:
 
 
 @pytest.fixture
-def runs() -> Iterator[list[Run]]:
+def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Run]]:
     made: list[Run] = []
+    check_shm = mps_control.check_shm
+
+    def checked(paths: MpsPaths) -> None:
+        check_shm(paths)
+        made[-1].ready.set()
+
+    monkeypatch.setattr(mps_control, "check_shm", checked)
     yield made
     for run in made:
         run.stop.set()
@@ -104,8 +115,7 @@ def wait_until(condition: Callable[[], object], what: str) -> None:
 def test_idle_on_a_time_sliced_node_until_stopped(
     tmp_path: Path, control: Path, runs: list[Run], labels: dict[str, str], default: SharingMode
 ) -> None:
-    run = Run(config_for(tmp_path, control, sharing=default), labels)
-    runs.append(run)
+    run = Run(runs, config_for(tmp_path, control, sharing=default), labels)
     time.sleep(0.3)
     assert run.thread.is_alive()  # it waits: its container neither exits nor crash-loops
     assert run.asked_gpus == 0  # nor opens NVML
@@ -114,8 +124,7 @@ def test_idle_on_a_time_sliced_node_until_stopped(
 
 
 def test_idle_on_an_mps_node_without_gpus(tmp_path: Path, control: Path, runs: list[Run]) -> None:
-    run = Run(config_for(tmp_path, control), {KEYS.node_sharing: "mps"}, uuids=[])
-    runs.append(run)
+    run = Run(runs, config_for(tmp_path, control), {KEYS.node_sharing: "mps"}, uuids=[])
     time.sleep(0.2)
     assert run.thread.is_alive() and run.asked_gpus == 1
     assert not (tmp_path / "state" / "mps").exists()
@@ -137,9 +146,8 @@ def test_on_an_mps_node_it_runs_the_daemon_restarts_it_and_leaves_it_running_on_
 ) -> None:
     config = config_for(tmp_path, control)
     probe = MpsDaemon(str(control), mps_paths(tmp_path / "state"), UUIDS)
-    run = Run(config, {KEYS.node_sharing: "mps"})
-    runs.append(run)
-    wait_until(lambda: probe.pid() is not None, "the daemon was not started")
+    run = Run(runs, config, {KEYS.node_sharing: "mps"})
+    assert run.ready.wait(10), "the daemon was not started"
     first = probe.pid()
     assert first is not None
     assert started(tmp_path) == [f"started {first} devices GPU-a,GPU-b"]
@@ -157,9 +165,9 @@ def test_on_an_mps_node_it_runs_the_daemon_restarts_it_and_leaves_it_running_on_
     assert probe.pid() == second
 
     # The container restarts: the next run adopts the daemon, starts none, tells no pod.
-    again = Run(config, {KEYS.node_sharing: "mps"})
-    runs.append(again)
-    time.sleep(0.3)
+    again = Run(runs, config, {KEYS.node_sharing: "mps"})
+    assert again.ready.wait(10), "the daemon was not adopted"
+    time.sleep(0.2)  # a few of its checks
     adopted = again.end()
     assert adopted is not None and adopted.starts == 0
     assert probe.pid() == second and len(started(tmp_path)) == 2 and again.told == []
@@ -167,9 +175,8 @@ def test_on_an_mps_node_it_runs_the_daemon_restarts_it_and_leaves_it_running_on_
 
 def test_stop_daemon_stops_it_on_stop(tmp_path: Path, control: Path, runs: list[Run]) -> None:
     probe = MpsDaemon(str(control), mps_paths(tmp_path / "state"), UUIDS)
-    run = Run(config_for(tmp_path, control, stop_daemon=True), {KEYS.node_sharing: "mps"})
-    runs.append(run)
-    wait_until(lambda: probe.pid() is not None, "the daemon was not started")
+    run = Run(runs, config_for(tmp_path, control, stop_daemon=True), {KEYS.node_sharing: "mps"})
+    assert run.ready.wait(10), "the daemon was not started"
     pid = probe.pid()
     assert pid is not None
     run.end()
