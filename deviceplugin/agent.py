@@ -91,8 +91,6 @@ CONFIRM_FIRST_PAUSE = 0.05
 CONFIRM_MAX_PAUSE = 1.0
 # The Warning event on a best-effort pod evicted to give borrowed GPU memory back.
 EVICTED_REASON = "TesseraBestEffortEvicted"
-# The Warning event on each pod served under MPS when the node's MPS control daemon was restarted.
-MPS_RESTARTED_REASON = "TesseraMpsDaemonRestarted"
 # A GPU's utilisation published before the next heartbeat once it moved by this many points.
 USAGE_CHANGE_PERCENT = 10
 # An eviction asked for is asked again (the pod still served) after its grace period and this long.
@@ -1019,20 +1017,6 @@ class Agent:
             self.kube.warn(pod, EVICTED_REASON, message)
         except Exception as e:
             log.warning("pod %s: cannot record event: %s", pod_ref(pod.namespace, pod.name), e)
-
-    def warn_mps_clients(self, message: str) -> int:
-        """A Warning event on each pod with a container served under MPS (the node's MPS control
-        daemon was restarted: ``message`` says so); returns how many pods were told."""
-        with self._lock:
-            pods = {
-                r.pod_uid: PodTarget(r.namespace, r.pod, r.pod_uid) for r in self._records.values() if r.mps
-            }
-        for pod in pods.values():
-            try:
-                self.kube.warn(pod, MPS_RESTARTED_REASON, message)
-            except Exception as e:
-                log.warning("pod %s: cannot record event: %s", pod_ref(pod.namespace, pod.name), e)
-        return len(pods)
 
     def _borrowing(self) -> bool:
         """Whether a served container borrows memory (an oversubscribed best-effort grant)."""

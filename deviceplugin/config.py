@@ -70,6 +70,8 @@ class Config:
     sharing: SharingMode = SharingMode.TIMESLICE
     mps_best_effort_threads: int = 50
     mps_control: str = DEFAULT_MPS_CONTROL
+    # How long the agent waits at start for the daemon (tessera-mps-control's) before it registers.
+    mps_wait_seconds: float = 30.0
 
     @property
     def kubelet_socket(self) -> Path:
@@ -213,7 +215,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--sharing",
-        type=_sharing,
+        type=sharing_mode_arg,
         default=env("TESSERA_SHARING", SharingMode.TIMESLICE.value),
         help="how the node's GPUs are shared when its Node has no <domain>/sharing label: timeslice "
         "(contexts of their own) or mps (clients of one MPS control daemon); the label, when set, "
@@ -229,8 +231,16 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument(
         "--mps-control",
         default=env("TESSERA_MPS_CONTROL", DEFAULT_MPS_CONTROL),
-        help="in MPS mode, the MPS control program the agent starts as the node's daemon (env "
-        "TESSERA_MPS_CONTROL, default %(default)s)",
+        help="in MPS mode, the MPS control program that runs as the node's daemon (tessera-mps-control "
+        "starts it; the agent checks that a process of this program runs; env TESSERA_MPS_CONTROL, "
+        "default %(default)s)",
+    )
+    p.add_argument(
+        "--mps-wait-seconds",
+        type=seconds,
+        default=env("TESSERA_MPS_WAIT_SECONDS", "30"),
+        help="in MPS mode, how long the agent waits at start for the node's MPS control daemon before "
+        "it registers with the kubelet anyway (env TESSERA_MPS_WAIT_SECONDS, default %(default)s)",
     )
     p.add_argument(
         "--over-quota-action",
@@ -259,7 +269,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return p
 
 
-def _sharing(text: str) -> SharingMode:
+def sharing_mode_arg(text: str) -> SharingMode:
     try:
         return parse_sharing_mode(text, source="sharing mode")
     except ContractError as e:
@@ -319,4 +329,5 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         sharing=args.sharing,
         mps_best_effort_threads=args.mps_best_effort_threads,
         mps_control=args.mps_control,
+        mps_wait_seconds=args.mps_wait_seconds,
     )

@@ -8,7 +8,6 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
@@ -18,8 +17,8 @@ from deviceplugin.config import Config, parse_config
 from deviceplugin.driveruse import GpuHolders, gpu_holders
 from deviceplugin.kube import Kube, load_api
 from deviceplugin.kubelet import run_registration
-from deviceplugin.metrics import AgentCollector, PluginMetrics
-from deviceplugin.mps_daemon import MpsDaemon, MpsPaths, mps_paths
+from deviceplugin.metrics import AgentCollector, PluginMetrics, mps_daemon_gauge
+from deviceplugin.mps_daemon import DaemonReport, mps_paths
 from deviceplugin.nvml import GpuReading, discover_gpus
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
@@ -27,7 +26,7 @@ from deviceplugin.process import serve_until_signalled
 from deviceplugin.sharing import node_sharing_mode
 from deviceplugin.statedir import StateDir
 from hook._library import LIBRARY_ENV
-from tessera.contract import CONTAINER_MPS_SHM_DIR, SharingMode
+from tessera.contract import SharingMode
 
 log = logging.getLogger("tessera-device-plugin")
 
@@ -41,12 +40,14 @@ def run(config: Config, stop: threading.Event) -> None:
     nvml, gpus = discover_gpus(config.split)
     sharing = node_sharing_mode(kube.node_labels(), config.keys, config.node_name, config.sharing)
     log.info("node %s: GPUs shared by %s", config.node_name, sharing.value)
-    daemon = None
+    report = None
     if sharing == SharingMode.MPS and gpus:
-        # Before the kubelet hears of the agent: no container is served before its daemon runs.
-        daemon = MpsDaemon(config.mps_control, mps_paths(config.state_dir), [g.uuid for g in gpus])
-        daemon.ensure()
-        _check_shm(daemon.paths)
+        # The daemon is tessera-mps-control's, in a container of its own: the agent neither starts
+        # nor restarts it, and only says whether it runs. Before the kubelet hears of the agent, a
+        # while for it to come up (the two containers start together), so that containers are not
+        # served before it runs; the agent serves them anyway once the wait is over.
+        report = DaemonReport(config.mps_control, mps_paths(config.state_dir))
+        report.wait(stop, config.mps_wait_seconds)
     cache = PodCache(kube)
     phases = PhaseWriter(kube)
     agent = Agent(config, gpus, kube, state, cache=cache, phases=phases, sharing=sharing)
@@ -70,12 +71,6 @@ def run(config: Config, stop: threading.Event) -> None:
     agent.gpu_holders = driver_holders
     agent.free_memory = free_memory
 
-    # Events go out on their own thread: a caller never waits for the API server.
-    events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
-
-    if daemon is not None:
-        daemon.on_restart = lambda message: events.submit(agent.warn_mps_clients, message)
-
     registry = CollectorRegistry()
     registry.register(
         AgentCollector(
@@ -87,6 +82,10 @@ def run(config: Config, stop: threading.Event) -> None:
         )
     )
     plugin_metrics = PluginMetrics(registry)
+    if report is not None:
+        running = mps_daemon_gauge(registry)
+        running.set(0 if report.check() is None else 1)
+        report.on_change = lambda pid: running.set(0 if pid is None else 1)
     agent.on_followed = plugin_metrics.resizes_followed.inc
     agent.on_evicted = plugin_metrics.best_effort_evictions.inc
     metrics_server, _ = start_http_server(config.metrics_port, config.metrics_address, registry=registry)
@@ -109,8 +108,8 @@ def run(config: Config, stop: threading.Event) -> None:
         threads.append(
             threading.Thread(target=agent.run_presence_checks, args=(nvml.present, stop), name="presence")
         )
-    if daemon is not None:  # never stopped by the agent: its clients would end with it
-        threads.append(threading.Thread(target=daemon.watch, args=(stop,), name="mps"))
+    if report is not None:
+        threads.append(threading.Thread(target=report.watch, args=(stop,), name="mps"))
     for thread in threads:
         thread.start()
     try:
@@ -123,30 +122,10 @@ def run(config: Config, stop: threading.Event) -> None:
         for thread in threads:
             thread.join()
         metrics_server.shutdown()
-        events.shutdown(wait=False, cancel_futures=True)
         kube.close()
         if nvml is not None:
             nvml.close()
         log.info("stopped")
-
-
-def _check_shm(paths: MpsPaths) -> None:
-    """Say so when the daemon's /dev/shm is not the directory containers get as theirs (the chart
-    mounts it so): the server and its clients would not share memory, and clients could not connect."""
-    try:
-        same = os.path.samefile(CONTAINER_MPS_SHM_DIR, paths.shm)
-    except OSError:
-        same = False
-    if not same:
-        log.warning(
-            "MPS: %s is not %s, which containers get as their %s: mount %s at %s in the agent's "
-            "container (the chart does), or MPS clients may not reach the server",
-            CONTAINER_MPS_SHM_DIR,
-            paths.shm,
-            CONTAINER_MPS_SHM_DIR,
-            paths.shm,
-            CONTAINER_MPS_SHM_DIR,
-        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

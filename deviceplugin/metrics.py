@@ -56,6 +56,16 @@ ALLOCATE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.1, 0
 ALLOCATE_ERROR_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)
 
 
+def mps_daemon_gauge(registry: CollectorRegistry) -> Gauge:
+    """On a node in MPS mode only: whether the node's MPS control daemon runs."""
+    return Gauge(
+        "tessera_device_plugin_mps_daemon_running",
+        "On a node in MPS mode: 1 while the node's MPS control daemon runs (its pid file names a live "
+        "process of the control program, which the tessera-mps-control container starts), else 0",
+        registry=registry,
+    )
+
+
 class PluginMetrics:
     """What the kubelet sees of the device plugin: Allocate's latency and refusals, registration; and
     the live resizes it followed."""

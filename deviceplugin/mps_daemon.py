@@ -1,5 +1,8 @@
 """The node's MPS control daemon (docs/deviceplugin.md, "MPS mode"): one per node in MPS mode,
-covering the node's shared GPUs, with one lifecycle: start, adopt, watch, restart.
+covering the node's shared GPUs, with one lifecycle: start, adopt, watch, restart, and one manager,
+``tessera-mps-control`` (deviceplugin/mps_control.py), in a container of its own beside the node
+agent's, so that the agent's container can restart without touching the daemon. The agent only
+reports whether the daemon runs (:class:`DaemonReport`).
 
 One daemon per node, not per GPU: a client's ``CUDA_MPS_PIPE_DIRECTORY`` is process-wide, and a
 container may have several GPUs. Its files live under the agent's state dir::
@@ -8,12 +11,13 @@ container may have several GPUs. Its files live under the agent's state dir::
                 (nvidia-cuda-mps-control.pid); mounted read-write in every container
     mps/log/    CUDA_MPS_LOG_DIRECTORY: control.log, server.log
     mps/shm/    what the daemon and its clients must share as /dev/shm (the chart mounts a tmpfs
-                there and at /dev/shm in the agent; every container gets it at /dev/shm)
+                there and at /dev/shm in the daemon's container; every container gets it at /dev/shm)
 
-The daemon is started with ``-d`` (it daemonises: it is never the agent's child). An agent that
+The daemon is started with ``-d`` (it daemonises: it is never its manager's child). A manager that
 starts while a daemon runs (a restart) adopts it, found by its pid file, instead of starting another
 or killing it: killing it would end every client on the node. A daemon found dead is started again,
-and said so (a log line and :attr:`MpsDaemon.on_restart`). The agent never stops the daemon.
+and said so (a log line and :attr:`MpsDaemon.on_restart`). The manager stops the daemon only when
+told to (``tessera-mps-control --stop-daemon``).
 """
 
 from __future__ import annotations
@@ -117,8 +121,15 @@ def _is_program(pid: int, program: str) -> bool:
     return any(os.path.basename(arg.decode(errors="replace")) == name for arg in cmdline.split(b"\0")[:3])
 
 
+def running_daemon(control: str, paths: MpsPaths) -> int | None:
+    """The pid of the daemon that runs for ``paths`` (its pid file names a live process of the program
+    ``control``); None when none runs."""
+    pid = _read_pid(paths.pid_file)
+    return pid if pid is not None and _is_program(pid, control) else None
+
+
 class MpsDaemon:
-    """The node's MPS control daemon."""
+    """The node's MPS control daemon, as its one manager (``tessera-mps-control``) sees it."""
 
     def __init__(
         self,
@@ -144,8 +155,7 @@ class MpsDaemon:
 
     def pid(self) -> int | None:
         """The running daemon's pid, from its pid file; None when none runs."""
-        pid = _read_pid(self.paths.pid_file)
-        return pid if pid is not None and _is_program(pid, self.control) else None
+        return running_daemon(self.control, self.paths)
 
     def ensure(self) -> str:
         """Adopt the running daemon, or start one: ``"adopted"`` or ``"started"``. Raises
@@ -237,3 +247,49 @@ class MpsDaemon:
             except (MpsDaemonError, OSError, subprocess.TimeoutExpired) as e:
                 log.warning("cannot start the MPS control daemon (trying again in %g s): %s", pause * 2, e)
                 pause = min(MAX_RESTART_PAUSE, pause * 2)
+
+
+class DaemonReport:
+    """What the node agent, which does not manage the daemon, says of it: whether it runs, logged
+    each time that changes and told to :attr:`on_change` (the agent's metric)."""
+
+    def __init__(self, control: str, paths: MpsPaths) -> None:
+        self.control = control
+        self.paths = paths
+        self.on_change: Callable[[int | None], object] | None = None
+        self._pid: int | None = None
+        self._checked = False
+
+    def check(self) -> int | None:
+        """The running daemon's pid (None when none runs); a change since the last check is logged."""
+        pid = running_daemon(self.control, self.paths)
+        if self._checked and pid == self._pid:
+            return pid
+        if pid is not None:
+            log.info("MPS control daemon %d runs (pipe directory %s)", pid, self.paths.pipe)
+        else:
+            log.warning(
+                "no MPS control daemon runs (pipe directory %s): the tessera-mps-control container "
+                "starts it; until it runs, CUDA processes of the containers on this node find no MPS server",
+                self.paths.pipe,
+            )
+        self._pid, self._checked = pid, True
+        if self.on_change is not None:
+            self.on_change(pid)
+        return pid
+
+    def wait(self, stop: threading.Event, seconds: float, interval: float = 0.1) -> int | None:
+        """:meth:`check` until the daemon runs, ``seconds`` pass or ``stop``; its pid, or None."""
+        deadline = time.monotonic() + seconds
+        while (
+            running_daemon(self.control, self.paths) is None
+            and (left := deadline - time.monotonic()) > 0
+            and not stop.wait(min(interval, left))
+        ):
+            pass
+        return self.check()
+
+    def watch(self, stop: threading.Event, interval: float = WATCH_SECONDS) -> None:
+        """:meth:`check` every ``interval`` until ``stop``."""
+        while not stop.wait(interval):
+            self.check()

@@ -11,6 +11,7 @@ import pytest
 
 from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
+from deviceplugin.mps_control import mps_clients, warn_mps_clients
 from deviceplugin.sharing import MpsPolicy, NodeModeError, node_sharing_mode
 from deviceplugin.statedir import ServedRecord, StateDir
 from hook.limits import MpsClient
@@ -170,11 +171,18 @@ def test_the_mps_line_stays_on_every_rewrite_and_after_a_restart(tmp_path: Path)
 
 
 def test_a_restarted_daemon_is_said_on_each_pod_served_under_mps(tmp_path: Path) -> None:
+    """tessera-mps-control finds the pods to tell in the served records the agent wrote."""
     agent, kube = agent_on(tmp_path, SharingMode.MPS, PODS)
     agent.allocate([["GPU-1::0"]])
     agent.allocate([["GPU-1::2", "GPU-2::0"]])
-    assert agent.warn_mps_clients("the daemon was started again") == 2
+    state = StateDir(tmp_path)
+    assert [p.name for p in mps_clients(state)] == ["be", "lc"]
+    assert warn_mps_clients(kube.warn, state, "the daemon was started again") == 2
     assert sorted(kube.events) == [
         ("be", "the daemon was started again"),
         ("lc", "the daemon was started again"),
     ]
+    # A time-sliced container's pod is not told.
+    sliced, sliced_kube = agent_on(tmp_path / "sliced", SharingMode.TIMESLICE, PODS)
+    sliced.allocate([["GPU-1::0"]])
+    assert warn_mps_clients(sliced_kube.warn, StateDir(tmp_path / "sliced"), "restarted") == 0

@@ -1,73 +1,20 @@
 """The node's MPS control daemon's lifecycle (deviceplugin/mps_daemon.py) with a stand-in control
-program that behaves as ``nvidia-cuda-mps-control`` does for the agent: ``-d`` daemonises, writes
-its pid file and a ``control`` FIFO into CUDA_MPS_PIPE_DIRECTORY; without arguments it passes its
-stdin to the daemon, which exits on ``quit``."""
+program (the ``control`` fixture, tests/deviceplugin/conftest.py) that behaves as
+``nvidia-cuda-mps-control`` does for its manager: ``-d`` daemonises, writes its pid file and a
+``control`` FIFO into CUDA_MPS_PIPE_DIRECTORY; without arguments it passes its stdin to the daemon,
+which exits on ``quit``."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from deviceplugin.mps_daemon import PID_FILE, MpsDaemon, MpsDaemonError, daemon_environment, mps_paths
-
-STAND_IN = """\
-import os
-import sys
-
-pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
-pid_file = os.path.join(pipe, "nvidia-cuda-mps-control.pid")
-fifo = os.path.join(pipe, "control")
-if sys.argv[1:] == ["-d"]:
-    if os.fork():
-        os._exit(0)
-    os.setsid()
-    if os.fork():
-        os._exit(0)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    if not os.path.exists(fifo):
-        os.mkfifo(fifo)
-    with open(os.path.join(os.environ["CUDA_MPS_LOG_DIRECTORY"], "control.log"), "a") as log:
-        log.write(f"started {os.getpid()} devices {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\\n")
-    with open(pid_file + ".tmp", "w") as out:
-        out.write(f"{os.getpid()}\\n")
-    os.replace(pid_file + ".tmp", pid_file)
-    while True:
-        with open(fifo) as commands:
-            for line in commands:
-                if line.strip() == "quit":
-                    os.unlink(pid_file)
-                    os._exit(0)
-elif not sys.argv[1:]:
-    with open(fifo, "w") as daemon:
-        daemon.write(sys.stdin.read())
-else:
-    sys.exit(f"unknown arguments {sys.argv[1:]}")
-"""
-
-
-@pytest.fixture
-def control(tmp_path: Path) -> Iterator[Path]:
-    """The stand-in program, named as NVIDIA's; every daemon it left is killed after the test."""
-    program = tmp_path / "bin" / "nvidia-cuda-mps-control"
-    program.parent.mkdir()
-    program.write_text(f"#!{sys.executable}\n{STAND_IN}")
-    program.chmod(0o755)
-    yield program
-    log = tmp_path / "state" / "mps" / "log" / "control.log"
-    for line in log.read_text().splitlines() if log.exists() else []:
-        pid = int(line.split()[1])
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def daemon_for(tmp_path: Path, control: Path) -> MpsDaemon:

@@ -9,6 +9,7 @@ import random
 import re
 import signal
 import subprocess
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from deviceplugin.mps_daemon import MpsDaemon, mps_paths
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from sandbox.kubelet_standin import KubeletStandIn
 from tessera.contract import (
@@ -585,3 +587,35 @@ def test_a_restart_of_the_agent_loses_nothing(node: Node) -> None:
     _, answer = kubelet.admit_container(1)
     assert limits_of(answer.container_responses[0]) == {g[3]: (8192 * MIB, 60)}
     wait_for(lambda: phase_of(core, namespace, "two") == Phase.ALLOCATED, what="phase allocated")
+
+
+def test_the_agent_in_mps_mode_starts_no_daemon_and_reports_the_one_that_runs(
+    node: Node, control: Path, tmp_path: Path
+) -> None:
+    """The daemon is tessera-mps-control's (its own container): the agent in MPS mode registers after
+    its wait without one, never starts or restarts it, and says whether it runs."""
+    paths = mps_paths(tmp_path / "state")
+    plugin = node.start(
+        "--sharing=mps", f"--mps-control={control}", "--mps-wait-seconds=0.5", state_dir=tmp_path / "state"
+    )
+    port = plugin.metrics_port()
+    running = ("tessera_device_plugin_mps_daemon_running", frozenset[tuple[str, str]]())
+    assert scrape(port)[running] == 0
+    assert "no MPS control daemon runs" in plugin.log()
+    assert not paths.pid_file.exists() and not (paths.log / "control.log").exists()
+
+    # tessera-mps-control starts it (here its MpsDaemon): the agent sees it.
+    daemon = MpsDaemon(str(control), paths, node.gpus.uuids)
+    daemon.ensure()
+    pid = daemon.pid()
+    assert pid is not None
+    wait_for(lambda: scrape(port)[running] == 1, what="the daemon reported running")
+    assert f"MPS control daemon {pid} runs" in plugin.log()
+
+    # It dies: the agent says so and does not start it again.
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: scrape(port)[running] == 0, what="the daemon reported gone")
+    time.sleep(2.5)  # more than two of the agent's checks
+    assert daemon.pid() is None
+    assert len((paths.log / "control.log").read_text().splitlines()) == 1
+    assert plugin.process.running

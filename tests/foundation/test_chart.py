@@ -229,6 +229,107 @@ def test_chart_output_is_accepted_by_the_api_server(
             )
 
 
+def _agent_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [daemonset] = [
+        d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "tessera-device-plugin"
+    ]
+    return dict(daemonset)
+
+
+def test_the_mps_control_daemon_runs_in_a_container_of_its_own(repo_root: Path) -> None:
+    """The node's MPS control daemon is the mps-control container's (tessera-mps-control), beside the
+    agent's in the same pod: a restart of the agent's container leaves it and its clients running.
+    Same image, state dir and /dev/shm; root and privileged for the GPUs, and nothing else of the
+    agent's: no port, no kubelet socket, no hook, no probe, no memory limit."""
+    chart = str(repo_root / "charts" / "tessera")
+    docs = [d for d in yaml.safe_load_all(helm("template", "t", chart)) if d]
+    daemonset = _agent_pod(docs)
+    pod = daemonset["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["agent", "mps-control"]
+    agent = _container(docs, "tessera-device-plugin", "agent")
+    control = _container(docs, "tessera-device-plugin", "mps-control")
+    assert control["image"] == agent["image"]
+    assert control["command"] == ["tessera-mps-control"]
+    assert control["args"] == [
+        "--state-dir=/var/lib/tessera",
+        f"--domain={KEYS.domain}",
+        "--sharing=timeslice",
+        "--mps-control=nvidia-cuda-mps-control",
+    ]
+    # The agent's flags that tessera-mps-control shares have the same values.
+    assert {
+        "--state-dir=/var/lib/tessera",
+        "--sharing=timeslice",
+        "--mps-control=nvidia-cuda-mps-control",
+    } <= set(agent["args"])
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in control["env"]}
+    assert env == {
+        "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    }
+    mounts = {m["mountPath"]: m for m in control["volumeMounts"]}
+    assert set(mounts) == {"/var/lib/tessera", "/dev/shm"}
+    assert (
+        mounts["/var/lib/tessera"] in agent["volumeMounts"]
+    )  # the agent's state dir, as the agent mounts it
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/dev/shm"]["name"]]["hostPath"]["path"] == "/var/lib/tessera/mps/shm"
+    # The agent no longer runs the daemon: it needs no shared /dev/shm.
+    assert "/dev/shm" not in {m["mountPath"] for m in agent["volumeMounts"]}
+    assert control["securityContext"] == {"runAsUser": 0, "privileged": True}
+    assert not {"ports", "livenessProbe", "readinessProbe", "startupProbe"} & set(control)
+    assert control["resources"] == {"requests": {"cpu": "10m", "memory": "64Mi"}}
+    # The mps-shm init container mounts the tmpfs both see.
+    assert [c["name"] for c in pod["initContainers"]] == ["install-hook", "mps-shm"]
+    assert daemonset["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    assert pod["hostPID"] is True and "shareProcessNamespace" not in pod
+
+    rendered = helm(
+        "template", "t", chart,
+        "--set", "devicePlugin.updateStrategy.type=OnDelete", "--set", "devicePlugin.sharing=mps",
+        "--set", "devicePlugin.hostPID=false", "--set", "domain=gpu.example.com",
+        "--set", "devicePlugin.mps.control=/usr/bin/nvidia-cuda-mps-control",
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    daemonset = _agent_pod(docs)
+    pod = daemonset["spec"]["template"]["spec"]
+    assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    # Without the node's PID namespace, one for the pod: the agent sees the daemon mps-control runs.
+    assert pod["hostPID"] is False and pod["shareProcessNamespace"] is True
+    control = _container(docs, "tessera-device-plugin", "mps-control")
+    assert control["args"] == [
+        "--state-dir=/var/lib/tessera",
+        "--domain=gpu.example.com",
+        "--sharing=mps",
+        "--mps-control=/usr/bin/nvidia-cuda-mps-control",
+    ]
+
+
+def test_the_agents_pod_with_its_own_pid_namespace_is_accepted_by_the_api_server(
+    repo_root: Path, control_plane: ControlPlane, kube: client.ApiClient
+) -> None:
+    """hostPID and shareProcessNamespace may not both be set: the chart sets the second only without
+    the first, which the API server accepts."""
+    chart = str(repo_root / "charts" / "tessera")
+    kubectl = [str(find_binaries(names=("kubectl",)) / "kubectl"), f"--kubeconfig={control_plane.kubeconfig}"]
+    client.CoreV1Api(kube).create_namespace({"metadata": {"name": "tessera-pid"}})
+    for hostpid in ("true", "false"):
+        rendered = helm(
+            "template", "t", chart, "--namespace", "tessera-pid", "--show-only", "templates/device-plugin.yaml",
+            "--set", f"devicePlugin.hostPID={hostpid}", "--set", "devicePlugin.updateStrategy.type=OnDelete",
+        )  # fmt: skip
+        daemonset = json.dumps(_agent_pod([d for d in yaml.safe_load_all(rendered) if d]))
+        applied = subprocess.run(
+            [*kubectl, "apply", "--server-side", "--dry-run=server", "-f", "-"],
+            input=daemonset,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert applied.returncode == 0, (hostpid, applied.stderr)
+
+
 def _scheduler_image(*args: str) -> str:
     chart = str(Path(__file__).resolve().parents[2] / "charts" / "tessera")
     docs = [d for d in yaml.safe_load_all(helm("template", "t", chart, *args)) if d]
@@ -312,6 +413,7 @@ def test_image_values_reach_every_pod(repo_root: Path) -> None:
         ("extender.port=70000", "/extender/port"),
         ("mode=both", "/mode"),
         ("dra.resyncSeconds=0", "/dra/resyncSeconds"),
+        ("devicePlugin.updateStrategy.type=Recreate", "/devicePlugin/updateStrategy/type"),
     ],
 )
 def test_bad_values_fail_at_install_naming_the_value(

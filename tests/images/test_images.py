@@ -161,7 +161,7 @@ def test_the_components_run_in_the_image_as_a_non_root_user(
     # buildah run runs as the image's user, as a container runtime would.
     whoami = _run(name, "id", "-u")
     assert whoami.returncode == 0 and whoami.stdout.strip() == uid, whoami.stderr
-    for command in ("tessera-extender", "tessera-device-plugin", "tessera-dra"):
+    for command in ("tessera-extender", "tessera-device-plugin", "tessera-mps-control", "tessera-dra"):
         result = _run(name, command, "--help")
         assert result.returncode == 0, f"{command} --help: {result.stdout}{result.stderr}"
         assert "usage:" in result.stdout.lower(), result.stdout
