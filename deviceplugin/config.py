@@ -87,6 +87,62 @@ class Config:
         return self.plugin_dir / self.endpoint
 
 
+def add_node_flags(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """The flags of every binary that runs on a node beside the kubelet: the node's name, the
+    domain, the agent's state dir and the kubeconfig (tessera-device-plugin, tessera-mps-control)."""
+    env = environ.get
+    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    p.add_argument(
+        "--domain",
+        default=env(DOMAIN_ENV, DEFAULT_DOMAIN),
+        help=f"resource, annotation and label domain (env {DOMAIN_ENV}, default {DEFAULT_DOMAIN})",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(env("TESSERA_STATE_DIR", str(DEFAULT_STATE_DIR))),
+        help="the node agent's host dir for per-container limits and accounting state, and the MPS "
+        "daemon's files under its mps/ (env TESSERA_STATE_DIR)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=environ.get("KUBECONFIG") or None,
+        help="kubeconfig file (env KUBECONFIG); in-cluster config when unset",
+    )
+
+
+def node_keys(p: argparse.ArgumentParser, args: argparse.Namespace) -> ContractKeys:
+    """The node flags checked (:func:`add_node_flags`): the domain's keys; exits naming the flag."""
+    if not args.node_name:
+        p.error("--node-name (or env NODE_NAME) is required")
+    try:
+        return keys_for(args.domain)
+    except ContractError as e:
+        p.error(f"--domain: {e}")
+
+
+def add_sharing_flags(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """How the node's GPUs are shared without the node's label, and the MPS control program: the
+    agent's and tessera-mps-control's, which must agree."""
+    env = environ.get
+    p.add_argument(
+        "--sharing",
+        type=sharing_mode_arg,
+        default=env("TESSERA_SHARING", SharingMode.TIMESLICE.value),
+        help="how the node's GPUs are shared when its Node has no <domain>/sharing label: timeslice "
+        "(contexts of their own) or mps (clients of one MPS control daemon); the label, when set, "
+        "decides (env TESSERA_SHARING, default %(default)s)",
+    )
+    p.add_argument(
+        "--mps-control",
+        default=env("TESSERA_MPS_CONTROL", DEFAULT_MPS_CONTROL),
+        help="in MPS mode, the MPS control program that runs as the node's daemon (tessera-mps-control "
+        "starts it; the agent checks that a process of this program runs; env TESSERA_MPS_CONTROL, "
+        "default %(default)s)",
+    )
+
+
 def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     env = environ.get
     p = argparse.ArgumentParser(
@@ -94,7 +150,8 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         description="Tessera node agent: advertises GPU slices to the kubelet, publishes the node's GPU "
         "inventory, answers Allocate with the scheduler's choice and exports metrics.",
     )
-    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    add_node_flags(p, environ)
+    add_sharing_flags(p, environ)
     p.add_argument(
         "--plugin-dir",
         type=Path,
@@ -108,21 +165,10 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="slices advertised per GPU (env TESSERA_SPLIT, default 10)",
     )
     p.add_argument(
-        "--domain",
-        default=env(DOMAIN_ENV, DEFAULT_DOMAIN),
-        help=f"resource and annotation domain (env {DOMAIN_ENV}, default {DEFAULT_DOMAIN})",
-    )
-    p.add_argument(
         "--hook-library",
         type=Path,
         default=Path(env("TESSERA_HOOK_LIBRARY", str(DEFAULT_HOOK_LIBRARY))),
         help="host path of libvgpu.so (env TESSERA_HOOK_LIBRARY)",
-    )
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(env("TESSERA_STATE_DIR", str(DEFAULT_STATE_DIR))),
-        help="host dir for per-container limits and accounting state (env TESSERA_STATE_DIR)",
     )
     p.add_argument(
         "--metrics-address",
@@ -134,12 +180,6 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         type=port_or_zero,
         default=env("TESSERA_METRICS_PORT", "9401"),
         help="port of /metrics, 0 for any free port (env TESSERA_METRICS_PORT, default 9401)",
-    )
-    p.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=environ.get("KUBECONFIG") or None,
-        help="kubeconfig file (env KUBECONFIG); in-cluster config when unset",
     )
     p.add_argument(
         "--heartbeat-seconds",
@@ -214,26 +254,11 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "(env TESSERA_USAGE_CHANGE_MIB, default %(default)s)",
     )
     p.add_argument(
-        "--sharing",
-        type=sharing_mode_arg,
-        default=env("TESSERA_SHARING", SharingMode.TIMESLICE.value),
-        help="how the node's GPUs are shared when its Node has no <domain>/sharing label: timeslice "
-        "(contexts of their own) or mps (clients of one MPS control daemon); the label, when set, "
-        "decides (env TESSERA_SHARING, default %(default)s)",
-    )
-    p.add_argument(
         "--mps-best-effort-threads",
         type=_threads,
         default=env("TESSERA_MPS_BEST_EFFORT_THREADS", "50"),
         help="in MPS mode, the percent of each GPU's threads a best-effort container's kernels may use, "
         "1-100 (env TESSERA_MPS_BEST_EFFORT_THREADS, default %(default)s)",
-    )
-    p.add_argument(
-        "--mps-control",
-        default=env("TESSERA_MPS_CONTROL", DEFAULT_MPS_CONTROL),
-        help="in MPS mode, the MPS control program that runs as the node's daemon (tessera-mps-control "
-        "starts it; the agent checks that a process of this program runs; env TESSERA_MPS_CONTROL, "
-        "default %(default)s)",
     )
     p.add_argument(
         "--mps-wait-seconds",
@@ -288,12 +313,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     environ = os.environ if environ is None else environ
     p = parser(environ)
     args = p.parse_args(argv)
-    if not args.node_name:
-        p.error("--node-name (or env NODE_NAME) is required")
-    try:
-        keys = keys_for(args.domain)
-    except ContractError as e:
-        p.error(f"--domain: {e}")
+    keys = node_keys(p, args)
     if args.shortfall_wait_seconds * 1000 > MAX_SHORTFALL_WAIT_MS:
         wait = args.shortfall_wait_seconds
         p.error(f"--shortfall-wait-seconds: {wait:g} is more than {MAX_SHORTFALL_WAIT_MS // 1000}")

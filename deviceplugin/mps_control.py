@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deviceplugin.agent import PodTarget
-from deviceplugin.config import DEFAULT_MPS_CONTROL, DEFAULT_STATE_DIR, sharing_mode_arg
+from deviceplugin.config import add_node_flags, add_sharing_flags, node_keys
 from deviceplugin.kube import EventTarget, Kube, load_api
 from deviceplugin.mps_daemon import (
     WATCH_SECONDS,
@@ -39,12 +39,8 @@ from deviceplugin.statedir import StateDir
 from tessera.cliargs import seconds
 from tessera.contract import (
     CONTAINER_MPS_SHM_DIR,
-    DEFAULT_DOMAIN,
-    DOMAIN_ENV,
-    ContractError,
     ContractKeys,
     SharingMode,
-    keys_for,
 )
 
 log = logging.getLogger("tessera-mps-control")
@@ -73,37 +69,8 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         description="Tessera's MPS control daemon manager: on a node in MPS mode, starts or adopts the "
         "node's MPS control daemon and starts it again when it dies; elsewhere waits, holding nothing.",
     )
-    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
-    p.add_argument(
-        "--domain",
-        default=env(DOMAIN_ENV, DEFAULT_DOMAIN),
-        help=f"resource and label domain (env {DOMAIN_ENV}, default {DEFAULT_DOMAIN})",
-    )
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(env("TESSERA_STATE_DIR", str(DEFAULT_STATE_DIR))),
-        help="the node agent's state dir: the daemon's files are under its mps/ (env TESSERA_STATE_DIR)",
-    )
-    p.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=environ.get("KUBECONFIG") or None,
-        help="kubeconfig file (env KUBECONFIG); in-cluster config when unset",
-    )
-    p.add_argument(
-        "--sharing",
-        type=sharing_mode_arg,
-        default=env("TESSERA_SHARING", SharingMode.TIMESLICE.value),
-        help="the node's mode when its Node has no <domain>/sharing label, as the agent's --sharing "
-        "(env TESSERA_SHARING, default %(default)s)",
-    )
-    p.add_argument(
-        "--mps-control",
-        default=env("TESSERA_MPS_CONTROL", DEFAULT_MPS_CONTROL),
-        help="the MPS control program run as the node's daemon (env TESSERA_MPS_CONTROL, default "
-        "%(default)s)",
-    )
+    add_node_flags(p, environ)
+    add_sharing_flags(p, environ)
     p.add_argument(
         "--stop-daemon",
         action="store_true",
@@ -127,12 +94,7 @@ def parse_control_config(
     environ = os.environ if environ is None else environ
     p = parser(environ)
     args = p.parse_args(argv)
-    if not args.node_name:
-        p.error("--node-name (or env NODE_NAME) is required")
-    try:
-        keys = keys_for(args.domain)
-    except ContractError as e:
-        p.error(f"--domain: {e}")
+    keys = node_keys(p, args)
     return ControlConfig(
         node_name=args.node_name,
         keys=keys,
