@@ -346,9 +346,9 @@ def test_a_phase_write_refused_before_a_restart_is_made_by_the_next_agent(  # no
     kubelet: KubeletStandIn,
     start_plugin: Callable[..., PluginProcess],
 ) -> None:
-    """Allocate answers while the phase write is refused (the API server refuses it, as it would
-    be unreachable); the agent stops with the write not made; the next agent on the same state dir
-    writes it once the API server takes it."""
+    """Allocate answers while the phase write is refused (an admission policy denies it: refused for
+    good, so this agent tells the pod and does not try again); the agent stops with the write not
+    made; the next agent on the same state dir writes it once the API server takes it."""
     core = client.CoreV1Api(kube)
     admission = client.AdmissionregistrationV1Api(kube)
     policy, binding = _phase_policy(namespace)
@@ -377,7 +377,7 @@ def test_a_phase_write_refused_before_a_restart_is_made_by_the_next_agent(  # no
         create_pod(core, namespace, "held-pod", gpu_node, {"main": [(fake_gpus.uuids[1], 2048, 20)]})
         _, answer = kubelet.admit_container(1)
         assert limits_of(answer.container_responses[0]) == {fake_gpus.uuids[1]: (2048 * MIB, 20)}
-        refused_write = f"pod {namespace}/held-pod: cannot set phase allocated (retrying)"
+        refused_write = f"pod {namespace}/held-pod: the API server refuses phase allocated; not trying again"
         try:
             wait_for(lambda: refused_write in first.log(), what="the refused write")
         except AssertionError as e:
