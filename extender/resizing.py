@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
@@ -153,10 +154,13 @@ class Resizer:
             return _Step.DONE  # another pod under the name now, or the request was withdrawn
         if is_allocating(annotations.get(self.keys.allocation_phase)):
             return _Step.WAIT  # its containers are being given their GPUs with the allocation as it is
+        # Read before deciding: from the decision to its being counted (state.resizing) nothing may
+        # await, or a bind could take what the resize grows into.
+        quota = await self._quota_view(pod)
         self.state.upsert_pod(pod)  # the state counts the pod as the API server has it now
         decided = self._decide(pod, text)
-        if isinstance(decided, Allocation):
-            decided = await self._within_quota(pod, decided) or decided
+        if isinstance(decided, Allocation) and quota is not None:
+            decided = quota.refusal(decided) or decided
         patch: dict[str, str | None] = {self.keys.resize: None}
         if isinstance(decided, Allocation):
             patch[self.keys.allocation] = decided.model_dump_json()
@@ -220,16 +224,14 @@ class Resizer:
             return decided.reason
         return decided
 
-    async def _within_quota(self, pod: JsonObject, decided: Allocation) -> str:
-        """Why ``decided`` breaks the pod's namespace's ResourceQuota ("" when it does not), with the
-        quotas and the namespace's pods read afresh (only when the namespace has such a quota)."""
+    async def _quota_view(self, pod: JsonObject) -> _QuotaView | None:
+        """The pod's namespace's ResourceQuotas on Tessera's resources, and what its other pods hold
+        beyond their specs, read afresh; None when the namespace has no such quota."""
         metadata = pod.get("metadata") or {}
         namespace, uid = str(metadata.get("namespace")), str(metadata.get("uid"))
         limits = await self._quota_limits(namespace)
         if not limits:
-            return ""
-        before = parse_allocation((metadata.get("annotations") or {})[self.keys.allocation])
-        containers = parse_pod_request(pod, self.keys).containers
+            return None
         pods, _ = await self.kube.list(f"/api/v1/namespaces/{namespace}/pods")
         others: dict[str, int] = {}
         for other in pods:
@@ -240,22 +242,13 @@ class Resizer:
             if (other.get("status") or {}).get("phase") in TERMINAL_POD_PHASES:
                 continue  # the quota controller no longer counts it either
             try:
-                held = beyond_spec(
-                    parse_pod_request(other, self.keys).containers,
-                    parse_allocation(allocation_text),
-                    self.keys,
-                )
+                spec = parse_pod_request(other, self.keys).containers
+                held = beyond_spec(spec, parse_allocation(allocation_text), self.keys)
             except ContractError:
                 continue  # not a pod Tessera placed as it is now
             for resource, amount in held.items():
                 others[resource] = others.get(resource, 0) + amount
-        return quota_refusal(
-            namespace,
-            limits,
-            others,
-            beyond_spec(containers, before, self.keys),
-            beyond_spec(containers, decided, self.keys),
-        )
+        return _QuotaView(self.keys, namespace, pod, limits, others)
 
     async def _quota_limits(self, namespace: str) -> list[QuotaLimit]:
         """The namespace's ResourceQuotas' limits on Tessera's resources. A quota with scopes counts
@@ -282,6 +275,33 @@ class Resizer:
                     continue
                 limits.append(QuotaLimit(quota=name, resource=resource, hard=limit, used=use))
         return limits
+
+
+@dataclass(frozen=True, slots=True)
+class _QuotaView:
+    """What a growing resize of ``pod`` is held against (tessera.placement.quota)."""
+
+    keys: ContractKeys
+    namespace: str
+    pod: JsonObject
+    limits: list[QuotaLimit]
+    others_beyond: dict[str, int]
+
+    def refusal(self, decided: Allocation) -> str:
+        """Why ``decided`` breaks a quota ("" when it does not)."""
+        annotations = (self.pod.get("metadata") or {}).get("annotations") or {}
+        try:
+            containers = parse_pod_request(self.pod, self.keys).containers
+            before = parse_allocation(annotations[self.keys.allocation])
+        except (ContractError, KeyError) as e:
+            return f"cannot hold the resize against the namespace's quota: {e}"
+        return quota_refusal(
+            self.namespace,
+            self.limits,
+            self.others_beyond,
+            beyond_spec(containers, before, self.keys),
+            beyond_spec(containers, decided, self.keys),
+        )
 
 
 def _describe(allocation: Allocation) -> str:

@@ -70,6 +70,13 @@ class StandInApi:
             raise ApiError(404, f"pods {name!r} not found")
         return copy.deepcopy(self.pods[name])
 
+    async def list(self, path: str, field_selector: str = "") -> tuple[list[JsonObject], str]:
+        """The namespace's ResourceQuotas a resize reads: none here (tests/extender/test_k8s_resize.py
+        has one, on the real API server). Answered without a lag: the writes' interleaving is the
+        test's subject."""
+        assert path.endswith("/resourcequotas"), path
+        return [], str(self.version)
+
     async def patch_pod_metadata(self, namespace: str, name: str, patch: JsonObject) -> None:
         await self._lag()
         metadata = self.pods[name]["metadata"]
