@@ -120,8 +120,9 @@ def test_the_scheduler_pods_hold_kube_schedulers_role_and_nothing_more(
 ) -> None:
     """The tessera-scheduler pods (kube-scheduler and the extender beside it) share one service
     account: it holds what the cluster's own kube-scheduler holds (system:kube-scheduler,
-    system:volume-scheduler) and its own leader-election Lease; the extender adds no right of its
-    own beyond them, and none of them reads a Secret."""
+    system:volume-scheduler) and its own leader-election Lease; the extender adds one right of its own
+    beyond them, listing ResourceQuotas (a live resize is held against its namespace's), and none of
+    them reads a Secret."""
     user = f"system:serviceaccount:{NAMESPACE}:{SCHEDULER_SA}"
     rbac = client.RbacAuthorizationV1Api(kube)
     held: Matrix = {}
@@ -144,9 +145,10 @@ def test_the_scheduler_pods_hold_kube_schedulers_role_and_nothing_more(
 
     # Its own leader-election Lease, in its namespace only (the cluster's scheduler holds kube-system's).
     assert beyond_kube_scheduler(NAMESPACE) == {
-        "leases.coordination.k8s.io": {"get", "list", "update", "watch"}
+        "leases.coordination.k8s.io": {"get", "list", "update", "watch"},
+        "resourcequotas": {"list"},
     }
-    assert beyond_kube_scheduler("default") == {}
+    assert beyond_kube_scheduler("default") == {"resourcequotas": {"list"}}
     # What the extender's code does is within it: reading pods and nodes, binding, budgets.
     matrix = can_i_list(control_plane, user, "default")
     assert {"get", "list", "watch"} <= matrix["pods"]
