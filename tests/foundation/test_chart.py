@@ -242,7 +242,17 @@ def test_the_mps_control_daemon_runs_in_a_container_of_its_own(repo_root: Path) 
     Same image, state dir and /dev/shm; root and privileged for the GPUs, and nothing else of the
     agent's: no port, no kubelet socket, no hook, no probe, no memory limit."""
     chart = str(repo_root / "charts" / "tessera")
+    # Off by default: no MPS pieces, no Bidirectional mount (which needs a shared mount on the node).
     docs = [d for d in yaml.safe_load_all(helm("template", "t", chart)) if d]
+    pod = _agent_pod(docs)["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["agent"]
+    assert [c["name"] for c in pod["initContainers"]] == ["install-hook"]
+    assert "mps-shm" not in {v["name"] for v in pod["volumes"]}
+    docs = [
+        d
+        for d in yaml.safe_load_all(helm("template", "t", chart, "--set", "devicePlugin.mps.enabled=true"))
+        if d
+    ]
     daemonset = _agent_pod(docs)
     pod = daemonset["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["containers"]] == ["agent", "mps-control"]
@@ -290,6 +300,7 @@ def test_the_mps_control_daemon_runs_in_a_container_of_its_own(repo_root: Path) 
         "--set", "devicePlugin.updateStrategy.type=OnDelete", "--set", "devicePlugin.sharing=mps",
         "--set", "devicePlugin.hostPID=false", "--set", "domain=gpu.example.com",
         "--set", "devicePlugin.mps.control=/usr/bin/nvidia-cuda-mps-control",
+        "--set", "devicePlugin.mps.enabled=true",
     )  # fmt: skip
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     daemonset = _agent_pod(docs)
