@@ -21,7 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LOCK_FILE "fakegpu-mps.lock"
+#include "mps_lock.h"
+
 #define CONTROL_FIFO "control"
 
 static char pipe_dir[PATH_MAX - 64], log_path[PATH_MAX];
@@ -39,15 +40,7 @@ static void say(const char *what)
 
 static int lock_held(void)
 {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", pipe_dir, LOCK_FILE);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
-    int held = fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
-    close(fd);
-    return held;
+    return fg_mps_daemon_runs(pipe_dir);
 }
 
 /* The daemon's life: holds the lock (taken before, so a second daemon fails at once) and serves
@@ -104,7 +97,7 @@ static int start(int background)
         return 1;
     }
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", pipe_dir, LOCK_FILE);
+    snprintf(path, sizeof path, "%s/%s", pipe_dir, FG_MPS_LOCK_FILE);
     int lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
     if (lock_fd < 0 || fcntl(lock_fd, F_OFD_SETLK, &fl) != 0) {

@@ -11,30 +11,16 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "../common/mps_lock.h"
 
-#define FG_MPS_LOCK_FILE "fakegpu-mps.lock"
 
 static struct fg_client g_client = {.mps = 0, .low_priority = 0, .percentage = 100.0};
 static pthread_once_t g_client_once = PTHREAD_ONCE_INIT;
 
-static int daemon_runs(const char *dir)
-{
-    char path[PATH_MAX];
-    if (snprintf(path, sizeof path, "%s/%s", dir, FG_MPS_LOCK_FILE) >= (int)sizeof path)
-        return 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
-    int held = fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
-    close(fd);
-    return held;
-}
-
 static void decide(void)
 {
     const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
-    if (!dir || !*dir || !daemon_runs(dir))
+    if (!dir || !*dir || !fg_mps_daemon_runs(dir))
         return;
     g_client.mps = 1;
     const char *priority = getenv("CUDA_MPS_CLIENT_PRIORITY");
