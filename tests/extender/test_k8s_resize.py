@@ -55,6 +55,22 @@ def ask(core: client.CoreV1Api, namespace: str, name: str, text: str) -> ResizeS
     return wait_for(answered, what=f"the answer to the resize {text!r} of {name}")
 
 
+def create_pod(core: client.CoreV1Api, namespace: str, name: str, memory: int, cores: int) -> None:
+    pod = gpu_pod(name, memory=memory, cores=cores)
+    pod["metadata"].pop("namespace")
+    core.create_namespaced_pod(namespace, pod)
+
+
+def wait_allocated(core: client.CoreV1Api, namespace: str, name: str) -> None:
+    """Until the pod is bound and its containers were given their GPUs (phase allocated)."""
+
+    def allocated() -> bool:
+        annotations = core.read_namespaced_pod(name, namespace).metadata.annotations or {}
+        return annotations.get(KEYS.allocation_phase) == "allocated"
+
+    wait_for(allocated, what=f"{name} bound and allocated")
+
+
 def one_gpu_node(create_fake_node: Callable[..., str]) -> None:
     annotations = {
         KEYS.node_gpus: dump_inventory(inventory(NODE, "Tesla T4", 15360, count=1, split=SPLIT)),
@@ -75,19 +91,9 @@ def test_a_resize_is_applied_on_the_pods_gpu_or_refused_naming_the_shortfall(
     extender = extender_with_scheduler(600)
     with FakeDevicePlugin(kube, namespace):
         for name, memory, cores in (("small", 1024, 30), ("large", 12288, 40)):
-            pod = gpu_pod(name, memory=memory, cores=cores)
-            pod["metadata"].pop("namespace")
-            core.create_namespaced_pod(namespace, pod)
+            create_pod(core, namespace, name, memory, cores)
         for name in ("small", "large"):
-            wait_for(
-                lambda n=name: (
-                    (core.read_namespaced_pod(n, namespace).metadata.annotations or {}).get(
-                        KEYS.allocation_phase
-                    )
-                    == "allocated"
-                ),
-                what=f"{name} bound and allocated",
-            )
+            wait_allocated(core, namespace, name)
 
         applied = ask(core, namespace, "small", "memory=2048,cores=60")
         assert applied.outcome is ResizeOutcome.APPLIED, applied
@@ -111,9 +117,7 @@ def test_a_resize_is_applied_on_the_pods_gpu_or_refused_naming_the_shortfall(
         # Shrinking always fits, and what it gives back is free for the next pod at once.
         assert ask(core, namespace, "large", "memory=4096,cores=10").outcome is ResizeOutcome.APPLIED
         assert quotas(core, namespace, "large") == (4096, 10)
-        pod = gpu_pod("third", memory=9216, cores=30)
-        pod["metadata"].pop("namespace")
-        core.create_namespaced_pod(namespace, pod)
+        create_pod(core, namespace, "third", 9216, 30)
         wait_for(
             lambda: core.read_namespaced_pod("third", namespace).spec.node_name == NODE, what="third bound"
         )
@@ -235,18 +239,8 @@ def test_a_resize_is_held_against_the_namespaces_resource_quota(
 
     with FakeDevicePlugin(kube, namespace):
         for name in ("own", "second"):
-            pod = gpu_pod(name, memory=1024, cores=10)
-            pod["metadata"].pop("namespace")
-            core.create_namespaced_pod(namespace, pod)
-            wait_for(
-                lambda n=name: (
-                    (core.read_namespaced_pod(n, namespace).metadata.annotations or {}).get(
-                        KEYS.allocation_phase
-                    )
-                    == "allocated"
-                ),
-                what=f"{name} bound and allocated",
-            )
+            create_pod(core, namespace, name, 1024, 10)
+            wait_allocated(core, namespace, name)
         core.create_namespaced_resource_quota(
             namespace, {"metadata": {"name": "gpu"}, "spec": {"hard": {memory: "4096"}}}
         )
