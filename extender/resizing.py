@@ -157,7 +157,8 @@ class Resizer:
         # Read before deciding: from the decision to its being counted (state.resizing) nothing may
         # await, or a bind could take what the resize grows into.
         quota = await self._quota_view(pod)
-        self.state.upsert_pod(pod)  # the state counts the pod as the API server has it now
+        if not self.state.upsert_read_pod(pod):
+            return _Step.WAIT  # the watch has shown a newer pod (or its deletion) meanwhile: read again
         decided = self._decide(pod, text)
         if isinstance(decided, Allocation) and quota is not None:
             decided = quota.refusal(decided) or decided

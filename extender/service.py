@@ -605,6 +605,12 @@ class Extender:
                 # Changed under us, or bound by an earlier attempt whose answer was lost: read again.
                 return self._fail("conflict", f"pod {ref} changed while binding: {e.message}"), True
             return self._fail("api", f"pod {ref}: binding to {node} failed: {e}"), False
+        except BaseException:
+            # Cancelled (the extender stopping) with the answer unknown: if the bind went through,
+            # the watch shows the pod; an assumption kept would count a pod never bound for good.
+            self.state.forget(pod_uid, decided)
+            raise
+        self.state.bind_answered(pod_uid)
         self._filtered.pop(pod_uid, None)
         self.state.placed(self.shape(pod, request))
         await self._tell_lowered_class(pod, request)
@@ -649,14 +655,14 @@ class Extender:
         decides; whether any was new to it. This extender's watch may lag the API: after a failover,
         the pods the previous leader bound a moment ago, whose allocations the in-flight rule and
         the capacity must count; a pod the device plugin has just served. A list is never older
-        than the watch (kube-apiserver serves it consistently), so nothing newer is overwritten for
-        long: later watch events still apply."""
+        than the watch when it is served (kube-apiserver serves it consistently), but the watch may
+        show a deletion or a newer version before the list is applied: those it does not undo
+        (ClusterState.upsert_read_pod)."""
         new = False
         for pod in node_pods:
             uid = str((pod.get("metadata") or {}).get("uid"))
             known = self.state.counts(uid)
-            self.state.upsert_pod(pod)
-            new |= not known and self.state.counts(uid)
+            new |= self.state.upsert_read_pod(pod) and not known and self.state.counts(uid)
         return new
 
     def _undo(self, uid: str, early: Allocation | None) -> None:
@@ -700,6 +706,7 @@ class Extender:
         if bound_to == node and current is not None and current.node == node:
             bind_time = read_bind_time(metadata.get("annotations") or {}, self.keys, pod=ref)
             self.state.assume(self._record(pod, current, bind_time or self.clock()))
+            self.state.bind_answered(uid)
             return ""
         return self._fail("bound", f"pod {ref} is already bound to node {bound_to}")
 

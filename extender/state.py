@@ -26,6 +26,7 @@ all tasks on that one loop).
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -74,6 +75,10 @@ log = logging.getLogger(__name__)
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
 # In-flight rule answers kept per node (until its state or its pods in flight change).
 REMEMBERED_VETTINGS = 256
+# UIDs of pods the API server has shown gone, kept so that a read answered before the deletion but
+# applied after it cannot bring the pod back (a UID is never reused). A read is applied within
+# seconds of being served; this many deletions take far longer on any cluster.
+REMEMBERED_GONE = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +170,13 @@ class _Pod:
     observed: PodAllocation | None = None  # as last listed or watched (bound, not finished)
     assumed: PodAllocation | None = None  # decided here (a bind or a reservation), not yet seen
     reserved_at: datetime | None = None  # when ``assumed`` is a reservation: when it was made
+    # The resourceVersion of ``observed`` (None when it is not an integer): a read (list or get)
+    # older than what the watch has shown is not applied.
+    version: int | None = None
+    # For a bind decision (``assumed`` and not reserved): the mark (ClusterState.mark) taken when the
+    # bind's answer came, None while the bind is on its way. A relist begun before it may not show
+    # the pod bound yet.
+    answered: int | None = None
 
     @property
     def counted(self) -> PodAllocation | None:
@@ -221,6 +233,10 @@ class ClusterState:
         # Live resizes being written, by pod UID: counted with the pod's allocation, each grant at
         # the larger of the two, until the API server shows the pod with it (see resizing).
         self._resizes: dict[str, Allocation] = {}
+        # Pods shown gone (REMEMBERED_GONE), oldest first.
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        # A counter ordering relists and binds' answers (see replace_pods).
+        self._marks = 0
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -479,7 +495,11 @@ class ClusterState:
         )
 
     def upsert_pod(self, pod: JsonObject) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid"))
+        """The pod as the watch (or a relist) shows it."""
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid"))
+        if uid in self._gone:
+            return  # a UID never comes back: an event about a pod after its deletion is late news
         parsed = self._parse_pod(pod)
         resized = self._resizes.get(uid)
         if resized is not None and (parsed is None or parsed.allocation == resized):
@@ -489,7 +509,8 @@ class ClusterState:
             if parsed is None:
                 return  # holds nothing, and never did
             record = self._pods[uid] = _Pod()
-        elif record.assumed is None and record.observed == parsed:
+        record.version = _version(metadata)
+        if record.assumed is None and record.observed == parsed:
             return  # nothing that counts changed (most pod events: status, other annotations)
         assumed = record.assumed
         if (
@@ -502,6 +523,7 @@ class ClusterState:
             # bind time, to the second) comes from the API server now.
             record.observed = parsed
             record.assumed = None
+            record.answered = None
             self._refresh_inflight(parsed.allocation.node)
             return
         touched = record.nodes()
@@ -511,9 +533,33 @@ class ClusterState:
             # API server's word now holds.
             record.assumed = None
             record.reserved_at = None
+            record.answered = None
         self._reindex(uid, touched)
 
+    def upsert_read_pod(self, pod: JsonObject) -> bool:
+        """The pod as a read of the API server (a list or a get, not the watch) shows it; whether it
+        was applied.
+
+        The read may answer before, and be applied after, watch events that came later: the pod's
+        deletion (the read would bring back a pod that no event will ever remove again) or a newer
+        version (its phase moved on). Such a read is not applied.
+        """
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid"))
+        if uid in self._gone:
+            return False
+        record = self._pods.get(uid)
+        read = _version(metadata)
+        if record is not None and record.version is not None and read is not None and read < record.version:
+            return False
+        self.upsert_pod(pod)
+        return True
+
     def delete_pod(self, uid: str) -> None:
+        """The pod is gone from the API server (for good: UIDs are not reused)."""
+        self._gone[uid] = None
+        if len(self._gone) > REMEMBERED_GONE:
+            self._gone.popitem(last=False)
         self._end_resize(uid)
         record = self._pods.get(uid)
         if record is None:
@@ -522,15 +568,35 @@ class ClusterState:
         record.observed = record.assumed = record.reserved_at = None
         self._reindex(uid, touched)
 
-    def replace_pods(self, pods: Iterable[JsonObject]) -> None:
-        """After a (re)list: exactly these pods exist (assumptions for pods still there are kept)."""
+    def mark(self) -> int:
+        """A new mark: marks order relists (taken as a list is requested) and binds' answers."""
+        self._marks += 1
+        return self._marks
+
+    def replace_pods(self, pods: Iterable[JsonObject], listed: int | None = None) -> None:
+        """After a (re)list requested at mark ``listed`` (None: the list is newer than every bind's
+        answer): exactly these pods exist, but for binds the list may not show yet (answered after
+        it was requested, or not yet), whose assumptions stay; assumptions for pods still there are
+        kept too."""
         seen = set()
         for pod in pods:
             seen.add(str((pod.get("metadata") or {}).get("uid")))
             self.upsert_pod(pod)
         for uid in set(self._pods) - seen:
-            self.delete_pod(uid)
+            record = self._pods[uid]
+            binding = record.assumed is not None and record.reserved_at is None
+            if binding and listed is not None and (record.answered is None or record.answered > listed):
+                continue
+            self._forget_unlisted(uid)
         self.pods_synced = True
+
+    def _forget_unlisted(self, uid: str) -> None:
+        """A pod a relist does not show: gone, or never bound (a reservation), or not counted."""
+        record = self._pods[uid]
+        if record.observed is not None or record.reserved_at is None:
+            self.delete_pod(uid)
+        else:
+            self.unreserve(uid)  # a pod not bound yet may still be: not gone for good
 
     def assume(self, decided: PodAllocation) -> None:
         """Count ``decided`` now (decided at bind, not yet seen through the watch)."""
@@ -538,7 +604,14 @@ class ClusterState:
         touched = record.nodes()
         record.assumed = decided
         record.reserved_at = None
+        record.answered = None
         self._reindex(decided.uid, touched)
+
+    def bind_answered(self, uid: str) -> None:
+        """The bind of ``uid`` got its answer (success: the pod's assumption waits for the watch)."""
+        record = self._pods.get(uid)
+        if record is not None and record.assumed is not None and record.reserved_at is None:
+            record.answered = self.mark()
 
     def reserve(self, reserved: PodAllocation, now: datetime, fit: NodeFit | None = None) -> None:
         """Count ``reserved`` for a pod kube-scheduler is about to bind (it was scored best), until
@@ -609,6 +682,7 @@ class ClusterState:
         )
         record.assumed = confirmed
         record.reserved_at = None
+        record.answered = None
         self._refresh_inflight(node)
         return confirmed
 
@@ -772,6 +846,18 @@ class ClusterState:
     def _in_flight(self, pod: PodAllocation) -> bool:
         """Bound and not yet served by the device plugin (phase allocating), or reserved."""
         return is_allocating(pod.phase) or self._pods[pod.uid].reserved_at is not None
+
+
+def _version(metadata: JsonObject) -> int | None:
+    """The object's resourceVersion as an integer, None when it is not one.
+
+    Kubernetes calls it opaque; kube-apiserver serves etcd's revision, and the comparison only ever
+    keeps an older read from replacing what the watch showed (an unreadable one is applied as is).
+    """
+    try:
+        return int(str(metadata.get("resourceVersion")))
+    except ValueError:
+        return None
 
 
 def _with_resize(allocation: Allocation, resized: Allocation | None) -> Allocation:

@@ -73,8 +73,12 @@ class Watcher:
     def start(self) -> None:
         """Start the tasks on the running loop."""
         self._tasks = [
-            asyncio.create_task(self._run("/api/v1/nodes", "", self._nodes), name="watch-nodes"),
-            asyncio.create_task(self._run(PODS, BOUND_PODS, self._pods), name="watch-pods"),
+            asyncio.create_task(
+                self._run("/api/v1/nodes", "", self._nodes, self._relist_nodes), name="watch-nodes"
+            ),
+            asyncio.create_task(
+                self._run(PODS, BOUND_PODS, self._pods, self._relist_pods), name="watch-pods"
+            ),
             asyncio.create_task(self._sweep(), name="heartbeats"),
         ]
         if self.resizer is not None:
@@ -88,42 +92,41 @@ class Watcher:
         if self.resizer is not None:
             await self.resizer.stop()
 
-    def _nodes(self, kind: str, obj: JsonObject | None, items: list[JsonObject] | None) -> None:
-        if items is not None:
-            self.state.replace_nodes(items, self.clock())
-        elif kind == "DELETED" and obj is not None:
+    def _relist_nodes(self, items: list[JsonObject], _listed: int) -> None:
+        self.state.replace_nodes(items, self.clock())
+
+    def _nodes(self, kind: str, obj: JsonObject) -> None:
+        if kind == "DELETED":
             self.state.delete_node(str(obj["metadata"]["name"]))
-        elif obj is not None:
+        else:
             self.state.upsert_node(obj, self.clock())
 
-    def _pods(self, kind: str, obj: JsonObject | None, items: list[JsonObject] | None) -> None:
-        if items is not None:
-            self.state.replace_pods(items)
-        elif kind == "DELETED" and obj is not None:
-            self.state.delete_pod(str(obj["metadata"]["uid"]))
-        elif obj is not None:
-            self.state.upsert_pod(obj)
+    def _relist_pods(self, items: list[JsonObject], listed: int) -> None:
+        self.state.replace_pods(items, listed)
         if self.resizer is not None:
-            self._show_resizer(kind, obj, items, self.resizer)
-
-    @staticmethod
-    def _show_resizer(
-        kind: str, obj: JsonObject | None, items: list[JsonObject] | None, resizer: Resizer
-    ) -> None:
-        if items is not None:
             for pod in items:
-                resizer.pod_changed(pod)
-        elif kind == "DELETED" and obj is not None:
-            resizer.pod_deleted(str(obj["metadata"]["uid"]))
-        elif obj is not None:
-            resizer.pod_changed(obj)
+                self.resizer.pod_changed(pod)
+
+    def _pods(self, kind: str, obj: JsonObject) -> None:
+        uid = str(obj["metadata"]["uid"])
+        if kind == "DELETED":
+            self.state.delete_pod(uid)
+            if self.resizer is not None:
+                self.resizer.pod_deleted(uid)
+        else:
+            self.state.upsert_pod(obj)
+            if self.resizer is not None:
+                self.resizer.pod_changed(obj)
 
     async def _run(
         self,
         path: str,
         field_selector: str,
-        apply: Callable[[str, JsonObject | None, list[JsonObject] | None], None],
+        apply: Callable[[str, JsonObject], None],
+        relist: Callable[[list[JsonObject], int], None],
     ) -> None:
+        """List, then watch from the list's version; again after the watch fails or expires.
+        ``relist`` gets the items and the state's mark taken as the list was requested."""
         failed: Exception | None = None  # what ended the last watch, unless 410 Gone
         while True:
             # Each pass lists until a list succeeds, its backoff starting from the first step. Any
@@ -138,8 +141,9 @@ class Watcher:
                         # The failed watch is this pass's first failure: the first pause, then a list.
                         error, failed = failed, None
                         raise error
+                    listed = self.state.mark()
                     items, version = await self.kube.list(path, field_selector)
-                    apply("LIST", None, items)
+                    relist(items, listed)
             self._settle_once()
             try:
                 while True:
@@ -160,7 +164,7 @@ class Watcher:
         path: str,
         field_selector: str,
         version: str,
-        apply: Callable[[str, JsonObject | None, list[JsonObject] | None], None],
+        apply: Callable[[str, JsonObject], None],
     ) -> str:
         try:
             async for event in self.kube.watch(path, version, WATCH_SECONDS, field_selector):
@@ -172,7 +176,7 @@ class Watcher:
                     raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind != "BOOKMARK":
-                    apply(kind, obj, None)
+                    apply(kind, obj)
         except ApiError as e:
             if e.status == HTTP_GONE:
                 raise _RelistError from None

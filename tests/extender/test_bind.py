@@ -250,6 +250,20 @@ def test_a_failed_bind_counts_nothing(state: ClusterState) -> None:
     assert "nodeName" not in api.pods["p"]["spec"]
 
 
+def test_a_bind_cancelled_on_its_way_counts_nothing(state: ClusterState) -> None:
+    """The extender stopping while the binding is on its way: whether it went through is unknown, and
+    an assumption kept would count a pod that may never be bound (and that no watch event removes)."""
+    api = FakeApi([api_pod("p")])
+
+    async def cancelled(*_args: Any, **_kwargs: Any) -> None:
+        raise asyncio.CancelledError
+
+    api.bind_pod = cancelled  # type: ignore[method-assign]
+    with pytest.raises(asyncio.CancelledError):
+        bind(extender(state, api), "default", "p", "uid-p", "n")
+    assert used(state) == 0 and state.nodes_with_inflight() == set()
+
+
 def test_refusals_name_the_reason(state: ClusterState) -> None:
     api = FakeApi([api_pod("big", memory=16000), api_pod("other")])
     ext = extender(state, api)

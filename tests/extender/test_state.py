@@ -44,13 +44,20 @@ def allocation(memory: int = 4096, gpu: int = 0) -> Allocation:
 
 
 def pod(
-    uid: str, *, bound: bool, phase: str = "allocating", status: str = "Pending", memory: int = 4096
+    uid: str,
+    *,
+    bound: bool,
+    phase: str = "allocating",
+    status: str = "Pending",
+    memory: int = 4096,
+    version: int = 1,
 ) -> dict[str, Any]:
     return {
         "metadata": {
             "name": uid,
             "namespace": "ns",
             "uid": uid,
+            "resourceVersion": str(version),
             "annotations": {
                 KEYS.allocation: allocation(memory).model_dump_json(),
                 KEYS.allocation_phase: phase,
@@ -87,6 +94,51 @@ def test_an_assumption_counts_until_the_watch_shows_the_pod_bound(state: Cluster
     state.upsert_pod(pod("a", bound=True))
     state.delete_pod("a")
     assert used(state) == 0
+
+
+def test_a_read_applied_after_the_watch_showed_the_pod_gone_does_not_bring_it_back(
+    state: ClusterState,
+) -> None:
+    """A list (bind's and filter's catch-up) served before a deletion, applied after the watch's
+    DELETED event: the pod would count, in flight, with no event ever to remove it."""
+    listed = pod("a", bound=True, version=5)
+    state.upsert_pod(listed)
+    state.delete_pod("a")  # the watch
+    assert not state.upsert_read_pod(listed)
+    assert used(state) == 0 and state.nodes_with_inflight() == set()
+    state.upsert_pod(listed)  # nor a late event
+    assert used(state) == 0
+
+
+def test_a_read_older_than_the_watch_does_not_move_the_pod_back(state: ClusterState) -> None:
+    state.upsert_pod(pod("a", bound=True, phase="allocated", version=7))
+    assert not state.upsert_read_pod(pod("a", bound=True, phase="allocating", version=6))
+    assert state.nodes_with_inflight() == set()
+    assert state.upsert_read_pod(pod("a", bound=True, phase="allocated", memory=2048, version=9))
+    assert used(state) == 2048
+    assert state.upsert_read_pod(pod("b", bound=True, version=3))  # new to the state
+    assert used(state) == 2048 + 4096
+
+
+def test_a_relist_keeps_binds_it_may_predate_and_drops_the_rest(state: ClusterState) -> None:
+    """Pods missing from a relist are gone, but for binds answered after the list was requested (or
+    not yet answered), which it could not show."""
+    state.upsert_pod(pod("gone", bound=True))
+    state.assume(record("done", memory=1024))
+    state.bind_answered("done")
+    listed = state.mark()
+    state.assume(record("binding", memory=2048))  # its bind not answered yet
+    state.assume(record("answered", memory=512))
+    state.bind_answered("answered")
+    state.reserve(record("reserved", memory=256), NOW)
+    state.replace_pods([], listed)
+    assert used(state) == 2048 + 512
+    assert state.upsert_read_pod(pod("reserved", bound=True, memory=256))  # reservations are not gone
+    assert not state.upsert_read_pod(pod("gone", bound=True)) and not state.upsert_read_pod(
+        pod("done", bound=True)
+    )
+    state.replace_pods([], state.mark())
+    assert used(state) == 2048  # only the bind on its way
 
 
 def test_forget_undoes_an_assumption(state: ClusterState) -> None:
