@@ -88,11 +88,11 @@ def stop(holders: list[subprocess.Popen[str]]) -> None:
 
 def measure(state_dir: Path, scrapes: int) -> dict[str, float]:
     """In a process whose NVML is the fake GPU's (started with its environment)."""
-    from prometheus_client import start_http_server  # noqa: PLC0415
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
     from prometheus_client.registry import CollectorRegistry  # noqa: PLC0415
 
     from deviceplugin.metrics import AgentCollector, PluginMetrics  # noqa: PLC0415
+    from deviceplugin.metricsserver import MetricsServer  # noqa: PLC0415
     from deviceplugin.nvml import Nvml  # noqa: PLC0415
 
     nvml = Nvml()
@@ -100,9 +100,9 @@ def measure(state_dir: Path, scrapes: int) -> dict[str, float]:
     registry = CollectorRegistry()
     registry.register(AgentCollector(NODE, lambda: inventory, nvml.reading, StateDir(state_dir)))
     PluginMetrics(registry)
-    server, thread = start_http_server(0, "127.0.0.1", registry=registry)
+    server = MetricsServer("127.0.0.1", 0, registry, authorize=None)  # the agent's server, unreviewed
     try:
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        url = f"http://127.0.0.1:{server.port}/metrics"
         times, body = [], b""
         for _ in range(scrapes):
             started = time.perf_counter()
@@ -135,7 +135,6 @@ def measure(state_dir: Path, scrapes: int) -> dict[str, float]:
         }
     finally:
         server.shutdown()
-        thread.join(timeout=10)
         nvml.close()
 
 

@@ -45,6 +45,7 @@ class Config:
     state_dir: Path
     metrics_address: str
     metrics_port: int
+    metrics_authorization: bool
     kubeconfig: Path | None
     heartbeat_seconds: float
     health_poll_seconds: float
@@ -180,6 +181,14 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         type=port_or_zero,
         default=env("TESSERA_METRICS_PORT", "9401"),
         help="port of /metrics, 0 for any free port (env TESSERA_METRICS_PORT, default 9401)",
+    )
+    p.add_argument(
+        "--metrics-authorization",
+        choices=("kubernetes", "none"),
+        default=env("TESSERA_METRICS_AUTHORIZATION", "kubernetes"),
+        help="who may scrape /metrics: kubernetes (a bearer token whose user the API server allows get "
+        "on /metrics; the chart binds tessera-metrics-reader) or none (anyone who reaches the port) "
+        "(env TESSERA_METRICS_AUTHORIZATION, default kubernetes)",
     )
     p.add_argument(
         "--heartbeat-seconds",
@@ -332,6 +341,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         state_dir=args.state_dir,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
+        metrics_authorization=args.metrics_authorization == "kubernetes",
         kubeconfig=args.kubeconfig,
         heartbeat_seconds=args.heartbeat_seconds,
         health_poll_seconds=args.health_poll_seconds,

@@ -31,6 +31,7 @@ from tessera.contract import (
     parse_time,
     pod_ref,
 )
+from tessera.scrapeauth import Review
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,24 @@ class Kube:
             _preload_content=False,
             _request_timeout=(CONNECT_SECONDS, timeout_seconds + READ_SECONDS),
         )
+
+    def post_review(self, review: Review) -> dict[str, Any]:
+        """Post a TokenReview or SubjectAccessReview (tessera.scrapeauth); the API server's answer.
+        Raises :class:`KubeUnavailableError`."""
+        try:
+            response = self._api.call_api(
+                review.path,
+                "POST",
+                header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                body=review.body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=(CONNECT_SECONDS, READ_SECONDS),
+            )
+            answer: dict[str, Any] = json.loads(response[0].data)
+        except API_ERRORS as e:
+            raise _unavailable(f"post a {review.body.get('kind')}", e) from None
+        return answer
 
     def read_pod(self, namespace: str, name: str) -> NodePod | None:
         """One pod, None when it is gone (or not on this node any more: then it is not ours)."""

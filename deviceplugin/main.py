@@ -9,7 +9,6 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
 from deviceplugin.agent import Agent
@@ -18,6 +17,7 @@ from deviceplugin.driveruse import GpuHolders, gpu_holders
 from deviceplugin.kube import Kube, load_api
 from deviceplugin.kubelet import run_registration
 from deviceplugin.metrics import AgentCollector, PluginMetrics, mps_daemon_gauge
+from deviceplugin.metricsserver import Authorize, MetricsServer
 from deviceplugin.mps_daemon import DaemonReport, mps_paths
 from deviceplugin.nvml import GpuReading, discover_gpus
 from deviceplugin.phases import PhaseWriter
@@ -27,6 +27,7 @@ from deviceplugin.sharing import node_sharing_mode
 from deviceplugin.statedir import StateDir
 from hook._library import LIBRARY_ENV
 from tessera.contract import SharingMode
+from tessera.scrapeauth import AccessCache, drive, review_scrape
 
 log = logging.getLogger("tessera-device-plugin")
 
@@ -88,8 +89,14 @@ def run(config: Config, stop: threading.Event) -> None:
         report.on_change = lambda pid: running.set(0 if pid is None else 1)
     agent.on_followed = plugin_metrics.resizes_followed.inc
     agent.on_evicted = plugin_metrics.best_effort_evictions.inc
-    metrics_server, _ = start_http_server(config.metrics_port, config.metrics_address, registry=registry)
-    log.info("metrics on http://%s:%d/metrics", config.metrics_address, metrics_server.server_port)
+    authorize = _scrape_authorizer(kube) if config.metrics_authorization else None
+    metrics_server = MetricsServer(config.metrics_address, config.metrics_port, registry, authorize)
+    log.info(
+        "metrics on http://%s:%d/metrics (%s)",
+        config.metrics_address,
+        metrics_server.port,
+        "scrapes authorized by the API server" if authorize else "open to anyone reaching the port",
+    )
 
     threads = [
         threading.Thread(target=cache.run, args=(stop,), name="pods"),
@@ -135,3 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _scrape_authorizer(kube: Kube) -> Authorize:
+    """Scrapes reviewed by the API server (tessera.scrapeauth), answers kept a while per token."""
+    scrapes = AccessCache()
+    return lambda header: drive(review_scrape(header, scrapes), kube.post_review)

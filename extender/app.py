@@ -12,18 +12,21 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from typing import Annotated
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Header
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Receive, Scope, Send
 
 from extender import wire
+from extender.kube import ApiError
 from extender.metrics import Metrics, VerbName
 from extender.server import Limits
 from extender.service import Extender, NotSyncedError
 from extender.watch import Watcher
 from tessera.contract import PodShapeError
+from tessera.scrapeauth import AccessCache, drive_async, review_scrape
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +36,13 @@ MESSAGE_LIMIT = 1000
 
 
 def create_app(
-    extender: Extender, watcher: Watcher | None = None, limits: Limits | None = None
+    extender: Extender,
+    watcher: Watcher | None = None,
+    limits: Limits | None = None,
+    scrapes: AccessCache | None = None,
 ) -> ExtenderApp:
+    """``scrapes``: scrapes of /metrics are reviewed by the API server (tessera.scrapeauth), with
+    these answers kept; None: /metrics is open to whoever reaches the health port."""
     metrics = extender.metrics
     priorities = wire.HostPriorityWriter()
     metrics.nodes.set_function(extender.state.node_count)
@@ -126,7 +134,16 @@ def create_app(
         return PlainTextResponse(f"caches not synced: {', '.join(missing)}\n", status_code=503)
 
     @app.get("/metrics")
-    async def metrics_() -> Response:
+    async def metrics_(authorization: Annotated[str | None, Header()] = None) -> Response:
+        if scrapes is not None:
+            assert extender.kube is not None, "reviewing scrapes needs the Kubernetes API"
+            try:
+                access = await drive_async(review_scrape(authorization, scrapes), extender.kube.post_review)
+            except ApiError as e:
+                log.warning("cannot review a scrape: %s", e)
+                return PlainTextResponse("cannot review the scrape's token now\n", status_code=503)
+            if not access.allowed:
+                return PlainTextResponse(f"{access.reason}\n", status_code=access.status)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return ExtenderApp(

@@ -30,6 +30,7 @@ import orjson
 from kubernetes import client, config
 
 from tessera.contract import JsonObject, format_time, now
+from tessera.scrapeauth import Review
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,11 @@ class KubeApi:
         namespaced = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}"
         result: JsonObject = await self._call("GET", f"{namespaced}/leases/{quote(name, safe='')}")
         return result
+
+    async def post_review(self, review: Review) -> JsonObject:
+        """Post a TokenReview or SubjectAccessReview (tessera.scrapeauth); the API server's answer."""
+        answer: JsonObject = await self._call("POST", review.path, body=review.body)
+        return answer
 
     async def get_pod(self, namespace: str, name: str) -> JsonObject:
         result: JsonObject = await self._call("GET", _pod_path(namespace, name))

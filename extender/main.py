@@ -32,6 +32,7 @@ from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
 from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles, UsageRule
 from tessera.placement.qos import BEST_EFFORT_PRIORITY, LATENCY_CRITICAL_PRIORITY
 from tessera.placement.usage import MARGIN_MIB, MARGIN_PERCENT, MAX_AGE
+from tessera.scrapeauth import AccessCache
 
 log = logging.getLogger("tessera.extender")
 
@@ -120,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="bind only pods whose spec.schedulerName is NAME, the scheduler profile that calls this "
         f"extender (repeat for several; default {DEFAULT_SCHEDULER_NAME})",
+    )
+    parser.add_argument(
+        "--metrics-authorization",
+        choices=("kubernetes", "none"),
+        default="kubernetes",
+        help="who may scrape /metrics: kubernetes (a bearer token whose user the API server allows get "
+        "on /metrics; the chart binds tessera-metrics-reader) or none (anyone who reaches the port) "
+        "(default kubernetes)",
     )
     parser.add_argument(
         "--leader-lease",
@@ -345,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep_alive_timeout=args.keep_alive_timeout,
     )
     resizer = Resizer(state, kube, keys, metrics, clock=now, leads=extender.leads)
-    app = create_app(extender, Watcher(kube, state, clock=now, resizer=resizer), limits)
+    scrapes = AccessCache() if args.metrics_authorization == "kubernetes" else None
+    app = create_app(extender, Watcher(kube, state, clock=now, resizer=resizer), limits, scrapes)
     host, port = args.listen
     log.info(
         "serving on %s:%d, policy %s, filter keeps %s, domain %s",

@@ -2,7 +2,8 @@
 # Render the plain manifests under deploy/ from the Helm chart, the one source of both: the node agent
 # and the standalone extender (scheduler.enabled=false) that deploy/scheduler-config.yaml calls.
 #   hack/render-manifests.sh          write deploy/device-plugin.yaml, deploy/extender.yaml and
-#                                     deploy/dra-driver.yaml (the node agent in DRA mode, docs/dra.md)
+#                                     deploy/dra-driver.yaml (the node agent in DRA mode, docs/dra.md);
+#                                     the first two with who may read their /metrics (metrics-access.yaml)
 #   hack/render-manifests.sh --check  exit 1 if they differ from what the chart renders
 # The extender's Service gets the fixed ClusterIP that deploy/scheduler-config.yaml calls: a
 # kube-scheduler on the host network cannot resolve cluster DNS names, but kube-proxy makes
@@ -22,7 +23,8 @@ for part in device-plugin extender dra-driver; do
       --set scheduler.enabled=false \
       --set "extender.service.clusterIP=$EXTENDER_CLUSTER_IP" \
       $([ "$part" = dra-driver ] && echo --set mode=dra) \
-      --show-only "templates/$part.yaml" 2>/dev/null
+      --show-only "templates/$part.yaml" \
+      $([ "$part" != dra-driver ] && echo --show-only templates/metrics-access.yaml) 2>/dev/null
   } >"$rendered"
   if [ "${1:-}" = "--check" ]; then
     if ! diff -u "deploy/$part.yaml" "$rendered"; then

@@ -39,6 +39,14 @@ from tessera.contract import (
     pod_ref,
 )
 
+# What an agent serving /metrics to authorized scrapers only (the chart's metricsAccess) answers
+# through the API server's pod proxy, which forwards no bearer token.
+HTTP_UNAUTHORIZED = 401
+HTTP_FORBIDDEN = 403
+NO_TOKEN_THROUGH_PROXY = (
+    "not readable: the node agent serves /metrics only to a bearer token allowed get /metrics, which "
+    "the API server's pod proxy does not forward (docs/observability.md)"
+)
 # The node agents' pods, as the chart labels them, and the port their metrics are served on.
 AGENT_SELECTOR = "app.kubernetes.io/name=tessera-device-plugin"
 METRICS_PORT_NAME = "metrics"
@@ -355,7 +363,12 @@ def collect(
                     continue
                 try:
                     add_metrics(node, _agent_metrics(core, agent, metrics_timeout))
-                except (StatusError, ApiException, HTTPError, OSError, ValueError) as e:
+                except ApiException as e:
+                    if e.status in (HTTP_UNAUTHORIZED, HTTP_FORBIDDEN):
+                        node.metrics = NO_TOKEN_THROUGH_PROXY
+                    else:
+                        node.metrics = f"not reachable: ApiException: {str(e).splitlines()[0][:200]}"
+                except (StatusError, HTTPError, OSError, ValueError) as e:
                     # Optional: shown per node, never fatal.
                     node.metrics = f"not reachable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         return report

@@ -23,6 +23,7 @@ import fakegpu
 from sandbox.controlplane import ControlPlane, ManagedProcess
 from sandbox.kubelet_standin import KubeletStandIn
 from tessera.contract import KEYS
+from tests.scraping import service_account_token
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_SCRIPT = Path(sys.executable).parent / "tessera-device-plugin"
@@ -36,6 +37,8 @@ class PluginProcess:
     process: ManagedProcess
     node: str
     state_dir: Path
+    # A token that may read its /metrics (a service account bound to get /metrics, as Prometheus's).
+    reader_token: str
 
     def log(self) -> str:
         return self.process.log_path.read_text(errors="replace")
@@ -127,10 +130,11 @@ def gpu_node(kube: client.ApiClient, create_fake_node: Callable[..., str]) -> st
 
 @pytest.fixture
 def start_plugin(
-    control_plane: ControlPlane, kubelet: KubeletStandIn, tmp_path: Path
+    control_plane: ControlPlane, kube: client.ApiClient, kubelet: KubeletStandIn, tmp_path: Path
 ) -> Iterator[Callable[..., PluginProcess]]:
     """Starts ``tessera-device-plugin`` for a node with the given environment and extra flags."""
     started: list[ManagedProcess] = []
+    token = service_account_token(kube, "prometheus", reader=True)
 
     def start(
         node: str,
@@ -159,7 +163,7 @@ def start_plugin(
         )
         started.append(process)
         process.start()
-        return PluginProcess(process, node, state_dir)
+        return PluginProcess(process, node, state_dir, token)
 
     try:
         yield start

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,6 +47,7 @@ from tessera.contract import (
     parse_time,
 )
 from tests.deviceplugin.conftest import CUCLIENT, HOOK_LIBRARY, FakeGpus, PluginProcess
+from tests.scraping import get, service_account_token
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
@@ -144,8 +144,9 @@ def node_inventory(core: client.CoreV1Api, node: str) -> str | None:
     return annotations.get(KEYS.node_gpus)
 
 
-def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+def scrape(plugin: PluginProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    status, text = get(f"http://127.0.0.1:{plugin.metrics_port()}/metrics", plugin.reader_token)
+    assert status == 200, (status, text)
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
         for family in text_string_to_metric_families(text)
@@ -204,7 +205,27 @@ def test_registers_and_advertises_every_slice_and_the_inventory(node: Node) -> N
     assert {g.split for g in inventory} == {10}
     heartbeat = core.read_node(gpu_node).metadata.annotations[KEYS.node_heartbeat]
     assert abs((now() - parse_time(heartbeat, field="heartbeat")).total_seconds()) < 120
-    assert scrape(plugin.metrics_port())["tessera_device_plugin_registered", frozenset()] == 1
+    assert scrape(plugin)["tessera_device_plugin_registered", frozenset()] == 1
+
+
+def test_metrics_are_served_only_to_a_token_the_api_server_allows_get_on_metrics(
+    node: Node, kube: client.ApiClient
+) -> None:
+    """Its series name every namespace's pods: a tenant's pod reaching the port reads nothing, with no
+    token, a made-up one, or its own service account's; Prometheus's (bound to get /metrics) reads."""
+    plugin = node.start()
+    url = f"http://127.0.0.1:{plugin.metrics_port()}/metrics"
+    status, body = get(url, None)
+    assert status == 401 and "needs a bearer token" in body
+    assert get(url, "made-up")[0] == 401
+    tenant = service_account_token(kube, "tenant", reader=False, namespace=node.namespace)
+    status, body = get(url, tenant)
+    assert (status, body.strip()) == (
+        403,
+        f"system:serviceaccount:{node.namespace}:tenant may not get /metrics",
+    )
+    status, body = get(url, plugin.reader_token)
+    assert status == 200 and "tessera_device_plugin_registered 1.0" in body
 
 
 def test_xid_and_lost_gpus_turn_their_slices_unhealthy_until_they_recover(node: Node) -> None:
@@ -380,7 +401,7 @@ def test_allocate_gives_exactly_the_annotated_gpu_and_quota_and_the_hook_enforce
         while (line := holder.stdout.readline()) and line.strip() != "hold ready":
             assert "CUDA_SUCCESS" in line, line
         assert line.strip() == "hold ready", holder.stderr.read() if holder.stderr else ""
-        metrics = scrape(plugin.metrics_port())
+        metrics = scrape(plugin)
     finally:
         stop(holder)
     assert metrics["tessera_container_memory_used_bytes", labels] == 3 * 2**30
@@ -483,7 +504,7 @@ def test_bad_input_is_refused_clearly_the_pod_fails_and_the_plugin_keeps_serving
     assert json.loads(node_inventory(core, gpu_node) or "[]")
     assert "Traceback" not in plugin.log()
     # Every Allocate timed, the six refusals counted by their status.
-    metrics = scrape(plugin.metrics_port())
+    metrics = scrape(plugin)
     assert metrics["tessera_device_plugin_allocate_seconds_count", frozenset()] == 7
     refused = frozenset({"code": "FAILED_PRECONDITION"}.items())
     assert metrics["tessera_device_plugin_allocate_errors_total", refused] == 6
@@ -551,7 +572,7 @@ def test_equal_key_pods_admitted_out_of_bind_order_end_up_under_their_own_names(
             }
             found = [
                 value
-                for (name, labels), value in scrape(plugin.metrics_port()).items()
+                for (name, labels), value in scrape(plugin).items()
                 if name == "tessera_container_memory_used_bytes" and want.items() <= dict(labels).items()
             ]
             return found[0] if found else None
@@ -598,9 +619,8 @@ def test_the_agent_in_mps_mode_starts_no_daemon_and_reports_the_one_that_runs(
     plugin = node.start(
         "--sharing=mps", f"--mps-control={control}", "--mps-wait-seconds=0.5", state_dir=tmp_path / "state"
     )
-    port = plugin.metrics_port()
     running = ("tessera_device_plugin_mps_daemon_running", frozenset[tuple[str, str]]())
-    assert scrape(port)[running] == 0
+    assert scrape(plugin)[running] == 0
     assert "no MPS control daemon runs" in plugin.log()
     assert not paths.pid_file.exists() and not (paths.log / "control.log").exists()
 
@@ -609,12 +629,12 @@ def test_the_agent_in_mps_mode_starts_no_daemon_and_reports_the_one_that_runs(
     daemon.ensure()
     pid = daemon.pid()
     assert pid is not None
-    wait_for(lambda: scrape(port)[running] == 1, what="the daemon reported running")
+    wait_for(lambda: scrape(plugin)[running] == 1, what="the daemon reported running")
     assert f"MPS control daemon {pid} runs" in plugin.log()
 
     # It dies: the agent says so and does not start it again.
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: scrape(port)[running] == 0, what="the daemon reported gone")
+    wait_for(lambda: scrape(plugin)[running] == 0, what="the daemon reported gone")
     time.sleep(2.5)  # more than two of the agent's checks
     assert daemon.pid() is None
     assert len((paths.log / "control.log").read_text().splitlines()) == 1

@@ -18,11 +18,12 @@ from typing import Self
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, config
 
 from sandbox.controlplane import ControlPlane, ManagedProcess, free_port
 from tessera.contract import KEYS, Phase, dump_inventory, format_time, now
 from tests.extender.helpers import inventory
+from tests.scraping import get, service_account_token
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,9 +95,12 @@ class ExtenderServer:
             self.process.stop()
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.health_url}/metrics", timeout=5) as response:
-            text: str = response.read().decode()
-            return text
+        """Its /metrics, read as a scraper allowed get on /metrics (the extender asks the API server)."""
+        with contextlib.closing(config.new_client_from_config(str(self.control_plane.kubeconfig))) as api:
+            token = service_account_token(api, "prometheus", reader=True)
+        status, text = get(f"{self.health_url}/metrics", token, timeout=5)
+        assert status == 200, (status, text)
+        return text
 
 
 @pytest.fixture

@@ -12,12 +12,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from extender.app import create_app
+from extender.kube import ApiError
 from extender.metrics import Metrics
 from extender.service import Extender
 from extender.state import ClusterState
-from tessera.contract import KEYS
+from tessera.contract import KEYS, JsonObject
 from tessera.placement import PlacementEngine, SpeedProfiles
 from tessera.placement.engine import UNKNOWN_NODE
+from tessera.scrapeauth import TOKEN_REVIEWS, AccessCache, Review
 from tests.extender.helpers import gpu_pod, inventory, node_object
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -305,6 +307,57 @@ def test_health_readiness_and_metrics(state: ClusterState) -> None:
     assert 'tessera_extender_node_rejections_total{reason="capacity"} 1.0' in text
     assert 'tessera_extender_pods_filtered_total{result="infeasible"} 1.0' in text
     assert "tessera_extender_nodes 1.0" in text
+
+
+class ReviewingApi:
+    """The API server's side of a scrape's reviews: tokens -> users, and who may get /metrics."""
+
+    def __init__(self) -> None:
+        self.users = {
+            "prometheus-token": "system:serviceaccount:monitoring:prometheus",
+            "tenant-token": "tenant",
+        }
+        self.readers = {"system:serviceaccount:monitoring:prometheus"}
+        self.posts = 0
+        self.down = False
+
+    async def post_review(self, review: Review) -> JsonObject:
+        self.posts += 1
+        if self.down:
+            raise ApiError(503, "etcd is down")
+        if review.path == TOKEN_REVIEWS:
+            user = self.users.get(review.body["spec"]["token"])
+            return {"status": {"authenticated": True, "user": {"username": user}} if user else {}}
+        assert review.body["spec"]["nonResourceAttributes"] == {"path": "/metrics", "verb": "get"}
+        return {"status": {"allowed": review.body["spec"]["user"] in self.readers}}
+
+    async def close(self) -> None:
+        pass
+
+
+def test_metrics_are_served_only_to_a_token_the_api_server_allows(state: ClusterState) -> None:
+    api = ReviewingApi()
+    extender = Extender(
+        state,
+        api,  # type: ignore[arg-type]
+        KEYS,
+        Metrics(),
+        inflight_timeout=timedelta(minutes=5),
+        clock=lambda: NOW,
+    )
+    with TestClient(create_app(extender, scrapes=AccessCache())) as c:
+        assert c.get("/metrics").status_code == 401
+        assert c.get("/metrics", headers={"Authorization": "Bearer made-up"}).status_code == 401
+        refused = c.get("/metrics", headers={"Authorization": "Bearer tenant-token"})
+        assert (refused.status_code, refused.text) == (403, "tenant may not get /metrics\n")
+        allowed = c.get("/metrics", headers={"Authorization": "Bearer prometheus-token"})
+        assert allowed.status_code == 200 and "tessera_extender_nodes" in allowed.text
+        posts = api.posts
+        assert c.get("/metrics", headers={"Authorization": "Bearer prometheus-token"}).status_code == 200
+        assert api.posts == posts  # the answer is kept a while
+        api.down = True
+        assert c.get("/metrics", headers={"Authorization": "Bearer other"}).status_code == 503
+        assert c.get("/healthz").status_code == 200  # probes need no token
 
 
 def test_internal_failure_is_an_error_field_not_a_traceback(client: TestClient, state: ClusterState) -> None:

@@ -206,7 +206,7 @@ def test_chart_output_is_accepted_by_the_api_server(
             dashboard = core.read_namespaced_config_map("tessera-dashboard", namespace)
             assert dashboard.metadata.labels["grafana_dashboard"] == "1"
             docs = [d for d in yaml.safe_load_all(rendered[release]) if d and d["kind"] in CLUSTER_SCOPED]
-            assert len(docs) == 11
+            assert len(docs) == 13
             assert all(d["metadata"]["name"].startswith(f"{release}-") for d in docs)
             binding = client.RbacAuthorizationV1Api(kube).read_cluster_role_binding(
                 f"{release}-device-plugin"

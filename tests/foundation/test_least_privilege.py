@@ -112,6 +112,10 @@ def test_the_node_agent_may_read_pods_and_write_only_its_node_pod_phases_events_
         "nodes": {"get", "patch"},
         # Warning events on pods it cannot serve (narrowed to pods, from its own node).
         "events": {"create"},
+        # Who scrapes its /metrics: the scraper's token and its right to get /metrics
+        # (system:auth-delegator, as kube-rbac-proxy holds; metricsAccess).
+        "tokenreviews.authentication.k8s.io": {"create"},
+        "subjectaccessreviews.authorization.k8s.io": {"create"},
     }
 
 

@@ -6,6 +6,7 @@ also checks the plain-Prometheus scrape config and the sandbox's. promtool is th
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import yaml
 from sandbox import monitoring
 
 HERE = Path(__file__).parent
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 RULE_TESTS = sorted((HERE / "rules").glob("*.yaml"))
 
 
@@ -89,11 +91,17 @@ def check_config(path: Path) -> None:
 
 
 def test_promtool_accepts_the_plain_scrape_config_and_the_sandboxs(tmp_path: Path) -> None:
-    check_config(monitoring.SCRAPE_CONFIG)  # its rule file beside it
+    # promtool wants the token file to exist: a pod's service account token, here a file of ours.
+    token = tmp_path / "token"
+    token.write_text("a-token")
+    shipped = monitoring.SCRAPE_CONFIG.read_text()
+    (tmp_path / "scrape-config.yaml").write_text(shipped.replace(SERVICE_ACCOUNT_TOKEN, str(token)))
+    shutil.copy(monitoring.RULE_FILE, tmp_path / monitoring.RULE_FILE.name)  # its rule file beside it
+    check_config(tmp_path / "scrape-config.yaml")
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
     sandbox_config = tmp_path / "prometheus.yml"
-    sandbox_config.write_text(yaml.safe_dump(monitoring.config(kubeconfig)))
+    sandbox_config.write_text(yaml.safe_dump(monitoring.config(kubeconfig, token)))
     check_config(sandbox_config)
 
 
@@ -104,6 +112,8 @@ def test_plain_prometheus_config_honors_the_workload_labels(repo_root: Path) -> 
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert set(jobs) == {"tessera-device-plugin", "tessera-extender"}
     assert all(job["honor_labels"] is True for job in jobs.values())
+    # Tessera's ports serve /metrics only to a token allowed get on /metrics (metricsAccess).
+    assert all(job["authorization"] == {"credentials_file": SERVICE_ACCOUNT_TOKEN} for job in jobs.values())
     expressions = " ".join(str(rule["expr"]) for rule in alerts(repo_root))
     assert 'job="tessera-device-plugin"' in expressions
 

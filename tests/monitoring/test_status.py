@@ -36,6 +36,7 @@ from tessera.contract import (
     format_time,
     now,
 )
+from tessera.status import NO_TOKEN_THROUGH_PROXY
 from tests.extender.helpers import gpu_pod, inventory, node_object
 
 pytestmark = pytest.mark.k8s
@@ -193,10 +194,16 @@ def test_status_adds_use_from_the_node_agents_metrics(
     registry = CollectorRegistry()
     registry.register(_AgentMetrics("node-a", cluster["a"], cluster["namespace"]))
 
+    refused: list[str | None] = []  # as an agent with metricsAccess.authorization: 401 without a token
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             body = generate_latest(registry)
-            self.send_response(200 if self.path == "/metrics" else 404)
+            if refused:
+                refused.append(self.headers.get("Authorization"))
+                self.send_response(401)
+            else:
+                self.send_response(200 if self.path == "/metrics" else 404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -245,6 +252,13 @@ def test_status_adds_use_from_the_node_agents_metrics(
         assert (first["memory_used_bytes"], first["utilization_ratio"]) == (9 * GIB, 0.42)
         used = {p["pod"]: p["memory_used_bytes"] for p in first["pods"]}
         assert used == {"trainer": 6 * GIB, "infer": None}
+        # An agent serving authorized scrapes only: the pod proxy forwards no token, status says so.
+        refused.append("refusing")
+        code, out, err = run_status(capsys, f"--kubeconfig={control_plane.kubeconfig}", "-o", "json")
+        assert code == 0, err
+        [node] = json.loads(out)["nodes"]
+        assert node["metrics"] == NO_TOKEN_THROUGH_PROXY
+        assert refused[1:] == [None]
     finally:
         server.shutdown()
         server.server_close()

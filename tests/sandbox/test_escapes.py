@@ -255,3 +255,21 @@ def test_another_pod_reaches_the_extenders_health_port_but_not_its_verbs(sbx: Sa
         assert _results(health) == {"connect": ["answered", "-"]}, health
         verbs = _exec(sbx, tenant, "vgpu-escape", "connect", address, "8888")
         assert _results(verbs) == {"connect": ["ECONNREFUSED", "-"]}, verbs
+
+
+def test_a_tenant_pod_reads_neither_the_agents_nor_the_extenders_metrics(sbx: Sandbox, tenant: str) -> None:
+    """The ports are reachable from any pod (the sandbox's network enforces no NetworkPolicy, as many
+    do not); the series name every namespace's pods and their use, so each scrape is reviewed: with
+    no token, or with the tenant's own service account token, nothing is read. Prometheus's (here
+    the sandbox's scraper, bound by metricsAccess.readers) reads."""
+    urls = [install.agent_metrics_url(sbx.api, sbx.state.node)]
+    urls += [f"{url}/metrics" for url in install.extender_health_urls(sbx.api)]
+    assert len(urls) == 3  # the agent and both scheduler replicas' extenders
+    own_token = '"Authorization: Bearer $(cat /var/run/secrets/kubernetes.io/serviceaccount/token)"'
+    for url in urls:
+        anonymous = _exec(sbx, tenant, "/bin/sh", "-c", f"wget -q -O - {url} 2>&1")
+        assert " 401 " in anonymous and "tessera_" not in anonymous, anonymous
+        own = _exec(sbx, tenant, "/bin/sh", "-c", f"wget -q -O - --header {own_token} {url} 2>&1")
+        assert " 403 " in own and "tessera_" not in own, own
+        token = install.scraper_token(sbx.api, seconds=600)
+        assert "tessera_" in install.scrape(url, token)

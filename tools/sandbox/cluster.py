@@ -74,6 +74,8 @@ MODES: tuple[Mode, ...] = ("deviceplugin", "dra")
 # The chart in DRA mode: tessera-dra as the node agent, placement by the cluster's kube-scheduler, so
 # neither the chart's scheduler (whose image is built for the pinned Kubernetes only) nor the extender.
 DRA_VALUES = ("mode=dra", "scheduler.enabled=false", "extender.enabled=false")
+# How long the token the sandbox's Prometheus scrapes with lasts: longer than any sandbox runs.
+SCRAPER_TOKEN_SECONDS = 7 * 24 * 3600
 
 
 def default_node_name() -> str:
@@ -321,8 +323,10 @@ def _start_all(
     if options.monitoring:
         report("Prometheus (Kubernetes discovery of Tessera's pods)")
         port = free_port()
+        with contextlib.closing(config.new_client_from_config(config_file=str(plane.kubeconfig))) as api:
+            token = install.scraper_token(api, seconds=SCRAPER_TOKEN_SECONDS)
         prometheus = starting.add(
-            monitoring.start_prometheus(layout, options.prometheus_bin, plane.kubeconfig, port)
+            monitoring.start_prometheus(layout, options.prometheus_bin, plane.kubeconfig, token, port)
         )
         starting.prometheus_url = monitoring.url(port)
         ready = monitoring.ready_url(starting.prometheus_url)

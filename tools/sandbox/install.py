@@ -41,6 +41,8 @@ EXTENDER_HEALTH_PORT = 8889
 # example of a user's workload image.
 IMAGE_ARCHIVES = ("tessera.tar", "kube-scheduler.tar", "tessera-example-python.tar")
 HELM_TIMEOUT = 120.0
+# The service account the sandbox scrapes Tessera's /metrics as (its Prometheus and the tests).
+SCRAPER = "metrics-scraper"
 
 
 def images_dir() -> Path:
@@ -132,12 +134,38 @@ def agent_pods(api: client.ApiClient, node: str) -> list[client.V1Pod]:
     return pods
 
 
-def agent_metrics(api: client.ApiClient, node: str) -> str:
-    """The Prometheus text the node agent on ``node`` serves on its pod's ``metrics`` port."""
+def scraper_token(api: client.ApiClient, seconds: int = 3600) -> str:
+    """A token of the sandbox's scraper (deploy/sandbox-values.yaml binds it the chart's
+    metrics-reader role, as a cluster binds Prometheus's service account); the account is made on
+    first use."""
+    core = client.CoreV1Api(api)
+    try:
+        core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": SCRAPER}})
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    request = {"spec": {"expirationSeconds": seconds}}
+    token: str = core.create_namespaced_service_account_token(SCRAPER, NAMESPACE, request).status.token
+    return token
+
+
+def scrape(url: str, token: str | None, timeout: float = 10.0) -> str:
+    """GET ``url`` (a /metrics) with ``token`` as its bearer token."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as response:
+        return str(response.read().decode())
+
+
+def agent_metrics_url(api: client.ApiClient, node: str) -> str:
     (agent,) = agent_pods(api, node)
     port = next(p.container_port for p in agent.spec.containers[0].ports if p.name == "metrics")
-    with urllib.request.urlopen(f"http://{agent.status.pod_ip}:{port}/metrics", timeout=10) as response:
-        return str(response.read().decode())
+    return f"http://{agent.status.pod_ip}:{port}/metrics"
+
+
+def agent_metrics(api: client.ApiClient, node: str) -> str:
+    """The Prometheus text the node agent on ``node`` serves on its pod's ``metrics`` port, read as
+    the sandbox's scraper."""
+    return scrape(agent_metrics_url(api, node), scraper_token(api, seconds=600))
 
 
 def extender_pods(api: client.ApiClient) -> list[client.V1Pod]:
@@ -171,12 +199,11 @@ def extender_health_urls(api: client.ApiClient) -> list[str]:
     ]
 
 
-def extender_node_count(url: str) -> float:
-    """Nodes with a GPU inventory that an extender holds (its ``tessera_extender_nodes`` gauge);
-    -1 while it cannot be read."""
+def extender_node_count(url: str, token: str) -> float:
+    """Nodes with a GPU inventory that an extender holds (its ``tessera_extender_nodes`` gauge), read
+    with the scraper's ``token``; -1 while it cannot be read."""
     try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=2) as response:
-            text = response.read().decode()
+        text = scrape(f"{url}/metrics", token, timeout=2)
     except (urllib.error.URLError, OSError):
         return -1
     for line in text.splitlines():
@@ -189,7 +216,10 @@ def extenders_know(api: client.ApiClient, nodes: int) -> bool:
     """Every ready extender holds at least ``nodes`` nodes with a GPU inventory: whichever replica
     leads, a new node is not unknown to it."""
     urls = extender_health_urls(api)
-    return bool(urls) and all(extender_node_count(u) >= nodes for u in urls)
+    if not urls:
+        return False
+    token = scraper_token(api, seconds=600)
+    return all(extender_node_count(u, token) >= nodes for u in urls)
 
 
 def nodes_with_inventory(api: client.ApiClient) -> int:

@@ -57,13 +57,15 @@ def binary(name: str) -> Path:
     return bin_dir / name
 
 
-def config(kubeconfig: Path) -> dict[str, Any]:
-    """The shipped scrape jobs, discovering pods through ``kubeconfig``, with the alert rules."""
+def config(kubeconfig: Path, token_file: Path) -> dict[str, Any]:
+    """The shipped scrape jobs, discovering pods through ``kubeconfig`` and scraping with the token in
+    ``token_file`` (where a pod's Prometheus has its service account's), with the alert rules."""
     shipped = yaml.safe_load(SCRAPE_CONFIG.read_text())
     jobs = shipped["scrape_configs"]
     for job in jobs:
         for discovery in job["kubernetes_sd_configs"]:
             discovery["kubeconfig_file"] = str(kubeconfig)
+        job["authorization"]["credentials_file"] = str(token_file)
     return {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
         "rule_files": [str(RULE_FILE)],
@@ -71,11 +73,15 @@ def config(kubeconfig: Path) -> dict[str, Any]:
     }
 
 
-def start_prometheus(layout: Layout, bin_dir: Path, kubeconfig: Path, port: int) -> Started:
-    """Prometheus listening on loopback ``port``; its readiness URL is :func:`ready_url`."""
+def start_prometheus(layout: Layout, bin_dir: Path, kubeconfig: Path, token: str, port: int) -> Started:
+    """Prometheus listening on loopback ``port``, scraping with ``token`` (the sandbox's scraper's);
+    its readiness URL is :func:`ready_url`."""
     layout.prometheus.mkdir(parents=True, exist_ok=True)
+    token_file = layout.prometheus / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
     config_file = layout.prometheus / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(config(kubeconfig), sort_keys=False))
+    config_file.write_text(yaml.safe_dump(config(kubeconfig, token_file), sort_keys=False))
     argv = [
         str(bin_dir / "prometheus"),
         f"--config.file={config_file}",

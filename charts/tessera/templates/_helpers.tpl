@@ -92,6 +92,7 @@ tolerations:
     - --domain={{ $root.Values.domain }}
     - --scheduler-name={{ $root.Values.scheduler.name }}
     - --health-listen=0.0.0.0:{{ $ext.healthPort }}
+    - --metrics-authorization={{ ternary "kubernetes" "none" $root.Values.metricsAccess.authorization }}
     {{- if not .standalone }}
     # Bind only while the kube-scheduler in this pod leads (its Lease): a replica losing the lead
     # may still have binds in flight, which the new leader's extender does not count.

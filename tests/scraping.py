@@ -1,0 +1,54 @@
+"""Scraping Tessera's /metrics as a cluster's Prometheus does: with a service account's bearer token,
+which the API server allows get on /metrics (the chart's metrics-reader role), or not."""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.request
+
+from kubernetes import client
+
+READER_ROLE = "test-metrics-reader"
+
+
+def service_account_token(
+    api: client.ApiClient, name: str, *, reader: bool, namespace: str = "default"
+) -> str:
+    """A token of service account ``name`` (made if missing), bound to get /metrics when ``reader``."""
+    core = client.CoreV1Api(api)
+    with contextlib.suppress(client.ApiException):  # there already
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    if reader:
+        rbac = client.RbacAuthorizationV1Api(api)
+        with contextlib.suppress(client.ApiException):
+            rbac.create_cluster_role(
+                {
+                    "metadata": {"name": READER_ROLE},
+                    "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+                }
+            )
+        with contextlib.suppress(client.ApiException):
+            rbac.create_cluster_role_binding(
+                {
+                    "metadata": {"name": f"{READER_ROLE}-{namespace}-{name}"},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": READER_ROLE,
+                    },
+                    "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+                }
+            )
+    request = {"spec": {"expirationSeconds": 3600}}
+    token: str = core.create_namespaced_service_account_token(name, namespace, request).status.token
+    return token
+
+
+def get(url: str, token: str | None, timeout: float = 10.0) -> tuple[int, str]:
+    """(status, body) of a GET with ``token`` as the bearer token (none when None)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
