@@ -31,7 +31,7 @@ from tessera.contract import (
     parse_time,
     pod_ref,
 )
-from tessera.scrapeauth import Review
+from tessera.scrapeauth import TOKEN_REVIEWS, Review
 
 log = logging.getLogger(__name__)
 
@@ -181,17 +181,16 @@ class Kube:
     def post_review(self, review: Review) -> dict[str, Any]:
         """Post a TokenReview or SubjectAccessReview (tessera.scrapeauth); the API server's answer.
         Raises :class:`KubeUnavailableError`."""
+        post = (
+            client.AuthenticationV1Api(self._api).create_token_review
+            if review.path == TOKEN_REVIEWS
+            else client.AuthorizationV1Api(self._api).create_subject_access_review
+        )
         try:
-            response = self._api.call_api(
-                review.path,
-                "POST",
-                header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                body=review.body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=(CONNECT_SECONDS, READ_SECONDS),
+            response = post(
+                review.body, _preload_content=False, _request_timeout=(CONNECT_SECONDS, READ_SECONDS)
             )
-            answer: dict[str, Any] = json.loads(response[0].data)
+            answer: dict[str, Any] = json.loads(response.data)
         except API_ERRORS as e:
             raise _unavailable(f"post a {review.body.get('kind')}", e) from None
         return answer

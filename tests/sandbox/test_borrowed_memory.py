@@ -7,7 +7,9 @@ quota all succeed."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from kubernetes.stream import stream
 from deviceplugin.agent import EVICTED_REASON
 from tessera.contract import (
     KEYS,
+    NodeGpuUsage,
     QosClass,
     parse_allocation,
     parse_gpu_usage,
@@ -60,51 +63,109 @@ def pod(name: str, command: str, resources: dict[str, str], **metadata: Any) -> 
     }
 
 
-def test_a_guaranteed_pod_takes_back_what_a_best_effort_pod_borrowed(sbx: Sandbox) -> None:
+def _placed_and_measured(sbx: Sandbox, name: str) -> tuple[str, str]:
+    """A guaranteed pod of GRANT_MIB on the A100, idle, Running, and a measurement of its node newer
+    than its bind (the extender counts it at its full request until then): (node, GPU UUID)."""
     guaranteed = pod(
-        "guaranteed",
+        name,
         IDLE,
         {KEYS.vgpu: "1", KEYS.vgpu_memory: str(GRANT_MIB), KEYS.vgpu_cores: "10"},
         annotations={KEYS.gpu_models: "A100"},
     )
     guaranteed["spec"]["schedulerName"] = "tessera-scheduler"
     sbx.core.create_namespaced_pod("default", guaranteed)
-    sbx.wait_pod("guaranteed", "Running")
-    annotations = sbx.core.read_namespaced_pod("guaranteed", "default").metadata.annotations
+    sbx.wait_pod(name, "Running")
+    annotations = sbx.core.read_namespaced_pod(name, "default").metadata.annotations
     placed = parse_allocation(annotations[KEYS.allocation])
     (grant,) = placed.containers[0].gpus
+    measured_since(sbx, placed.node, parse_time(annotations[KEYS.bind_time], field="bind time"))
+    return placed.node, grant.uuid
 
-    # The extender counts the guaranteed pod at its full request until a measurement newer than
-    # its bind: the node agent publishes one once it has served the pod.
-    bound = parse_time(annotations[KEYS.bind_time], field="bind time")
 
-    def measured_since_bind() -> bool:
-        text = sbx.core.read_node(placed.node).metadata.annotations.get(KEYS.node_gpu_usage)
-        return text is not None and parse_time(parse_gpu_usage(text).time, field="usage time") > bound
+def measured_since(sbx: Sandbox, node: str, moment: datetime) -> NodeGpuUsage:
+    """The node's first published measurement newer than ``moment``."""
 
-    wait_for(measured_since_bind, timeout=60, what="a measurement of the node newer than the bind")
+    def newer() -> NodeGpuUsage | None:
+        text = sbx.core.read_node(node).metadata.annotations.get(KEYS.node_gpu_usage)
+        usage = None if text is None else parse_gpu_usage(text, node=node)
+        return usage if usage is not None and parse_time(usage.time, field="usage time") > moment else None
 
-    # By requests the A100 has 4 GiB left; against use (none) it has all 40 GiB less the margin.
+    found = wait_for(newer, timeout=90, what=f"a measurement of {node} newer than {moment}")
+    assert found is not None
+    return found
+
+
+def borrow(sbx: Sandbox, name: str, uuid: str) -> None:
+    """A best-effort pod placed against measured use on GPU ``uuid``, holding its whole grant."""
     borrower = pod(
-        "borrower",
+        name,
         f"trap 'exit 0' TERM; vgpu-probe {BLOCK_MIB} 3600",
         {KEYS.vgpu: "1", KEYS.vgpu_memory: str(GRANT_MIB)},
         annotations={KEYS.gpu_models: "A100", KEYS.qos: QosClass.BEST_EFFORT.value},
     )
     borrower["spec"]["schedulerName"] = "tessera-scheduler"
     sbx.core.create_namespaced_pod("default", borrower)
-    sbx.wait_pod("borrower", "Running")
-    borrowed = sbx.core.read_namespaced_pod("borrower", "default").metadata.annotations[KEYS.allocation]
+    sbx.wait_pod(name, "Running")
+    borrowed = sbx.core.read_namespaced_pod(name, "default").metadata.annotations[KEYS.allocation]
     (borrowed_grant,) = parse_allocation(borrowed).containers[0].gpus
-    assert (borrowed_grant.uuid, borrowed_grant.memory_mib, borrowed_grant.oversubscribed) == (
-        grant.uuid,
-        GRANT_MIB,
-        True,
-    ), borrowed
-    # Nothing used by the guaranteed pod: the borrower gets its whole grant (the GPU less the margin
-    # is more), and holds it.
-    log = sbx.logs("borrower", until="refused_with=", timeout=60)
+    assert (borrowed_grant.uuid, borrowed_grant.oversubscribed) == (uuid, True), borrowed
+    log = sbx.logs(name, until="refused_with=", timeout=60)
     assert f"allocations_ok={GRANT_MIB // BLOCK_MIB}\n" in log, log
+
+
+def test_a_forged_region_changes_no_published_use_and_evicts_nobody(sbx: Sandbox) -> None:
+    """The guaranteed pod's process writes in its own accounting region that it holds 1,000,000 MiB
+    and waits for 4096 MiB more (vgpu-escape forge): the node agent publishes what the driver says it
+    holds, and the borrowing best-effort pod of another namespace's owner stays."""
+    node, uuid = _placed_and_measured(sbx, "forger")
+    borrow(sbx, "bystander", uuid)
+    try:
+        forged_at = datetime.now(UTC)
+        out: str = stream(
+            sbx.core.connect_get_namespaced_pod_exec,
+            "forger",
+            "default",
+            command=[
+                "/bin/sh",
+                "-c",
+                "vgpu-escape forge hold > /tmp/forge.log 2>&1 & sleep 2; cat /tmp/forge.log",
+            ],
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+        )
+        assert "forge written 1" in out, out
+        # Two measurements after the forgery: what the driver says the forger holds (a 256 MiB block
+        # and a context), never the claim; nothing evicted meanwhile.
+        first = measured_since(sbx, node, forged_at)
+        usage = measured_since(sbx, node, parse_time(first.time, field="usage time"))
+        (gpu,) = [g for g in usage.gpus if g.uuid == uuid]
+        assert 0 < gpu.guaranteed_used_mib < 2048, gpu
+        time.sleep(10)  # a borrower would be evicted within a usage tick of a believed wait
+        events = sbx.core.list_namespaced_event(
+            "default", field_selector="involvedObject.name=bystander"
+        ).items
+        assert not [e for e in events if e.reason == EVICTED_REASON], [(e.reason, e.message) for e in events]
+        assert sbx.core.read_namespaced_pod("bystander", "default").status.phase == "Running"
+    finally:
+        for name in ("forger", "bystander"):
+            sbx.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        wait_for(
+            lambda: (
+                not {p.metadata.name for p in sbx.core.list_namespaced_pod("default").items}
+                & {"forger", "bystander"}
+            ),
+            timeout=60,
+            what="the forger and the bystander gone",
+        )
+
+
+def test_a_guaranteed_pod_takes_back_what_a_best_effort_pod_borrowed(sbx: Sandbox) -> None:
+    # By requests the A100 has 4 GiB left; against use (none) it has all 40 GiB less the margin:
+    # the borrower gets its whole grant, and holds it.
+    node, uuid = _placed_and_measured(sbx, "guaranteed")
+    borrow(sbx, "borrower", uuid)
 
     # The guaranteed pod now takes its whole quota: the driver runs out after the 4 GiB the borrower
     # left, its allocation waits, the node agent evicts the borrower, and every block comes.
@@ -124,7 +185,7 @@ def test_a_guaranteed_pod_takes_back_what_a_best_effort_pod_borrowed(sbx: Sandbo
 
     events = sbx.core.list_namespaced_event("default", field_selector="involvedObject.name=borrower").items
     evicted = [e for e in events if e.reason == EVICTED_REASON]
-    assert evicted and f"GPU {grant.uuid}" in evicted[0].message, [(e.reason, e.message) for e in events]
+    assert evicted and f"GPU {uuid}" in evicted[0].message, [(e.reason, e.message) for e in events]
     wait_for(
         lambda: (
             not [p for p in sbx.core.list_namespaced_pod("default").items if p.metadata.name == "borrower"]
@@ -132,6 +193,5 @@ def test_a_guaranteed_pod_takes_back_what_a_best_effort_pod_borrowed(sbx: Sandbo
         timeout=60,
         what="the borrower to be deleted",
     )
-    node = sbx.core.read_node(placed.node)
-    usage = parse_gpu_usage(node.metadata.annotations[KEYS.node_gpu_usage], node=placed.node)
-    assert grant.uuid in {g.uuid for g in usage.gpus}
+    usage = parse_gpu_usage(sbx.core.read_node(node).metadata.annotations[KEYS.node_gpu_usage], node=node)
+    assert uuid in {g.uuid for g in usage.gpus}

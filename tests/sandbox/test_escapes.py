@@ -7,20 +7,25 @@ quota: four 256 MiB blocks."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.stream import stream
 from prometheus_client.parser import text_string_to_metric_families
 
-from deviceplugin.driveruse import OVER_QUOTA_REASON
+from deviceplugin.driveruse import OVER_QUOTA_REASON, UNMANAGED_REASON
+from extender.resizing import REFUSED_REASON as RESIZE_REFUSED_REASON
+from extender.service import QOS_LOWERED_REASON
 from sandbox import install
 from sandbox.images import PROBE_IMAGE
-from tessera.contract import KEYS
+from tessera.contract import CONTAINER_LIMITS_FILE, KEYS, MIB, QosClass, parse_allocation
 from tests.sandbox.conftest import Sandbox, running_sandbox
+from tests.scraping import service_account_token
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -273,3 +278,197 @@ def test_a_tenant_pod_reads_neither_the_agents_nor_the_extenders_metrics(sbx: Sa
         assert " 403 " in own and "tessera_" not in own, own
         token = install.scraper_token(sbx.api, seconds=600)
         assert "tessera_" in install.scrape(url, token)
+
+
+# ------------------------------------------------------------------------------------------------
+# A tenant with the built-in edit role in its own namespace only, under a ResourceQuota on Tessera's
+# GPU memory: what it writes (annotations, priorities, its own pods) never raises what it gets.
+
+TENANT_NAMESPACE = "tenant-a"
+QUOTA_MIB = 4096
+
+
+def _tenant_client(sbx: Sandbox, name: str, cluster_roles: tuple[str, ...]) -> client.CoreV1Api:
+    """The API as service account ``name`` of the tenant's namespace, bound (in that namespace only)
+    to ``cluster_roles``: a tenant's kubeconfig."""
+    rbac = client.RbacAuthorizationV1Api(sbx.api)
+    token = service_account_token(sbx.api, name, reader=False, namespace=TENANT_NAMESPACE)
+    for role in cluster_roles:
+        with contextlib.suppress(client.ApiException):  # bound already
+            rbac.create_namespaced_role_binding(
+                TENANT_NAMESPACE,
+                {
+                    "metadata": {"name": f"{name}-{role}"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                    "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": TENANT_NAMESPACE}],
+                },
+            )
+    admin = sbx.api.configuration
+    configuration = client.Configuration()
+    configuration.host = admin.host
+    configuration.ssl_ca_cert = admin.ssl_ca_cert
+    configuration.api_key = {"authorization": token}
+    configuration.api_key_prefix = {"authorization": "Bearer"}
+    return client.CoreV1Api(client.ApiClient(configuration))
+
+
+@pytest.fixture(scope="module")
+def tenant_namespace(sbx: Sandbox) -> Iterator[str]:
+    """The tenant's namespace, with a ResourceQuota of QUOTA_MIB MiB of GPU memory (its used counted by
+    the quota controller) and the scavenger PriorityClass (-10) an admin made for batch leftovers."""
+    sbx.core.create_namespace({"metadata": {"name": TENANT_NAMESPACE}})
+    sbx.core.create_namespaced_resource_quota(
+        TENANT_NAMESPACE,
+        {"metadata": {"name": "gpu"}, "spec": {"hard": {f"requests.{KEYS.vgpu_memory}": str(QUOTA_MIB)}}},
+    )
+    scheduling = client.SchedulingV1Api(sbx.api)
+    scheduling.create_priority_class({"metadata": {"name": "scavenger"}, "value": -10})
+    wait_for(
+        lambda: (
+            sbx.core.list_namespaced_service_account(
+                TENANT_NAMESPACE, field_selector="metadata.name=default"
+            ).items
+        ),
+        timeout=60,
+        what="the tenant namespace's default service account",
+    )
+    try:
+        yield TENANT_NAMESPACE
+    finally:
+        scheduling.delete_priority_class("scavenger")
+        sbx.core.delete_namespace(TENANT_NAMESPACE)
+        wait_for(
+            lambda: TENANT_NAMESPACE not in {n.metadata.name for n in sbx.core.list_namespace().items},
+            timeout=120,
+            what="the tenant namespace gone",
+        )
+
+
+def _tenant_pod(name: str, memory_mib: int, **spec: Any) -> dict[str, Any]:
+    pod = _pod(name, ["/bin/sh", "-c", IDLE])
+    pod["spec"]["containers"][0]["env"] = []
+    pod["spec"]["containers"][0]["resources"]["limits"][KEYS.vgpu_memory] = str(memory_mib)
+    pod["spec"].update(spec)
+    return pod
+
+
+def _events(sbx: Sandbox, namespace: str, pod: str, reason: str) -> list[Any]:
+    found: list[Any] = sbx.core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={pod},reason={reason}"
+    ).items
+    return found
+
+
+def test_a_tenant_resizes_only_with_the_right_and_never_past_its_namespace_quota(
+    sbx: Sandbox, tenant: str, tenant_namespace: str
+) -> None:
+    """Asking for a resize needs tessera-resizer besides edit; granted, a resize past the namespace's
+    ResourceQuota (30000 MiB under 4096) is refused naming the quota, and the container keeps its
+    quota. The neighbour in the default namespace is untouched."""
+    alice = _tenant_client(sbx, "alice", ("edit", "tessera-resizer"))
+    bob = _tenant_client(sbx, "bob", ("edit",))
+    alice.create_namespaced_pod(tenant_namespace, _tenant_pod("own", 1024))
+    sbx.wait_pod("own", "Running", namespace=tenant_namespace, timeout=120)
+    request = {"metadata": {"annotations": {KEYS.resize: "memory=30000,cores=50"}}}
+    with pytest.raises(client.ApiException) as refused:
+        bob.patch_namespaced_pod("own", tenant_namespace, request)
+    assert refused.value.status == 403 and "pods/resize" in str(refused.value.body), refused.value.body
+    alice.patch_namespaced_pod("own", tenant_namespace, request)
+    (event,) = wait_for(
+        lambda: _events(sbx, tenant_namespace, "own", RESIZE_REFUSED_REASON),
+        timeout=60,
+        what="the resize's refusal",
+    )
+    assert f"ResourceQuota gpu allows requests.{KEYS.vgpu_memory} {QUOTA_MIB}" in event.message, event.message
+    limits = stream(
+        sbx.core.connect_get_namespaced_pod_exec,
+        "own",
+        tenant_namespace,
+        command=["cat", CONTAINER_LIMITS_FILE],
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+    )
+    assert f" memory {1024 * MIB} " in limits, limits
+    assert sbx.core.read_namespaced_pod(tenant, "default").status.phase == "Running"
+
+
+def test_a_scavenger_pod_asking_for_latency_critical_runs_best_effort_with_an_event(
+    sbx: Sandbox, tenant: str, tenant_namespace: str
+) -> None:
+    """The class is granted by the pod's priority: a negative one is best-effort whatever the pod's
+    annotation asks; the pod is told with a Warning event, and its limits file says best-effort."""
+    alice = _tenant_client(sbx, "alice", ("edit", "tessera-resizer"))
+    pod = _tenant_pod("scavenger", 1024, priorityClassName="scavenger")
+    pod["metadata"]["annotations"] = {KEYS.qos: QosClass.LATENCY_CRITICAL.value}
+    alice.create_namespaced_pod(tenant_namespace, pod)
+    sbx.wait_pod("scavenger", "Running", namespace=tenant_namespace, timeout=120)
+    annotations = sbx.core.read_namespaced_pod("scavenger", tenant_namespace).metadata.annotations
+    assert parse_allocation(annotations[KEYS.allocation]).qos is QosClass.BEST_EFFORT
+    (event,) = wait_for(
+        lambda: _events(sbx, tenant_namespace, "scavenger", QOS_LOWERED_REASON), timeout=60, what="the event"
+    )
+    assert "latency-critical" in event.message and "best-effort" in event.message, event.message
+    limits = stream(
+        sbx.core.connect_get_namespaced_pod_exec,
+        "scavenger",
+        tenant_namespace,
+        command=["cat", CONTAINER_LIMITS_FILE],
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+    )
+    assert "qos best-effort" in limits, limits
+    assert sbx.core.read_namespaced_pod(tenant, "default").status.phase == "Running"
+
+
+def test_a_pod_with_annotations_near_the_apis_limit_holds_up_no_other_pod(sbx: Sandbox, tenant: str) -> None:
+    """Its annotations leave the Binding and the phase write a few hundred bytes: whatever becomes of
+    it (refused at bind, or its phase write refused and flagged), the next pod, of another shape, is
+    placed and runs."""
+    blob = "example.com/blob"
+    bloated = _pod("bloated", ["/bin/sh", "-c", IDLE])
+    bloated["metadata"]["annotations"] = {blob: "x" * (256 * 1024 - len(blob) - 400)}
+    sbx.core.create_namespaced_pod("default", bloated)
+    after = _pod("after-bloated", ["/bin/sh", "-c", IDLE])
+    after["spec"]["containers"][0]["resources"]["limits"][KEYS.vgpu_memory] = "512"
+    try:
+        time.sleep(3)  # the bloated pod first, where kube-scheduler takes it
+        sbx.core.create_namespaced_pod("default", after)
+        sbx.wait_pod("after-bloated", "Running", timeout=120)
+        assert sbx.core.read_namespaced_pod(tenant, "default").status.phase == "Running"
+    finally:
+        _delete(sbx, "bloated", "after-bloated")
+
+
+def test_a_pod_using_a_gpu_around_tessera_is_reported(sbx: Sandbox, tenant: str) -> None:
+    """No Tessera resource, the GPUs the runtime gives every container (NVIDIA_VISIBLE_DEVICES unset
+    or all, honoured for unprivileged pods unless the toolkit is told not to: docs/install.md): the
+    node agent reports the memory NVML shows it holding, per GPU and with a Warning event on it."""
+    outsider = _pod("outsider", ["vgpu-probe", "1024", "600"])
+    outsider["spec"].pop("schedulerName")
+    outsider["spec"]["containers"][0]["env"] = []
+    del outsider["spec"]["containers"][0]["resources"]
+    sbx.core.create_namespaced_pod("default", outsider)
+    sbx.wait_pod("outsider", "Running", timeout=120)
+    try:
+        sbx.logs("outsider", until="allocations_ok=", timeout=60)
+        (event,) = wait_for(
+            lambda: _events(sbx, "default", "outsider", UNMANAGED_REASON), timeout=60, what="the event"
+        )
+        assert "without a Tessera allocation there" in event.message, event.message
+
+        def unmanaged() -> float:
+            return sum(
+                sample.value
+                for family in text_string_to_metric_families(install.agent_metrics(sbx.api, sbx.state.node))
+                for sample in family.samples
+                if sample.name == "tessera_gpu_memory_unmanaged_bytes"
+            )
+
+        assert wait_for(lambda: unmanaged() >= 1024 * MIB, timeout=60, what="unmanaged memory in the metrics")
+        assert sbx.core.read_namespaced_pod(tenant, "default").status.phase == "Running"
+    finally:
+        _delete(sbx, "outsider")

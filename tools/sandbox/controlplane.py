@@ -59,6 +59,8 @@ CONTROLLERS = (
     "namespace-controller",
     "clusterrole-aggregation-controller",
     "disruption-controller",
+    # ResourceQuotas' used: a namespace's quota on Tessera's resources bounds its pods and live resizes.
+    "resourcequota-controller",
 )
 # The DRA path's too: kube-scheduler allocates claims; the ResourceClaim controller makes the claims of
 # ResourceClaimTemplates, takes deleted pods off their claims' reservedFor and deallocates claims

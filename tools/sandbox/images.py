@@ -27,6 +27,8 @@ PROBE_SOURCE = Path(__file__).with_name("vgpu_probe.c")
 PROBE_PATH = "/usr/local/bin/vgpu-probe"
 # The tenant's escapes of docs/security.md, tried from inside a container (tests/sandbox/test_escapes.py).
 ESCAPE_SOURCE = Path(__file__).with_name("vgpu_escape.c")
+# The hook's headers: vgpu-escape writes the accounting region in the hook's own layout.
+HOOK_HEADERS = Path(__file__).resolve().parents[2] / "hook" / "src"
 ESCAPE_PATH = "/usr/local/bin/vgpu-escape"
 # Where Debian-based images keep shared libraries, and so where the NVIDIA container toolkit mounts
 # libcuda.so.1 and libnvidia-ml.so.1; the probe image has the directory so the mounts have a target.
@@ -214,7 +216,19 @@ def compile_program(source: Path, out: Path) -> Path:
     """Compile a program of the probe image with the host's C compiler (the image carries the host's
     glibc to match)."""
     subprocess.run(
-        ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(source), "-ldl"],
+        [
+            "cc",
+            "-O2",
+            "-std=gnu11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{HOOK_HEADERS}",
+            "-o",
+            str(out),
+            str(source),
+            "-ldl",
+        ],
         check=True,
         capture_output=True,
         text=True,

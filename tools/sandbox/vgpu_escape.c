@@ -17,6 +17,8 @@
  *                                   dynamic linker asked (what a static binary or raw ioctls do)
  *   vgpu-escape zero [hold]         take the quota, zero the accounting region, take more
  *   vgpu-escape fifo                replace the accounting region by a FIFO (for whoever reads it)
+ *   vgpu-escape forge [hold]        take one block, then write in the region that this process holds
+ *                                   1,000,000 MiB on each GPU and waits for 4096 MiB more
  *   vgpu-escape userns              a new user and mount namespace, a tmpfs over the limits file,
  *                                   then blocks in a fresh process
  *   vgpu-escape connect IP PORT     a TCP connection to a Tessera component (the extender's verbs)
@@ -40,6 +42,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "region.h" /* the hook's own layout of the region (hook/src) */
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -251,6 +255,36 @@ static int zero_region(void) {
     return ok;
 }
 
+/* What a forged region claims: far more than any GPU has, and a wait that would evict a borrower. */
+#define FORGED_USED ((uint64_t)1000000 << 20)
+#define FORGED_WAITING ((uint64_t)4096 << 20)
+
+/* Write, in this process's own slot and in the device totals, the forged use (the region is the
+ * container's to write: every process with the hook updates it). */
+static int forge_region(void) {
+    int fd = open(region_path(), O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(struct vgpu_region))
+        return 0;
+    struct vgpu_region *r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (r == MAP_FAILED || r->magic != VGPU_REGION_MAGIC)
+        return 0;
+    int found = 0;
+    for (uint32_t slot = 0; slot < r->procs_hw && slot < VGPU_MAX_PROCS; slot++) {
+        if (r->proc[slot].pid != getpid())
+            continue;
+        for (uint32_t d = 0; d < r->devices && d < VGPU_MAX_DEVICES; d++) {
+            r->proc[slot].used[d] = FORGED_USED;
+            r->proc[slot].waiting[d] = FORGED_WAITING;
+            r->dev[d].used = FORGED_USED;
+        }
+        found = 1;
+    }
+    munmap(r, sizeof *r);
+    return found;
+}
+
 /* ---- files the node agent mounted read-only ---------------------------------------------------- */
 
 static void try_write(const char *attempt, const char *path, int flags) {
@@ -395,6 +429,14 @@ int main(int argc, char **argv) {
         report("dlsym-handle", "hook", alloc); /* the control */
         dlvsym_routes(libc);
         private_copies();
+    } else if (strcmp(mode, "forge") == 0) {
+        CUdeviceptr one;
+        if (alloc(&one, BLOCK) != CUDA_SUCCESS || !forge_region()) {
+            printf("forge %s -\n", errno ? strerrorname_np(errno) : "refused");
+            return 1;
+        }
+        printf("forge written 1\n");
+        hold_if(argc, argv);
     } else if (strcmp(mode, "zero") == 0) {
         printf("zero-before hook %d\n", take(alloc, release, 1));
         if (!zero_region()) {
@@ -404,7 +446,7 @@ int main(int argc, char **argv) {
         printf("zero-after hook %d\n", take(alloc, release, 1));
         hold_if(argc, argv);
     } else {
-        fprintf(stderr, "usage: vgpu-escape blocks|preload|write|routes|raw|zero|fifo|userns [hold] | connect IP PORT\n");
+        fprintf(stderr, "usage: vgpu-escape blocks|preload|write|routes|raw|zero|forge|fifo|userns [hold] | connect IP PORT\n");
         return 2;
     }
     return 0;
