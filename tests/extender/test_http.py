@@ -21,6 +21,7 @@ from tessera.placement import PlacementEngine, SpeedProfiles
 from tessera.placement.engine import UNKNOWN_NODE
 from tessera.scrapeauth import TOKEN_REVIEWS, AccessCache, Review
 from tests.extender.helpers import gpu_pod, inventory, node_object
+from tests.extender.test_bind import extender
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -337,15 +338,7 @@ class ReviewingApi:
 
 def test_metrics_are_served_only_to_a_token_the_api_server_allows(state: ClusterState) -> None:
     api = ReviewingApi()
-    extender = Extender(
-        state,
-        api,  # type: ignore[arg-type]
-        KEYS,
-        Metrics(),
-        inflight_timeout=timedelta(minutes=5),
-        clock=lambda: NOW,
-    )
-    with TestClient(create_app(extender, scrapes=AccessCache())) as c:
+    with TestClient(create_app(extender(state, api), scrapes=AccessCache())) as c:  # type: ignore[arg-type]
         assert c.get("/metrics").status_code == 401
         assert c.get("/metrics", headers={"Authorization": "Bearer made-up"}).status_code == 401
         refused = c.get("/metrics", headers={"Authorization": "Bearer tenant-token"})

@@ -81,11 +81,11 @@ def _start(sbx: Sandbox, name: str, command: list[str], seccomp: str = "RuntimeD
     sbx.wait_pod(name, "Running", timeout=120)
 
 
-def _exec(sbx: Sandbox, pod: str, *command: str) -> str:
+def _exec(sbx: Sandbox, pod: str, *command: str, namespace: str = "default") -> str:
     out: str = stream(
         sbx.core.connect_get_namespaced_pod_exec,
         pod,
-        "default",
+        namespace,
         command=list(command),
         stderr=True,
         stdin=False,
@@ -380,16 +380,7 @@ def test_a_tenant_resizes_only_with_the_right_and_never_past_its_namespace_quota
         what="the resize's refusal",
     )
     assert f"ResourceQuota gpu allows requests.{KEYS.vgpu_memory} {QUOTA_MIB}" in event.message, event.message
-    limits = stream(
-        sbx.core.connect_get_namespaced_pod_exec,
-        "own",
-        tenant_namespace,
-        command=["cat", CONTAINER_LIMITS_FILE],
-        stderr=True,
-        stdin=False,
-        stdout=True,
-        tty=False,
-    )
+    limits = _exec(sbx, "own", "cat", CONTAINER_LIMITS_FILE, namespace=tenant_namespace)
     assert f" memory {1024 * MIB} " in limits, limits
     assert sbx.core.read_namespaced_pod(tenant, "default").status.phase == "Running"
 
@@ -410,16 +401,7 @@ def test_a_scavenger_pod_asking_for_latency_critical_runs_best_effort_with_an_ev
         lambda: _events(sbx, tenant_namespace, "scavenger", QOS_LOWERED_REASON), timeout=60, what="the event"
     )
     assert "latency-critical" in event.message and "best-effort" in event.message, event.message
-    limits = stream(
-        sbx.core.connect_get_namespaced_pod_exec,
-        "scavenger",
-        tenant_namespace,
-        command=["cat", CONTAINER_LIMITS_FILE],
-        stderr=True,
-        stdin=False,
-        stdout=True,
-        tty=False,
-    )
+    limits = _exec(sbx, "scavenger", "cat", CONTAINER_LIMITS_FILE, namespace=tenant_namespace)
     assert "qos best-effort" in limits, limits
     assert sbx.core.read_namespaced_pod(tenant, "default").status.phase == "Running"
 

@@ -215,24 +215,9 @@ def probe_spec(busybox: bytes, probe: bytes, glibc: dict[str, bytes], escape: by
 def compile_program(source: Path, out: Path) -> Path:
     """Compile a program of the probe image with the host's C compiler (the image carries the host's
     glibc to match)."""
-    subprocess.run(
-        [
-            "cc",
-            "-O2",
-            "-std=gnu11",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            f"-I{HOOK_HEADERS}",
-            "-o",
-            str(out),
-            str(source),
-            "-ldl",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    warnings = ("-Wall", "-Wextra", "-Werror")
+    command = ["cc", "-O2", "-std=gnu11", *warnings, f"-I{HOOK_HEADERS}", "-o", str(out), str(source), "-ldl"]
+    subprocess.run(command, check=True, capture_output=True, text=True)
     return out
 
 
