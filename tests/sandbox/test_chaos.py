@@ -296,6 +296,15 @@ class Waves:
     def pods(self) -> list[Any]:
         return list(retried(lambda: self.core.list_namespaced_pod("default").items))
 
+    def create(self, pod: dict[str, Any]) -> None:
+        """Create the pod; there already is done: a create whose answer was lost with a killed API
+        server, retried by the client, finds the pod it made (HTTP 409 AlreadyExists)."""
+        try:
+            self.core.create_namespaced_pod("default", pod)
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+
     def delete(self, name: str) -> None:
         """Delete the pod; gone already is done: a delete whose answer was lost with a killed API
         server, retried by the client, finds the pod gone (HTTP 404)."""
@@ -323,7 +332,7 @@ class Waves:
                 "-c",
                 "trap 'exit 0' TERM; vgpu-probe 256 100000",
             ]
-            retried(lambda pod=pod: self.core.create_namespaced_pod("default", pod))
+            retried(lambda pod=pod: self.create(pod))
         deadline = time.monotonic() + 420
         while None in (now := self.states(names)).values():
             waiting = [n for n, s in now.items() if s is None]
