@@ -34,6 +34,7 @@ from tessera.contract import (
     keys_for,
     now,
     parse_allocation,
+    parse_gpu_usage,
     parse_inventory,
     parse_time,
     pod_ref,
@@ -146,6 +147,22 @@ def _event_time(event: Json) -> str:
     )
 
 
+def _add_measured_use(gpus: dict[str, GpuStatus], text: str | None, node: str) -> None:
+    """The node agent's published use (the Node's gpu-usage annotation), until its metrics, when
+    readable, say more; an unreadable one adds nothing."""
+    if text is None:
+        return
+    try:
+        usage = parse_gpu_usage(text, node=node)
+    except ContractError:
+        return
+    for measured in usage.gpus:
+        gpu = gpus.get(measured.uuid)
+        if gpu is not None:
+            gpu.memory_used_bytes = measured.memory_used_mib * MIB
+            gpu.utilization_ratio = measured.utilization_percent / 100
+
+
 def build_status(
     nodes: Iterable[Json],
     pods: Iterable[Json],
@@ -183,6 +200,7 @@ def build_status(
                 slices_total=info.split,
             )
             entry.gpus.append(gpus[info.uuid])
+        _add_measured_use(gpus, annotations.get(keys.node_gpu_usage), name)
 
     reasons: dict[tuple[str, str], tuple[str, str]] = {}
     for event in events:

@@ -31,8 +31,11 @@ from tessera.contract import (
     Allocation,
     ContainerAllocation,
     GpuGrant,
+    GpuUsage,
+    NodeGpuUsage,
     Phase,
     dump_allocation,
+    dump_gpu_usage,
     format_time,
     now,
 )
@@ -252,13 +255,26 @@ def test_status_adds_use_from_the_node_agents_metrics(
         assert (first["memory_used_bytes"], first["utilization_ratio"]) == (9 * GIB, 0.42)
         used = {p["pod"]: p["memory_used_bytes"] for p in first["pods"]}
         assert used == {"trainer": 6 * GIB, "infer": None}
-        # An agent serving authorized scrapes only: the pod proxy forwards no token, status says so.
+        # An agent serving authorized scrapes only: the pod proxy forwards no token, status says so,
+        # and shows the use the agent publishes on the Node instead.
         refused.append("refusing")
+        usage = NodeGpuUsage(
+            time=format_time(now()),
+            gpus=(
+                GpuUsage(
+                    uuid=cluster["a"], memory_used_mib=5120, guaranteed_used_mib=5120, utilization_percent=37
+                ),
+            ),
+        )
+        core.patch_node("node-a", {"metadata": {"annotations": {KEYS.node_gpu_usage: dump_gpu_usage(usage)}}})
         code, out, err = run_status(capsys, f"--kubeconfig={control_plane.kubeconfig}", "-o", "json")
         assert code == 0, err
         [node] = json.loads(out)["nodes"]
         assert node["metrics"] == NO_TOKEN_THROUGH_PROXY
         assert refused[1:] == [None]
+        first = node["gpus"][0]
+        assert (first["memory_used_bytes"], first["utilization_ratio"]) == (5120 * MIB, 0.37)
+        core.patch_node("node-a", {"metadata": {"annotations": {KEYS.node_gpu_usage: None}}})
     finally:
         server.shutdown()
         server.server_close()
