@@ -56,6 +56,9 @@ def apply_until_accepted(control_plane: ControlPlane, manifest: str, timeout: fl
         time.sleep(0.5)
 
 
+SCRAPER = "tessera-metrics-scraper"
+
+
 def test_the_charts_operator_objects_are_accepted(
     repo_root: Path, control_plane: ControlPlane, kube: client.ApiClient, namespace: str
 ) -> None:
@@ -65,7 +68,12 @@ def test_the_charts_operator_objects_are_accepted(
     ours = [
         d
         for d in yaml.safe_load_all(rendered)
-        if d and (d["apiVersion"] == "monitoring.coreos.com/v1" or d["metadata"]["name"].endswith("-metrics"))
+        if d
+        and (
+            d["apiVersion"] == "monitoring.coreos.com/v1"
+            or d["metadata"]["name"].endswith("-metrics")
+            or d["metadata"]["name"].startswith(SCRAPER)
+        )
     ]
     monitoring = "---\n".join(yaml.safe_dump(d) for d in ours)
     created = kubectl(control_plane, "apply", "--server-side", "-f", "-", stdin=crds)
@@ -85,6 +93,20 @@ def test_the_charts_operator_objects_are_accepted(
         for spec in by_name.values():
             assert spec["jobLabel"] == "app.kubernetes.io/name"
             assert [e["honorLabels"] for e in spec["endpoints"]] == [True]
+            # The agents and extenders serve /metrics to a token allowed get /metrics only: the
+            # chart's scraper's, from its token Secret, bound to the reader role.
+            assert [e["authorization"] for e in spec["endpoints"]] == [
+                {"type": "Bearer", "credentials": {"name": f"{SCRAPER}-token", "key": "token"}}
+            ]
+        secret = client.CoreV1Api(kube).read_namespaced_secret(f"{SCRAPER}-token", namespace)
+        assert secret.type == "kubernetes.io/service-account-token"
+        assert secret.metadata.annotations["kubernetes.io/service-account.name"] == SCRAPER
+        (reader,) = [
+            d
+            for d in yaml.safe_load_all(rendered)
+            if d and d["metadata"]["name"] == "tessera-metrics-reader" and d["kind"] == "ClusterRoleBinding"
+        ]
+        assert {"kind": "ServiceAccount", "name": SCRAPER, "namespace": namespace} in reader["subjects"]
         # The Services they select exist with the label that names the job.
         core = client.CoreV1Api(kube)
         for name, job in (
