@@ -63,7 +63,8 @@ def driver_checked(holders: Sequence[Holder[Key]], by_pod: Mapping[str, int] | N
     """``holders`` with what they hold and wait for as far as the driver bears them out: each cut
     to the container's grant; with ``by_pod`` (bytes per pod UID by NVML on this GPU; None when NVML
     cannot say), each pod's containers hold together exactly what NVML says, shared in proportion to
-    their (cut) claims, or to their grants when they all claim nothing."""
+    their (cut) claims, or to their grants when they all claim nothing, and wait for no more than
+    their grants leave beside that: what an allocation within the quota could be refused."""
     cut = [
         replace(
             h,
@@ -85,7 +86,10 @@ def driver_checked(holders: Sequence[Holder[Key]], by_pod: Mapping[str, int] | N
         total_weight = sum(weights) or 1
         shares = [truth * w // total_weight for w in weights]
         shares[0] += truth - sum(shares)  # what integer division left over
-        checked.extend(replace(h, used_bytes=share) for h, share in zip(members, shares, strict=True))
+        checked.extend(
+            replace(h, used_bytes=share, waiting_bytes=min(h.waiting_bytes, max(0, h.grant_bytes - share)))
+            for h, share in zip(members, shares, strict=True)
+        )
     return checked
 
 

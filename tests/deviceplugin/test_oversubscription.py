@@ -138,6 +138,11 @@ def test_measured_use_is_the_drivers_not_the_regions() -> None:
     checked = driver_checked([forged, zeroed, honest], by_driver)
     assert [h.used_bytes // MIB for h in checked] == [300, 2048, 1024]
     assert measured_use("GPU-0", checked, 0).guaranteed_used_mib == 300 + 2048 + 1024
+    # It may wait for no more than its grant leaves beside what the driver says it holds: what an
+    # allocation within its quota could be refused, and so take back anyway.
+    assert [h.waiting_bytes // MIB for h in checked] == [4096 - 300, 0, 0]
+    zeroed_waiting = dataclasses.replace(zeroed, waiting_bytes=4096 * MIB)
+    assert driver_checked([zeroed_waiting], by_driver)[0].waiting_bytes == (4096 - 2048) * MIB
 
 
 def test_a_pods_containers_share_what_the_driver_says_the_pod_holds() -> None:

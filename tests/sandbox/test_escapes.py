@@ -367,7 +367,10 @@ def test_a_tenant_resizes_only_with_the_right_and_never_past_its_namespace_quota
     quota. The neighbour in the default namespace is untouched."""
     alice = _tenant_client(sbx, "alice", ("edit", "tessera-resizer"))
     bob = _tenant_client(sbx, "bob", ("edit",))
-    alice.create_namespaced_pod(tenant_namespace, _tenant_pod("own", 1024))
+    own = _tenant_pod("own", 1024)
+    # On the A100: 30000 MiB fit the GPU, so that only the quota stands in the way.
+    own["metadata"]["annotations"] = {KEYS.gpu_models: "A100"}
+    alice.create_namespaced_pod(tenant_namespace, own)
     sbx.wait_pod("own", "Running", namespace=tenant_namespace, timeout=120)
     request = {"metadata": {"annotations": {KEYS.resize: "memory=30000,cores=50"}}}
     with pytest.raises(client.ApiException) as refused:

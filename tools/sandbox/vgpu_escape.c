@@ -18,7 +18,7 @@
  *   vgpu-escape zero [hold]         take the quota, zero the accounting region, take more
  *   vgpu-escape fifo                replace the accounting region by a FIFO (for whoever reads it)
  *   vgpu-escape forge [hold]        take one block, then write in the region that this process holds
- *                                   1,000,000 MiB on each GPU and waits for 4096 MiB more
+ *                                   1,000,000 MiB on each GPU and waits for 2048 MiB more
  *   vgpu-escape userns              a new user and mount namespace, a tmpfs over the limits file,
  *                                   then blocks in a fresh process
  *   vgpu-escape connect IP PORT     a TCP connection to a Tessera component (the extender's verbs)
@@ -255,9 +255,10 @@ static int zero_region(void) {
     return ok;
 }
 
-/* What a forged region claims: far more than any GPU has, and a wait that would evict a borrower. */
+/* What a forged region claims: far more than any GPU has, and a wait (which a borrower would be
+ * evicted for, were the region believed). */
 #define FORGED_USED ((uint64_t)1000000 << 20)
-#define FORGED_WAITING ((uint64_t)4096 << 20)
+#define FORGED_WAITING ((uint64_t)2048 << 20)
 
 /* Write, in this process's own slot and in the device totals, the forged use (the region is the
  * container's to write: every process with the hook updates it). */
