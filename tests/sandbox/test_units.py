@@ -273,9 +273,16 @@ def test_tessera_is_installed_by_helm_with_the_sandbox_values_and_its_host_dirs(
 
 
 def test_sandbox_values_hold_only_what_differs_from_a_gpu_cluster() -> None:
-    """No registry here: images are imported and never pulled. Everything else is the chart's."""
+    """No registry here: images are imported and never pulled. And the sandbox's scraper reads the
+    metrics, as a cluster binds its Prometheus. Everything else is the chart's."""
     values = yaml.safe_load(install.SANDBOX_VALUES.read_text())
-    assert values == {"image": {"pullPolicy": "Never"}, "scheduler": {"image": {"pullPolicy": "Never"}}}
+    assert values == {
+        "image": {"pullPolicy": "Never"},
+        "scheduler": {"image": {"pullPolicy": "Never"}},
+        "metricsAccess": {
+            "readers": [{"kind": "ServiceAccount", "name": install.SCRAPER, "namespace": install.NAMESPACE}]
+        },
+    }
 
 
 def test_the_cluster_scheduler_serves_the_default_profile_only() -> None:
