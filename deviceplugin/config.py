@@ -10,7 +10,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from hook.limits import MAX_SHORTFALL_WAIT_MS
-from tessera.cliargs import non_negative_int, port_or_zero, positive_int, seconds
+from tessera.cliargs import (
+    REVIEWED_SCRAPES,
+    add_metrics_authorization,
+    non_negative_int,
+    port_or_zero,
+    positive_int,
+    seconds,
+)
 from tessera.contract import (
     DEFAULT_DOMAIN,
     DOMAIN_ENV,
@@ -182,13 +189,8 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env("TESSERA_METRICS_PORT", "9401"),
         help="port of /metrics, 0 for any free port (env TESSERA_METRICS_PORT, default 9401)",
     )
-    p.add_argument(
-        "--metrics-authorization",
-        choices=("kubernetes", "none"),
-        default=env("TESSERA_METRICS_AUTHORIZATION", "kubernetes"),
-        help="who may scrape /metrics: kubernetes (a bearer token whose user the API server allows get "
-        "on /metrics; the chart binds tessera-metrics-reader) or none (anyone who reaches the port) "
-        "(env TESSERA_METRICS_AUTHORIZATION, default kubernetes)",
+    add_metrics_authorization(
+        p, env("TESSERA_METRICS_AUTHORIZATION", REVIEWED_SCRAPES), "env TESSERA_METRICS_AUTHORIZATION, "
     )
     p.add_argument(
         "--heartbeat-seconds",
@@ -341,7 +343,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         state_dir=args.state_dir,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
-        metrics_authorization=args.metrics_authorization == "kubernetes",
+        metrics_authorization=args.metrics_authorization == REVIEWED_SCRAPES,
         kubeconfig=args.kubeconfig,
         heartbeat_seconds=args.heartbeat_seconds,
         health_poll_seconds=args.health_poll_seconds,

@@ -135,6 +135,12 @@ def run(config: Config, stop: threading.Event) -> None:
         log.info("stopped")
 
 
+def _scrape_authorizer(kube: Kube) -> Authorize:
+    """Scrapes reviewed by the API server (tessera.scrapeauth), answers kept a while per token."""
+    scrapes = AccessCache()
+    return lambda header: drive(review_scrape(header, scrapes), kube.post_review)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
     return serve_until_signalled(lambda stop: run(config, stop))
@@ -142,9 +148,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _scrape_authorizer(kube: Kube) -> Authorize:
-    """Scrapes reviewed by the API server (tessera.scrapeauth), answers kept a while per token."""
-    scrapes = AccessCache()
-    return lambda header: drive(review_scrape(header, scrapes), kube.post_review)

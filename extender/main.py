@@ -26,7 +26,14 @@ from extender.server import Limits, uvicorn_options
 from extender.service import DEFAULT_SCHEDULER_NAME, Extender, LeaderLease
 from extender.state import ClusterState
 from extender.watch import Watcher
-from tessera.cliargs import non_negative_int, percent, positive_int, seconds
+from tessera.cliargs import (
+    REVIEWED_SCRAPES,
+    add_metrics_authorization,
+    non_negative_int,
+    percent,
+    positive_int,
+    seconds,
+)
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, Policy, keys_for, now
 from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
 from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles, UsageRule
@@ -122,14 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="bind only pods whose spec.schedulerName is NAME, the scheduler profile that calls this "
         f"extender (repeat for several; default {DEFAULT_SCHEDULER_NAME})",
     )
-    parser.add_argument(
-        "--metrics-authorization",
-        choices=("kubernetes", "none"),
-        default="kubernetes",
-        help="who may scrape /metrics: kubernetes (a bearer token whose user the API server allows get "
-        "on /metrics; the chart binds tessera-metrics-reader) or none (anyone who reaches the port) "
-        "(default kubernetes)",
-    )
+    add_metrics_authorization(parser, REVIEWED_SCRAPES)
     parser.add_argument(
         "--leader-lease",
         metavar="NAMESPACE/NAME",
@@ -354,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep_alive_timeout=args.keep_alive_timeout,
     )
     resizer = Resizer(state, kube, keys, metrics, clock=now, leads=extender.leads)
-    scrapes = AccessCache() if args.metrics_authorization == "kubernetes" else None
+    scrapes = AccessCache() if args.metrics_authorization == REVIEWED_SCRAPES else None
     app = create_app(extender, Watcher(kube, state, clock=now, resizer=resizer), limits, scrapes)
     host, port = args.listen
     log.info(

@@ -66,3 +66,22 @@ def port(text: str) -> int:
 def port_or_zero(text: str) -> int:
     """A port, or 0 for any free port."""
     return _port_in(text, 0)
+
+
+# --metrics-authorization's values: a scrape of /metrics is reviewed by the API server
+# (tessera.scrapeauth), or not.
+REVIEWED_SCRAPES = "kubernetes"
+OPEN_SCRAPES = "none"
+
+
+def add_metrics_authorization(parser: argparse.ArgumentParser, default: str, env_note: str = "") -> None:
+    """``--metrics-authorization``, as the node agent and the extender both take it; ``env_note``
+    names the environment variable that sets its default, if one does."""
+    parser.add_argument(
+        "--metrics-authorization",
+        choices=(REVIEWED_SCRAPES, OPEN_SCRAPES),
+        default=default,
+        help=f"who may scrape /metrics: {REVIEWED_SCRAPES} (a bearer token whose user the API server "
+        "allows get on /metrics; the chart binds tessera-metrics-reader) or "
+        f"{OPEN_SCRAPES} (anyone who reaches the port) ({env_note}default {REVIEWED_SCRAPES})",
+    )

@@ -381,14 +381,12 @@ def collect(
                     continue
                 try:
                     add_metrics(node, _agent_metrics(core, agent, metrics_timeout))
-                except ApiException as e:
-                    if e.status in (HTTP_UNAUTHORIZED, HTTP_FORBIDDEN):
+                except (StatusError, ApiException, HTTPError, OSError, ValueError) as e:
+                    # Optional: shown per node, never fatal.
+                    if isinstance(e, ApiException) and e.status in (HTTP_UNAUTHORIZED, HTTP_FORBIDDEN):
                         node.metrics = NO_TOKEN_THROUGH_PROXY
                     else:
-                        node.metrics = f"not reachable: ApiException: {str(e).splitlines()[0][:200]}"
-                except (StatusError, HTTPError, OSError, ValueError) as e:
-                    # Optional: shown per node, never fatal.
-                    node.metrics = f"not reachable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                        node.metrics = f"not reachable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         return report
     finally:
         api.close()

@@ -4,9 +4,11 @@ which the API server allows get on /metrics (the chart's metrics-reader role), o
 from __future__ import annotations
 
 import contextlib
-import urllib.request
+import urllib.error
 
 from kubernetes import client
+
+from sandbox import install
 
 READER_ROLE = "test-metrics-reader"
 
@@ -15,12 +17,9 @@ def service_account_token(
     api: client.ApiClient, name: str, *, reader: bool, namespace: str = "default"
 ) -> str:
     """A token of service account ``name`` (made if missing), bound to get /metrics when ``reader``."""
-    core = client.CoreV1Api(api)
-    with contextlib.suppress(client.ApiException):  # there already
-        core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
     if reader:
         rbac = client.RbacAuthorizationV1Api(api)
-        with contextlib.suppress(client.ApiException):
+        with contextlib.suppress(client.ApiException):  # there already
             rbac.create_cluster_role(
                 {
                     "metadata": {"name": READER_ROLE},
@@ -39,16 +38,12 @@ def service_account_token(
                     "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
                 }
             )
-    request = {"spec": {"expirationSeconds": 3600}}
-    token: str = core.create_namespaced_service_account_token(name, namespace, request).status.token
-    return token
+    return install.service_account_token(api, namespace, name)
 
 
 def get(url: str, token: str | None, timeout: float = 10.0) -> tuple[int, str]:
     """(status, body) of a GET with ``token`` as the bearer token (none when None)."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
-            return r.status, r.read().decode()
+        return 200, install.scrape(url, token, timeout)
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()

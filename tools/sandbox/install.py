@@ -134,19 +134,23 @@ def agent_pods(api: client.ApiClient, node: str) -> list[client.V1Pod]:
     return pods
 
 
-def scraper_token(api: client.ApiClient, seconds: int = 3600) -> str:
-    """A token of the sandbox's scraper (deploy/sandbox-values.yaml binds it the chart's
-    metrics-reader role, as a cluster binds Prometheus's service account); the account is made on
-    first use."""
+def service_account_token(api: client.ApiClient, namespace: str, name: str, seconds: int = 3600) -> str:
+    """A token (TokenRequest) of service account ``name``, which is made if missing."""
     core = client.CoreV1Api(api)
     try:
-        core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": SCRAPER}})
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
     except client.ApiException as e:
         if e.status != 409:
             raise
     request = {"spec": {"expirationSeconds": seconds}}
-    token: str = core.create_namespaced_service_account_token(SCRAPER, NAMESPACE, request).status.token
+    token: str = core.create_namespaced_service_account_token(name, namespace, request).status.token
     return token
+
+
+def scraper_token(api: client.ApiClient, seconds: int = 3600) -> str:
+    """A token of the sandbox's scraper (deploy/sandbox-values.yaml binds it the chart's
+    metrics-reader role, as a cluster binds Prometheus's service account)."""
+    return service_account_token(api, NAMESPACE, SCRAPER, seconds)
 
 
 def scrape(url: str, token: str | None, timeout: float = 10.0) -> str:
