@@ -16,6 +16,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY tessera tessera
 COPY extender extender
+COPY nodeagent nodeagent
 COPY deviceplugin deviceplugin
 COPY draplugin draplugin
 COPY hook hook

@@ -340,7 +340,7 @@ async def current_version(kube: KubeApi, path: str) -> str:
 
 
 async def measure(args: argparse.Namespace, kubeconfig: Path, core: Any, patch: Patcher) -> None:
-    kube = KubeApi(load_configuration(str(kubeconfig)))
+    kube = KubeApi(load_configuration(kubeconfig))
     configuration = aclient.Configuration()
     await aconfig.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
     api = aclient.ApiClient(configuration)

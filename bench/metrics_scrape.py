@@ -28,7 +28,8 @@ import urllib.request
 from pathlib import Path
 
 import fakegpu
-from deviceplugin.statedir import REGION_NAME, ServedRecord, StateDir
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import REGION_NAME, StateDir
 from tessera.contract import GpuGrant
 
 NODE = "bench-node"
@@ -93,7 +94,7 @@ def measure(state_dir: Path, scrapes: int) -> dict[str, float]:
 
     from deviceplugin.metrics import AgentCollector, PluginMetrics  # noqa: PLC0415
     from deviceplugin.metricsserver import MetricsServer  # noqa: PLC0415
-    from deviceplugin.nvml import Nvml  # noqa: PLC0415
+    from nodeagent.nvml import Nvml  # noqa: PLC0415
 
     nvml = Nvml()
     inventory = nvml.discover(split=10)

@@ -57,8 +57,9 @@ from deviceplugin.podcache import PodCache
 from deviceplugin.podresources import Owners, PodResourcesError, container_devices
 from deviceplugin.response import ContainerAnswer, answer_for, resized_grants
 from deviceplugin.sharing import MpsPolicy
-from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir, create_state_dir
 from hook.limits import DeviceLimit, write_limits
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import ContainerDir, StateDir, create_state_dir
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
     MIB,

@@ -10,8 +10,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from hook.limits import MAX_SHORTFALL_WAIT_MS
+from nodeagent.flags import add_hook_library_flag, add_node_flags, node_keys
 from tessera.cliargs import (
     REVIEWED_SCRAPES,
+    add_inflight_timeout,
     add_metrics_authorization,
     non_negative_int,
     port_or_zero,
@@ -19,21 +21,15 @@ from tessera.cliargs import (
     seconds,
 )
 from tessera.contract import (
-    DEFAULT_DOMAIN,
-    DOMAIN_ENV,
     MAX_CORES,
     ContractError,
     ContractKeys,
     DeviceListStrategy,
     SharingMode,
-    keys_for,
     parse_sharing_mode,
 )
-from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
-DEFAULT_HOOK_LIBRARY = Path("/usr/local/tessera/libvgpu.so")
-DEFAULT_STATE_DIR = Path("/var/lib/tessera")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 KUBELET_SOCKET = "kubelet.sock"
 # What the agent does with a pod its driver's word shows over its memory quota (deviceplugin/driveruse.py).
@@ -95,41 +91,6 @@ class Config:
         return self.plugin_dir / self.endpoint
 
 
-def add_node_flags(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """The flags of every binary that runs on a node beside the kubelet: the node's name, the
-    domain, the agent's state dir and the kubeconfig (tessera-device-plugin, tessera-mps-control)."""
-    env = environ.get
-    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
-    p.add_argument(
-        "--domain",
-        default=env(DOMAIN_ENV, DEFAULT_DOMAIN),
-        help=f"resource, annotation and label domain (env {DOMAIN_ENV}, default {DEFAULT_DOMAIN})",
-    )
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(env("TESSERA_STATE_DIR", str(DEFAULT_STATE_DIR))),
-        help="the node agent's host dir for per-container limits and accounting state, and the MPS "
-        "daemon's files under its mps/ (env TESSERA_STATE_DIR)",
-    )
-    p.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=environ.get("KUBECONFIG") or None,
-        help="kubeconfig file (env KUBECONFIG); in-cluster config when unset",
-    )
-
-
-def node_keys(p: argparse.ArgumentParser, args: argparse.Namespace) -> ContractKeys:
-    """The node flags checked (:func:`add_node_flags`): the domain's keys; exits naming the flag."""
-    if not args.node_name:
-        p.error("--node-name (or env NODE_NAME) is required")
-    try:
-        return keys_for(args.domain)
-    except ContractError as e:
-        p.error(f"--domain: {e}")
-
-
 def add_sharing_flags(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
     """How the node's GPUs are shared without the node's label, and the MPS control program: the
     agent's and tessera-mps-control's, which must agree."""
@@ -159,6 +120,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "inventory, answers Allocate with the scheduler's choice and exports metrics.",
     )
     add_node_flags(p, environ)
+    add_hook_library_flag(p, environ)
     add_sharing_flags(p, environ)
     p.add_argument(
         "--plugin-dir",
@@ -171,12 +133,6 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         type=positive_int,
         default=env("TESSERA_SPLIT", "10"),
         help="slices advertised per GPU (env TESSERA_SPLIT, default 10)",
-    )
-    p.add_argument(
-        "--hook-library",
-        type=Path,
-        default=Path(env("TESSERA_HOOK_LIBRARY", str(DEFAULT_HOOK_LIBRARY))),
-        help="host path of libvgpu.so (env TESSERA_HOOK_LIBRARY)",
     )
     p.add_argument(
         "--metrics-address",
@@ -204,15 +160,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env("TESSERA_HEALTH_POLL_SECONDS", "5"),
         help="how often every GPU is checked for presence (default 5)",
     )
-    p.add_argument(
-        "--inflight-timeout",
-        type=seconds,
-        default=env("TESSERA_INFLIGHT_TIMEOUT", f"{DEFAULT_INFLIGHT_TIMEOUT.total_seconds():g}"),
-        metavar="SECONDS",
-        help="pods bound longer ago than this are no longer in flight and come after fresh ones when "
-        "matching (the same value as the extender's --inflight-timeout; env TESSERA_INFLIGHT_TIMEOUT, "
-        "default %(default)s)",
-    )
+    add_inflight_timeout(p, environ)
     p.add_argument(
         "--pod-resources-socket",
         type=Path,

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from deviceplugin.statedir import ContainerDir, ServedRecord
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import ContainerDir
 
 
 @dataclass(frozen=True, slots=True)

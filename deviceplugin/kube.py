@@ -13,11 +13,10 @@ import threading
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 
 from deviceplugin.matching import PodView
 from tessera.contract import (
@@ -36,10 +35,6 @@ from tessera.scrapeauth import TOKEN_REVIEWS, Review
 log = logging.getLogger(__name__)
 
 COMPONENT = "tessera-device-plugin"
-# Connections kept to the API server: the kubelet's calls (up to 16 at once), the watch, the phase
-# writer and the publisher each hold one while they wait; a connection beyond the pool is closed
-# after its call and the next call pays a new TLS handshake.
-CONNECTION_POOL = 32
 CONNECT_SECONDS = 10.0
 # Reads of one pod or the node's pods: answered in milliseconds, or the API server is in trouble.
 READ_SECONDS = 30.0
@@ -47,28 +42,8 @@ HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 
 
-class KubeConfigError(RuntimeError):
-    """No usable credentials; the message names the source."""
-
-
 class KubeUnavailableError(RuntimeError):
     """The API server did not answer; the message says what was asked."""
-
-
-def load_api(kubeconfig: Path | None) -> client.ApiClient:
-    configuration = client.Configuration()
-    try:
-        if kubeconfig is not None:
-            config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-        else:
-            config.load_incluster_config(client_configuration=configuration)
-    except (config.ConfigException, OSError) as e:
-        where = (
-            f"--kubeconfig {kubeconfig}" if kubeconfig is not None else "in-cluster config (no --kubeconfig)"
-        )
-        raise KubeConfigError(f"{where}: {e}") from None
-    configuration.connection_pool_maxsize = CONNECTION_POOL
-    return client.ApiClient(configuration)
 
 
 class EventTarget(Protocol):

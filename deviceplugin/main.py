@@ -14,18 +14,19 @@ from prometheus_client.registry import CollectorRegistry
 from deviceplugin.agent import Agent
 from deviceplugin.config import Config, parse_config
 from deviceplugin.driveruse import GpuHolders, gpu_holders
-from deviceplugin.kube import Kube, load_api
+from deviceplugin.kube import Kube
 from deviceplugin.kubelet import run_registration
 from deviceplugin.metrics import AgentCollector, PluginMetrics, mps_daemon_gauge
 from deviceplugin.metricsserver import Authorize, MetricsServer
 from deviceplugin.mps_daemon import DaemonReport, mps_paths
-from deviceplugin.nvml import GpuReading, discover_gpus
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
-from deviceplugin.process import serve_until_signalled
 from deviceplugin.sharing import node_sharing_mode
-from deviceplugin.statedir import StateDir
 from hook._library import LIBRARY_ENV
+from nodeagent.kubeapi import load_api
+from nodeagent.nvml import GpuReading, discover_gpus
+from nodeagent.process import serve_until_signalled
+from nodeagent.statedir import StateDir
 from tessera.contract import SharingMode
 from tessera.scrapeauth import AccessCache, drive, review_scrape
 

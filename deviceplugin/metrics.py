@@ -33,8 +33,9 @@ from deviceplugin.driveruse import (
     pod_uid_of,
     unmanaged_bytes,
 )
-from deviceplugin.nvml import GpuReading
-from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
+from nodeagent.nvml import GpuReading
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import ContainerDir, StateDir
 from tessera.contract import MIB, GpuGrant, GpuInfo, NodeGpuUsage, QosClass
 
 log = logging.getLogger(__name__)

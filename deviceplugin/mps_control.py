@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deviceplugin.agent import PodTarget
-from deviceplugin.config import add_node_flags, add_sharing_flags, node_keys
-from deviceplugin.kube import EventTarget, Kube, load_api
+from deviceplugin.config import add_sharing_flags
+from deviceplugin.kube import EventTarget, Kube
 from deviceplugin.mps_daemon import (
     WATCH_SECONDS,
     MpsDaemon,
@@ -32,10 +32,12 @@ from deviceplugin.mps_daemon import (
     MpsPaths,
     mps_paths,
 )
-from deviceplugin.nvml import Nvml, NvmlUnavailableError
-from deviceplugin.process import serve_until_signalled
 from deviceplugin.sharing import node_sharing_mode
-from deviceplugin.statedir import StateDir
+from nodeagent.flags import add_node_flags, node_keys
+from nodeagent.kubeapi import load_api
+from nodeagent.nvml import Nvml, NvmlUnavailableError
+from nodeagent.process import serve_until_signalled
+from nodeagent.statedir import StateDir
 from tessera.cliargs import seconds
 from tessera.contract import (
     CONTAINER_MPS_SHM_DIR,

@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodeagent.process import SetupError
+
 log = logging.getLogger(__name__)
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -53,7 +55,7 @@ _CLIENT_ENV = (
 )
 
 
-class MpsDaemonError(RuntimeError):
+class MpsDaemonError(SetupError):
     """The daemon could not be started; the message names the program and what it said."""
 
 

@@ -4,7 +4,7 @@ The phase is not on Allocate's path: the kubelet needs the answer, the extender 
 a pod whose phase is written a little later only stays *in flight* a little longer for the
 extender's rule (it holds other pods with another key back a little longer), which is safe; a pod
 marked ``allocated`` before its answer would not be. The agent itself never reads the phase to tell
-what it served: the served records in the state dir say that (deviceplugin/statedir.py).
+what it served: the served records in the state dir say that (nodeagent/statedir.py).
 
 Each pod's write is independent of the others': a write that fails is tried again after a jittered
 exponential backoff (0.5 s doubling to 8 s, plus up to 1 s) while the writes of other pods go ahead,

@@ -9,31 +9,20 @@ from pathlib import Path
 
 from deviceplugin.matching import InFlight
 from deviceplugin.mps_daemon import MpsPaths
-from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir
+from nodeagent.mounts import VISIBLE_DEVICES_ENV, MountSpec, hook_mounts
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import ContainerDir, StateDir
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
     CONTAINER_DEVICE_LIST_DIR,
-    CONTAINER_HOOK_LIBRARY,
-    CONTAINER_LD_SO_PRELOAD,
-    CONTAINER_LIMITS_DIR,
     CONTAINER_MPS_PIPE_DIR,
     CONTAINER_MPS_SHM_DIR,
-    CONTAINER_STATE_DIR,
     COORDINATION_SLOT_SUFFIX,
     Allocation,
     DeviceListStrategy,
     GpuGrant,
     QosClass,
 )
-
-VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-
-
-@dataclass(frozen=True, slots=True)
-class MountSpec:
-    container_path: str
-    host_path: str
-    read_only: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +35,6 @@ class ContainerAnswer:
     qos: QosClass
     slots: tuple[Path, ...]  # the container's coordination slots, one per GPU, created zeroed
     record: ServedRecord
-
-
-def hook_mounts(where: ContainerDir, state: StateDir, hook_library: Path) -> tuple[MountSpec, ...]:
-    """What every container with a GPU share gets: its limits (read-only), its accounting state,
-    the hook and the preload entry that loads it. The device plugin and the DRA driver both mount
-    these."""
-    return (
-        MountSpec(CONTAINER_LIMITS_DIR, str(where.limits_dir), read_only=True),
-        MountSpec(CONTAINER_STATE_DIR, str(where.state), read_only=False),
-        MountSpec(CONTAINER_HOOK_LIBRARY, str(hook_library), read_only=True),
-        MountSpec(CONTAINER_LD_SO_PRELOAD, str(state.ld_so_preload), read_only=True),
-    )
 
 
 def mps_mounts(paths: MpsPaths) -> tuple[MountSpec, ...]:

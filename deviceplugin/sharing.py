@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hook.limits import MpsClient
+from nodeagent.process import SetupError
 from tessera.contract import (
     CONTAINER_MPS_PIPE_DIR,
     MAX_CORES,
@@ -28,7 +29,7 @@ BELOW_NORMAL_PRIORITY = 1
 DEFAULT_BEST_EFFORT_THREADS = 50
 
 
-class NodeModeError(RuntimeError):
+class NodeModeError(SetupError):
     """The node's sharing mode cannot be decided; the message names the label, the node and the value."""
 
 

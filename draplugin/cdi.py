@@ -11,8 +11,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from deviceplugin.response import VISIBLE_DEVICES_ENV, hook_mounts
-from deviceplugin.statedir import ContainerDir, StateDir
+from nodeagent.mounts import VISIBLE_DEVICES_ENV, hook_mounts
+from nodeagent.statedir import ContainerDir, StateDir
 from tessera.contract import ContractKeys, JsonObject
 
 # The CDI spec version the runtime must understand: 0.6.0 brought nothing used here, and

@@ -1,6 +1,6 @@
 """Prepare and unprepare claims on this node, with every step checkpointed on disk.
 
-Per prepared claim, under the state dir (:class:`deviceplugin.statedir.StateDir`)::
+Per prepared claim, under the state dir (:class:`nodeagent.statedir.StateDir`)::
 
     claims/<claim UID>/limits          the hook's limits, read-only in the claim's containers
     claims/<claim UID>/state/          the hook's accounting region, shared by those containers
@@ -25,36 +25,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from deviceplugin.statedir import ContainerDir, StateDir, create_state_dir, write_atomically
 from draplugin.cdi import cdi_device_id, render_spec, spec_file
 from draplugin.claims import ClaimRef, plan_claim
 from hook.limits import write_limits
+from nodeagent.files import write_atomically
+from nodeagent.records import PreparedDevice, PreparedRecord, RecordError, dump_record, load_record
+from nodeagent.statedir import ContainerDir, StateDir, create_state_dir
 from tessera.contract import ContractError, ContractKeys, GpuInfo
 
 log = logging.getLogger(__name__)
 
 RECORD_FILE = "prepared.json"
-
-
-class PreparedDevice(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
-    share_id: str | None = None
-
-
-class PreparedRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    namespace: str
-    name: str
-    uid: str
-    devices: tuple[PreparedDevice, ...]
 
 
 class ClaimReader(Protocol):
@@ -93,11 +74,11 @@ class Driver:
     def recorded(self, ref: ClaimRef) -> PreparedRecord | None:
         path = self._claim_dir(ref).root / RECORD_FILE
         try:
-            record = PreparedRecord.model_validate_json(path.read_text())
+            record = load_record(path, PreparedRecord)
         except FileNotFoundError:
             return None
-        except (OSError, ValidationError) as e:
-            log.warning("%s: unreadable record %s, preparing again: %s", ref, path, e)
+        except (OSError, RecordError) as e:
+            log.warning("%s: preparing again: %s", ref, e)
             return None
         return record if record.uid == ref.uid else None
 
@@ -140,7 +121,7 @@ class Driver:
                 )
                 write_atomically(spec, json.dumps(rendered, indent=2), mode=0o644)
                 record = PreparedRecord(namespace=ref.namespace, name=ref.name, uid=ref.uid, devices=devices)
-                write_atomically(where.root / RECORD_FILE, record.model_dump_json(), mode=0o644)
+                write_atomically(where.root / RECORD_FILE, dump_record(record), mode=0o644)
             except BaseException:
                 self._remove(ref)
                 raise

@@ -13,17 +13,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from deviceplugin.config import DEFAULT_HOOK_LIBRARY, DEFAULT_STATE_DIR
-from deviceplugin.kube import load_api
-from deviceplugin.nvml import discover_gpus
-from deviceplugin.process import serve_until_signalled
-from deviceplugin.statedir import StateDir
 from draplugin.driver import Driver
 from draplugin.kube import ResourceApi, SlicePublisher
 from draplugin.server import serve_driver
 from draplugin.slices import resource_slice
-from tessera.cliargs import seconds
-from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, ContractError, ContractKeys, keys_for
+from nodeagent.flags import add_hook_library_flag, add_node_flags, node_keys
+from nodeagent.kubeapi import load_api
+from nodeagent.nvml import discover_gpus
+from nodeagent.process import serve_until_signalled
+from nodeagent.statedir import StateDir
+from tessera.cliargs import add_speed_profiles, seconds
+from tessera.contract import ContractError, ContractKeys
 from tessera.placement.speed import SpeedProfiles
 
 log = logging.getLogger("tessera-dra")
@@ -53,18 +53,15 @@ class Config:
         return self.kubelet_dir / "plugins_registry" / f"{self.keys.dra_driver}-reg.sock"
 
 
-def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
-    """Settings from flags, environment variables as defaults; exits naming the flag on bad input."""
-    env = (os.environ if environ is None else environ).get
+def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    env = environ.get
     p = argparse.ArgumentParser(
         prog="tessera-dra",
         description="Tessera DRA driver: GPUs as devices whose memory and compute several claims share, "
         "each claim's share enforced by the hook.",
     )
-    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
-    p.add_argument(
-        "--domain", default=env(DOMAIN_ENV, DEFAULT_DOMAIN), help=f"driver name (env {DOMAIN_ENV})"
-    )
+    add_node_flags(p, environ)
+    add_hook_library_flag(p, environ)
     p.add_argument(
         "--kubelet-dir",
         type=Path,
@@ -77,38 +74,21 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         default=Path(env("TESSERA_CDI_DIR", str(DEFAULT_CDI_DIR))),
         help="where the container runtime reads CDI specs (env TESSERA_CDI_DIR, default /var/run/cdi)",
     )
-    p.add_argument(
-        "--hook-library",
-        type=Path,
-        default=Path(env("TESSERA_HOOK_LIBRARY", str(DEFAULT_HOOK_LIBRARY))),
-        help="host path of libvgpu.so (env TESSERA_HOOK_LIBRARY)",
-    )
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(env("TESSERA_STATE_DIR", str(DEFAULT_STATE_DIR))),
-        help="host dir for per-claim limits, accounting state and records (env TESSERA_STATE_DIR)",
-    )
-    p.add_argument("--kubeconfig", type=Path, default=env("KUBECONFIG") or None, help="in-cluster when unset")
-    p.add_argument(
-        "--speed-profiles",
-        type=Path,
-        default=env("TESSERA_SPEED_PROFILES") or None,
-        help="speed profiles YAML: each GPU's model and speedMilli attributes (env TESSERA_SPEED_PROFILES)",
-    )
+    add_speed_profiles(p, environ)
     p.add_argument(
         "--resync-seconds",
         type=seconds,
         default=env("TESSERA_RESYNC_SECONDS", "30"),
         help="how often the ResourceSlice is checked and repaired (default 30)",
     )
+    return p
+
+
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Settings from flags, environment variables as defaults; exits naming the flag on bad input."""
+    p = parser(os.environ if environ is None else environ)
     args = p.parse_args(argv)
-    if not args.node_name:
-        p.error("--node-name (or env NODE_NAME) is required")
-    try:
-        keys = keys_for(args.domain)
-    except ContractError as e:
-        p.error(f"--domain: {e}")
+    keys = node_keys(p, args)
     profiles = SpeedProfiles()
     if args.speed_profiles is not None:
         try:

@@ -22,6 +22,7 @@ import logging
 import ssl
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -64,12 +65,12 @@ class ApiError(Exception):
         self.message = message
 
 
-def load_configuration(kubeconfig: str | None) -> client.Configuration:
+def load_configuration(kubeconfig: Path | None) -> client.Configuration:
     """Connection settings from ``kubeconfig``, else the in-cluster service account, else
     ~/.kube/config."""
     configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    if kubeconfig is not None:
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
     else:
         try:
             config.load_incluster_config(client_configuration=configuration)

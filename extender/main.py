@@ -9,9 +9,8 @@ import logging
 import os
 import ssl
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -28,14 +27,17 @@ from extender.state import ClusterState
 from extender.watch import Watcher
 from tessera.cliargs import (
     REVIEWED_SCRAPES,
+    add_domain,
+    add_inflight_timeout,
+    add_kubeconfig,
     add_metrics_authorization,
+    add_speed_profiles,
     non_negative_int,
     percent,
     positive_int,
     seconds,
 )
-from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, KEYS, ContractError, Policy, keys_for, now
-from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
+from tessera.contract import ContractError, Policy, keys_for, now
 from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles, UsageRule
 from tessera.placement.qos import BEST_EFFORT_PRIORITY, LATENCY_CRITICAL_PRIORITY
 from tessera.placement.usage import MARGIN_MIB, MARGIN_PERCENT, MAX_AGE
@@ -66,7 +68,8 @@ class CutFormatter(logging.Formatter):
         return f"{line[:half]} [... {len(line) - 2 * half} characters cut ...] {line[-half:]}"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
         prog="tessera-extender", description="kube-scheduler extender placing fractional-GPU pods."
     )
@@ -77,19 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="address to serve on (default 127.0.0.1:8888)",
     )
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    add_kubeconfig(parser, None, "default: in-cluster, then ~/.kube/config")
     parser.add_argument(
         "--policy",
         default=Policy.BINPACK.value,
         choices=[policy.value for policy in Policy],
         help="placement policy for pods without a policy annotation (default binpack)",
     )
-    parser.add_argument(
-        "--speed-profiles",
-        type=Path,
-        metavar="FILE",
-        help="speed profiles YAML (deploy/speed-profiles.yaml); without it every GPU counts 1.0",
-    )
+    add_speed_profiles(parser, None)
     parser.add_argument(
         "--heartbeat-timeout",
         type=seconds,
@@ -97,14 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="a node whose device-plugin heartbeat is older gets no new pods (default 60)",
     )
-    parser.add_argument(
-        "--inflight-timeout",
-        type=seconds,
-        default=DEFAULT_INFLIGHT_TIMEOUT.total_seconds(),
-        metavar="SECONDS",
-        help="pods bound longer ago than this are no longer in flight: the in-flight rule ignores them "
-        "(the same value as the device plugin's --inflight-timeout; default %(default)g)",
-    )
+    add_inflight_timeout(parser, None)
     parser.add_argument(
         "--inflight-wait",
         type=seconds,
@@ -138,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--pod-name",
-        default=os.environ.get("POD_NAME", ""),
+        default=environ.get("POD_NAME", ""),
         help="this pod's name, as kube-scheduler's Lease holder identity begins (env POD_NAME)",
     )
     parser.add_argument(
@@ -193,11 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a node's measured use that holds as of neither its own time nor the node's heartbeat "
         "within this many seconds allows no placement against it (default %(default)g)",
     )
-    parser.add_argument(
-        "--domain",
-        default=None,
-        help=f"resource and annotation domain (default ${DOMAIN_ENV} or {DEFAULT_DOMAIN})",
-    )
+    add_domain(parser, environ)
     defaults = Limits()
     parser.add_argument(
         "--max-body-bytes",
@@ -300,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.setFormatter(CutFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     try:
-        keys = keys_for(args.domain) if args.domain else KEYS
+        keys = keys_for(args.domain)
         profiles = SpeedProfiles()
         if args.speed_profiles is not None:
             profiles = SpeedProfiles.from_yaml(args.speed_profiles.read_text())

@@ -25,12 +25,11 @@ GPU's threads and client priority (docs/hook.md, "MPS mode"). ``libvgpu.so`` par
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodeagent.files import write_atomically
 from tessera.contract import CONTAINER_STATE_DIR, MAX_CORES, MIB, ContractError, GpuGrant, QosClass
 
 # The hook's copies of these are in hook/src/contract.h (VGPU_LIMITS_VERSION, VGPU_MAX_DEVICES,
@@ -163,13 +162,4 @@ def write_limits(
 ) -> None:
     """Writes the limits file atomically (readers see the old or the new file) and read-only (0444)."""
     text = render_limits(devices, elastic=elastic, region=region, qos=qos, coordination=coordination, mps=mps)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, text, mode=0o444)

@@ -1,11 +1,16 @@
-"""Argument types shared by Tessera's command lines: each refuses bad input with a message naming
-the value (argparse adds the option's name)."""
+"""What Tessera's command lines share: argument types, each refusing bad input with a message naming
+the value (argparse adds the option's name), and the flags both the extender and the node agents take,
+each declared here once."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TypeVar
+
+from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV
+from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
 
 Number = TypeVar("Number", int, float)
 
@@ -84,4 +89,56 @@ def add_metrics_authorization(parser: argparse.ArgumentParser, default: str, env
         help=f"who may scrape /metrics: {REVIEWED_SCRAPES} (a bearer token whose user the API server "
         "allows get on /metrics; the chart binds tessera-metrics-reader) or "
         f"{OPEN_SCRAPES} (anyone who reaches the port) ({env_note}default {REVIEWED_SCRAPES})",
+    )
+
+
+def add_domain(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """``--domain``: the prefix of every resource, annotation and label, and the DRA driver's name."""
+    parser.add_argument(
+        "--domain",
+        default=environ.get(DOMAIN_ENV, DEFAULT_DOMAIN),
+        help=f"resource, annotation and label domain, and the DRA driver's name (env {DOMAIN_ENV}, "
+        f"default {DEFAULT_DOMAIN})",
+    )
+
+
+def add_kubeconfig(parser: argparse.ArgumentParser, default: str | None, unset: str) -> None:
+    """``--kubeconfig``; ``unset`` says where the credentials come from without it."""
+    parser.add_argument("--kubeconfig", type=Path, default=default, help=f"kubeconfig file ({unset})")
+
+
+INFLIGHT_TIMEOUT_ENV = "TESSERA_INFLIGHT_TIMEOUT"
+
+
+def add_inflight_timeout(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None) -> None:
+    """``--inflight-timeout``, which the extender and the node agent must agree on; ``environ``: where
+    its default comes from (the node agent's), None when no variable sets it (the extender's)."""
+    default = f"{DEFAULT_INFLIGHT_TIMEOUT.total_seconds():g}"
+    env_note = ""
+    if environ is not None:
+        default = environ.get(INFLIGHT_TIMEOUT_ENV, default)
+        env_note = f"env {INFLIGHT_TIMEOUT_ENV}, "
+    parser.add_argument(
+        "--inflight-timeout",
+        type=seconds,
+        default=default,
+        metavar="SECONDS",
+        help="pods bound longer ago than this are no longer in flight: the extender's in-flight rule "
+        "ignores them, and the node agent matches them after fresh ones (the extender and the node "
+        f"agent take the same value; {env_note}default %(default)s)",
+    )
+
+
+def add_speed_profiles(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None) -> None:
+    """``--speed-profiles``, the extender's and the DRA driver's; ``environ``: where its default comes
+    from (the DRA driver's), None when no variable sets it (the extender's)."""
+    env_note = "" if environ is None else "; env TESSERA_SPEED_PROFILES"
+    parser.add_argument(
+        "--speed-profiles",
+        type=Path,
+        default=None if environ is None else environ.get("TESSERA_SPEED_PROFILES") or None,
+        metavar="FILE",
+        help="speed profiles YAML (deploy/speed-profiles.yaml): each GPU model's speed, which the extender "
+        "scores by and the DRA driver publishes as its devices' model and speedMilli attributes; "
+        f"without it every GPU counts 1.0{env_note}",
     )

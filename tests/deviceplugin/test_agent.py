@@ -19,7 +19,8 @@ from deviceplugin.identity import ContainerRef as IdentityRef
 from deviceplugin.kube import FreshReads, KubeUnavailableError, NodePod
 from deviceplugin.matching import AllocationError, PodView
 from deviceplugin.podresources import Owners, PodResourcesError
-from deviceplugin.statedir import ServedRecord, StateDir
+from nodeagent.records import ServedRecord, load_record
+from nodeagent.statedir import StateDir
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
     CONTAINER_DEVICE_LIST_DIR,
@@ -603,7 +604,7 @@ def test_a_resized_allocation_rewrites_the_served_containers_limits_by_a_rename(
     assert f"device GPU-2 memory {2048 * 2**20} cores 60\n" in text
     assert limits.stat().st_ino != before  # a new file renamed over the old one
     assert limits.stat().st_mode & 0o777 == 0o444
-    record = ServedRecord.model_validate_json((where / "allocation.json").read_text())
+    record = load_record(where / "allocation.json", ServedRecord)
     assert [(g.memory_mib, g.cores) for g in record.gpus] == [(2048, 60), (2048, 60)]
     assert (
         f"memory {512 * 2**20} cores 0"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from deviceplugin.config import DEFAULT_PLUGIN_DIR, parse_config
-from deviceplugin.nvml import sysfs_numa_node
-from deviceplugin.statedir import StateDir
+from nodeagent.nvml import sysfs_numa_node
+from nodeagent.statedir import StateDir
 
 
 def test_defaults() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from deviceplugin.identity import ContainerRef, corrected_records
-from deviceplugin.statedir import ContainerDir, ServedRecord
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import ContainerDir
 from tessera.contract import GpuGrant
 
 GRANT = (GpuGrant(uuid="GPU-a", memory_mib=1024, cores=10),)

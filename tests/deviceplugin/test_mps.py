@@ -13,8 +13,9 @@ from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
 from deviceplugin.mps_control import mps_clients, warn_mps_clients
 from deviceplugin.sharing import MpsPolicy, NodeModeError, node_sharing_mode
-from deviceplugin.statedir import ServedRecord, StateDir
 from hook.limits import MpsClient
+from nodeagent.records import ServedRecord, load_record
+from nodeagent.statedir import StateDir
 from tessera.contract import (
     CONTAINER_MPS_PIPE_DIR,
     CONTAINER_MPS_SHM_DIR,
@@ -140,13 +141,7 @@ def test_allocate_on_a_time_sliced_node_is_as_before(tmp_path: Path) -> None:
     assert CONTAINER_MPS_PIPE_DIR not in paths and CONTAINER_MPS_SHM_DIR not in paths
     text = limits_of(tmp_path, "lc")
     assert "version 2\n" in text and "mps " not in text
-    # The record is written as before MPS mode (an older agent refuses fields it does not know).
-    assert "mps" not in json.loads(
-        (tmp_path / "containers" / "uid-lc" / "main" / "allocation.json").read_text()
-    )
-    assert not ServedRecord.model_validate_json(
-        (tmp_path / "containers" / "uid-lc" / "main" / "allocation.json").read_text()
-    ).mps
+    assert not load_record(tmp_path / "containers" / "uid-lc" / "main" / "allocation.json", ServedRecord).mps
 
 
 def test_the_mps_line_stays_on_every_rewrite_and_after_a_restart(tmp_path: Path) -> None:

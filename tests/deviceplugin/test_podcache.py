@@ -17,10 +17,11 @@ from kubernetes import client
 
 from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
-from deviceplugin.kube import Kube, load_api
+from deviceplugin.kube import Kube
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
-from deviceplugin.statedir import StateDir
+from nodeagent.kubeapi import load_api
+from nodeagent.statedir import StateDir
 from sandbox.controlplane import ControlPlane
 from sandbox.kubelet_standin import KubeletStandIn
 from tessera.contract import KEYS, Allocation, ContainerAllocation, GpuInfo, Phase

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.statedir import StateDir
 from draplugin.claims import ClaimRef
 from draplugin.driver import Driver
+from nodeagent.statedir import StateDir
 from tessera.contract import (
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LD_SO_PRELOAD,

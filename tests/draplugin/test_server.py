@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from deviceplugin.statedir import StateDir
 from draplugin.claims import ClaimRef
 from draplugin.driver import Driver
 from draplugin.server import Servers, serve_driver
+from nodeagent.statedir import StateDir
 from tessera.contract import KEYS
 from tests.draplugin.kubelet_standin import RegisteredDriver, claim, register
 from tests.draplugin.test_driver import A100, NODE, REF, T4, Claims

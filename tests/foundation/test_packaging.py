@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-PRODUCT = ("tessera", "extender", "deviceplugin", "draplugin", "hook", "proto")
+PRODUCT = ("tessera", "extender", "nodeagent", "deviceplugin", "draplugin", "hook", "proto")
 TOOLS = ("simulator", "sandbox", "fakegpu")
 # Libraries only a tool needs; none may be a requirement of the product without an extra.
 TOOL_ONLY_LIBRARIES = ("matplotlib", "tqdm", "rich")
@@ -113,6 +113,22 @@ def test_imports_point_one_way(repo_root: Path) -> None:
         (repo_root / "bench", {"tests"}),
     ]:
         for path in sorted(folder.rglob("*.py")):
+            wrong = imported_roots(path) & forbidden
+            if wrong:
+                offences.append(f"{path.relative_to(repo_root)} imports {sorted(wrong)}")
+    assert offences == []
+
+
+def test_the_node_agents_share_the_node_library_and_nothing_else(repo_root: Path) -> None:
+    """What both node agents need is in nodeagent/; neither imports the other, and the library
+    imports no agent."""
+    offences = []
+    for package, forbidden in [
+        ("draplugin", {"deviceplugin"}),
+        ("deviceplugin", {"draplugin"}),
+        ("nodeagent", {"deviceplugin", "draplugin", "extender"}),
+    ]:
+        for path in sorted((repo_root / package).rglob("*.py")):
             wrong = imported_roots(path) & forbidden
             if wrong:
                 offences.append(f"{path.relative_to(repo_root)} imports {sorted(wrong)}")

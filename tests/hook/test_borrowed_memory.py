@@ -20,7 +20,8 @@ from typing import Any
 
 from deviceplugin.agent import EVICTED_REASON, Agent
 from deviceplugin.config import parse_config
-from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir, create_state_dir
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import ContainerDir, StateDir, create_state_dir
 from tessera.contract import (
     CONTAINER_LIMITS_DIR,
     CONTAINER_STATE_DIR,

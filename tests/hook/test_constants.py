@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.statedir import StateDir
 from hook._library import load_library
 from hook.limits import (
     CONTAINER_REGION_FILE,
@@ -32,6 +31,7 @@ from hook.limits import (
     write_limits,
 )
 from hook.region import _DeviceUsageC, device_usage_size, read_region
+from nodeagent.statedir import StateDir
 from tessera.contract import (
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_LIMITS_FILE,

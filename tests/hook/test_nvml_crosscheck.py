@@ -13,7 +13,8 @@ from pathlib import Path
 
 from deviceplugin.driveruse import GpuProcess, pod_uid_of
 from deviceplugin.metrics import AgentCollector
-from deviceplugin.statedir import REGION_NAME, ServedRecord, StateDir
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import REGION_NAME, StateDir
 from tessera.contract import GpuGrant, GpuInfo
 from tests.hook.conftest import GIB, Clients, FakeGpus
 from tests.processes import Processes

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from deviceplugin.metrics import AgentCollector
-from deviceplugin.statedir import REGION_NAME, ServedRecord, StateDir
 from hook.limits import CONTAINER_REGION_FILE, DeviceLimit, render_limits, write_limits
 from hook.region import RegionError, RegionUsage, read_region
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import REGION_NAME, StateDir
 from tessera.contract import CONTAINER_COORDINATION_DIR, ContractError, GpuGrant, QosClass
 from tests.hook.conftest import GIB, MIB, Clients, FakeGpus, Processes
 

@@ -29,7 +29,7 @@ from sandbox.processes import start, stop, wait_for
 pytestmark = pytest.mark.images
 
 BUILD_TIMEOUT = 1800.0
-PRODUCT_PACKAGES = ("tessera", "extender", "deviceplugin", "draplugin", "hook", "proto")
+PRODUCT_PACKAGES = ("tessera", "extender", "nodeagent", "deviceplugin", "draplugin", "hook", "proto")
 # The tools and what only they import: none of it may be in the product image.
 NOT_SHIPPED = ("simulator", "sandbox", "fakegpu", "matplotlib", "rich")
 HOOK_LIBRARY = "usr/local/tessera/libvgpu.so"

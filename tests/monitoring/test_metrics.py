@@ -9,9 +9,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deviceplugin.metrics import AgentCollector
-from deviceplugin.nvml import GpuReading
-from deviceplugin.statedir import ServedRecord, StateDir
 from extender.metrics import Metrics
+from nodeagent.nvml import GpuReading
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import StateDir
 from tessera.contract import MIB, GpuGrant, GpuInfo, GpuUsage, NodeGpuUsage, QosClass
 
 MODEL = "NVIDIA A100-SXM4-40GB"

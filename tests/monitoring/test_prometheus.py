@@ -23,9 +23,10 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
 from deviceplugin.metrics import AgentCollector, PluginMetrics
-from deviceplugin.nvml import GpuReading
-from deviceplugin.statedir import ServedRecord, StateDir
 from extender.metrics import Metrics
+from nodeagent.nvml import GpuReading
+from nodeagent.records import ServedRecord
+from nodeagent.statedir import StateDir
 from sandbox import monitoring
 from sandbox.controlplane import free_port
 from tessera.contract import GpuGrant, GpuInfo

@@ -32,8 +32,8 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.stream import stream
 
-from deviceplugin.statedir import StateDir
 from hook.region import RegionError, read_region
+from nodeagent.statedir import StateDir
 from sandbox import cluster, host, install
 from sandbox.layout import Layout
 from tessera.contract import CONTAINER_LIMITS_FILE, KEYS, MIB, parse_allocation, parse_inventory

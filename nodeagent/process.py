@@ -11,17 +11,17 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from deviceplugin.kube import KubeConfigError
-from deviceplugin.mps_daemon import MpsDaemonError
-from deviceplugin.sharing import NodeModeError
-
 log = logging.getLogger(__name__)
 
 
+class SetupError(RuntimeError):
+    """Something the agent cannot run with (its API server credentials, the node's sharing label, its
+    MPS control daemon): the message says what, and the process exits 2 rather than retrying."""
+
+
 def serve_until_signalled(run: Callable[[threading.Event], None]) -> int:
-    """Run ``run(stop)`` until SIGTERM or SIGINT sets ``stop``; 2 when the API server's credentials,
-    a path it needs, the node's sharing label or its MPS control daemon are unusable (the message
-    logged), else 0."""
+    """Run ``run(stop)`` until SIGTERM or SIGINT sets ``stop``; 2 when a path it needs is unusable or
+    it raised a :class:`SetupError` (the message logged), else 0."""
     logging.basicConfig(
         level=os.environ.get("TESSERA_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -39,7 +39,7 @@ def serve_until_signalled(run: Callable[[threading.Event], None]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         run(stop)
-    except (KubeConfigError, OSError, NodeModeError, MpsDaemonError) as e:
+    except (SetupError, OSError) as e:
         log.error("%s", e)
         return 2
     return 0

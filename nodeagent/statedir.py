@@ -1,4 +1,5 @@
-"""The host state dir: per-container limits, accounting state and allocation records.
+"""The host state dir of either node agent: per-container (or per-claim) limits, accounting state
+and records.
 
 Layout under ``--state-dir``::
 
@@ -10,13 +11,16 @@ Layout under ``--state-dir``::
                                                mount of the directory)
     containers/<pod UID>/<container>/state/    the hook's shared accounting region; mounted read-write
     containers/<pod UID>/<container>/allocation.json
-                                               what was served (pod, container, GPUs, quotas); written
+                                               what was served (pod, container, GPUs, quotas): a
+                                               versioned record (nodeagent/records.py), written
                                                last, so it marks the container as served
     coordination/<GPU UUID>/<QoS class>/<pod UID>_<container>
                                                the container's slot of the GPU's coordination area
                                                (docs/hook.md, "QoS classes on the GPU"); the GPU's
                                                directory is mounted read-only in each container on it,
                                                the container's own slot writable
+    claims/<claim UID>/                        a prepared DRA claim's files, laid out as a
+                                               container's (draplugin/driver.py)
 
 The container sees only ``limits.d/`` (read-only), ``state/``, its GPUs' coordination directories
 (read-only) and its own slots: nothing it can write raises its limits or its class.
@@ -29,20 +33,18 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from hook.limits import CONTAINER_REGION_FILE
 from hook.region import RegionError, RegionUsage, read_region
+from nodeagent.files import write_atomically
+from nodeagent.records import RecordError, ServedRecord, dump_record, load_record
 from tessera.contract import (
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_STATE_DIR,
     COORDINATION_SLOT_BYTES,
-    GpuGrant,
     QosClass,
 )
 
@@ -59,6 +61,16 @@ STATE_DIR_MODE = 0o777
 
 log = logging.getLogger(__name__)
 
+# Unreadable records already reported: the records are read on every publish and every usage tick.
+_reported: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _reported:
+        _reported.add(message)
+        log.warning("%s", message)
+
+
 # The region's path inside the container's state dir (the hook reads it from the limits file).
 REGION_NAME = CONTAINER_REGION_FILE.removeprefix(CONTAINER_STATE_DIR + "/")
 
@@ -67,27 +79,6 @@ def _check_names(*named: tuple[str, str]) -> None:
     for what, name in named:
         if not _SAFE_NAME.match(name):
             raise ValueError(f"{what}: {name!r} cannot name a directory")
-
-
-class ServedRecord(BaseModel):
-    """What the agent gave one container: the exporter's labels and quotas come from here."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    namespace: str
-    pod: str
-    pod_uid: str
-    container: str
-    gpus: tuple[GpuGrant, ...]
-    # The slice IDs the kubelet allocated: how the pod-resources API names this container.
-    device_ids: tuple[str, ...] = ()
-    # The pod's class (a record of before classes: standard), and when it was served (Unix time; 0
-    # before this was kept): best-effort containers that borrow memory are evicted newest first.
-    qos: QosClass = QosClass.STANDARD
-    served_at: float = 0.0
-    # Served on a node in MPS mode: the container has the daemon's pipe directory and /dev/shm, and
-    # its limits file keeps its `mps` line for its life, whatever the node's mode later.
-    mps: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,15 +173,7 @@ class StateDir:
         """A zeroed slot (idle), writable by the container's user through its own mount; the
         directories above it are the device plugin's alone."""
         slot.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=slot.parent, prefix=".slot.")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(bytes(COORDINATION_SLOT_BYTES))
-            os.chmod(tmp, SLOT_MODE)
-            os.replace(tmp, slot)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(slot, bytes(COORDINATION_SLOT_BYTES), mode=SLOT_MODE)
 
     def prepare(self) -> None:
         """Create the dirs and the ld.so.preload file that every container mounts."""
@@ -206,17 +189,18 @@ class StateDir:
 
     @staticmethod
     def record(where: ContainerDir) -> ServedRecord | None:
-        """The container's record; None when it has none (removed by a clean-up, or not ours)."""
+        """The container's record; None when it has none (removed by a clean-up, or not ours), or
+        when it cannot be read (said once per file and reason: the others are still read)."""
         try:
-            return ServedRecord.model_validate_json(where.record.read_text())
-        except (OSError, ValidationError):
+            return load_record(where.record, ServedRecord)
+        except FileNotFoundError:
+            return None
+        except (OSError, RecordError) as e:
+            _warn_once(str(e))
             return None
 
     def write_record(self, where: ContainerDir, record: ServedRecord) -> None:
-        # Without `mps` when false, so that an agent of before MPS mode still reads the records of a
-        # time-sliced node (it refuses a field it does not know, and would serve the container again).
-        text = record.model_dump_json(exclude=None if record.mps else {"mps"})
-        write_atomically(where.record, text, mode=0o644)
+        write_atomically(where.record, dump_record(record), mode=0o644)
 
     @staticmethod
     def remove_record(where: ContainerDir) -> None:
@@ -252,17 +236,3 @@ def create_state_dir(where: ContainerDir) -> None:
     """The hook's accounting directory, writable by whichever user the container runs as."""
     where.state.mkdir(parents=True, exist_ok=True)
     os.chmod(where.state, STATE_DIR_MODE)
-
-
-def write_atomically(path: Path, text: str, *, mode: int) -> None:
-    """Write through a temporary file and a rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
