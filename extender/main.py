@@ -73,14 +73,16 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     parser = argparse.ArgumentParser(
         prog="tessera-extender", description="kube-scheduler extender placing fractional-GPU pods."
     )
-    parser.add_argument(
-        "--listen",
-        type=_listen,
-        default=("127.0.0.1", 8888),
-        metavar="HOST:PORT",
-        help="address to serve on (default 127.0.0.1:8888)",
-    )
     add_kubeconfig(parser, None, "default: in-cluster, then ~/.kube/config")
+    add_domain(parser, environ)
+    _add_placement_flags(parser, environ)
+    _add_qos_flags(parser)
+    _add_serving_flags(parser)
+    return parser
+
+
+def _add_placement_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """How pods are placed and bound, and when this replica binds at all."""
     parser.add_argument(
         "--policy",
         default=Policy.BINPACK.value,
@@ -120,7 +122,6 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="bind only pods whose spec.schedulerName is NAME, the scheduler profile that calls this "
         f"extender (repeat for several; default {DEFAULT_SCHEDULER_NAME})",
     )
-    add_metrics_authorization(parser, REVIEWED_SCRAPES)
     parser.add_argument(
         "--leader-lease",
         metavar="NAMESPACE/NAME",
@@ -132,6 +133,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         default=environ.get("POD_NAME", ""),
         help="this pod's name, as kube-scheduler's Lease holder identity begins (env POD_NAME)",
     )
+
+
+def _add_qos_flags(parser: argparse.ArgumentParser) -> None:
+    """Which class a pod is in, and how best-effort pods may be placed against measured use."""
     parser.add_argument(
         "--qos-latency-critical-priority",
         type=int,
@@ -184,7 +189,18 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="a node's measured use that holds as of neither its own time nor the node's heartbeat "
         "within this many seconds allows no placement against it (default %(default)g)",
     )
-    add_domain(parser, environ)
+
+
+def _add_serving_flags(parser: argparse.ArgumentParser) -> None:
+    """Where and how the verbs, health and metrics are served: address, request limits, TLS, logs."""
+    parser.add_argument(
+        "--listen",
+        type=_listen,
+        default=("127.0.0.1", 8888),
+        metavar="HOST:PORT",
+        help="address to serve on (default 127.0.0.1:8888)",
+    )
+    add_metrics_authorization(parser, REVIEWED_SCRAPES)
     defaults = Limits()
     parser.add_argument(
         "--max-body-bytes",
@@ -260,7 +276,6 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "probes and Prometheus when the verbs need a client certificate",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
