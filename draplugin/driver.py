@@ -28,10 +28,10 @@ from typing import Protocol
 from draplugin.cdi import cdi_device_id, render_spec, spec_file
 from draplugin.claims import ClaimRef, plan_claim
 from hook.limits import write_limits
-from nodeagent.files import write_atomically
 from nodeagent.records import PreparedDevice, PreparedRecord, RecordError, dump_record, load_record
 from nodeagent.statedir import ContainerDir, StateDir, create_state_dir
 from tessera.contract import ContractError, ContractKeys, GpuInfo
+from tessera.files import write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.files import write_atomically
 from tessera.contract import CONTAINER_STATE_DIR, MAX_CORES, MIB, ContractError, GpuGrant, QosClass
+from tessera.files import write_atomically
 
 # The hook's copies of these are in hook/src/contract.h (VGPU_LIMITS_VERSION, VGPU_MAX_DEVICES,
 # VGPU_UUID_LEN, which counts the NUL) and hook/Makefile (REGION_FILE); tests/hook/test_constants.py

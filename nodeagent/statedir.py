@@ -39,7 +39,6 @@ from pathlib import Path
 
 from hook.limits import CONTAINER_REGION_FILE
 from hook.region import RegionError, RegionUsage, read_region
-from nodeagent.files import write_atomically
 from nodeagent.records import RecordError, ServedRecord, dump_record, load_record
 from tessera.contract import (
     CONTAINER_HOOK_LIBRARY,
@@ -47,6 +46,7 @@ from tessera.contract import (
     COORDINATION_SLOT_BYTES,
     QosClass,
 )
+from tessera.files import write_atomically
 
 # Pod UIDs and container names are DNS labels / UUIDs in the API; anything else is refused so a
 # name can never point outside the state dir.

@@ -1,4 +1,5 @@
-"""The one way a node agent writes a file that others read: whole, or not at all."""
+"""The one way Tessera writes a file that others read (the hook's limits files, the node agents' records):
+whole, or not at all."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.files import write_atomically
+from tessera.files import write_atomically
 
 
 def test_text_and_bytes_replace_the_file_whole_with_its_mode(tmp_path: Path) -> None:
