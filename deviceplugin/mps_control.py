@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from deviceplugin.agent import PodTarget
 from deviceplugin.config import add_node_flags, add_sharing_flags, node_keys
 from deviceplugin.kube import EventTarget, Kube, load_api
 from deviceplugin.mps_daemon import (
@@ -36,6 +35,7 @@ from deviceplugin.nvml import Nvml, NvmlUnavailableError
 from deviceplugin.process import serve_until_signalled
 from deviceplugin.sharing import node_sharing_mode
 from deviceplugin.statedir import StateDir
+from deviceplugin.usage import PodTarget
 from tessera.cliargs import seconds
 from tessera.contract import (
     CONTAINER_MPS_SHM_DIR,
