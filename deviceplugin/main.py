@@ -15,6 +15,7 @@ from prometheus_client.registry import CollectorRegistry
 from deviceplugin.admissions import Admissions
 from deviceplugin.allocation import Allocator
 from deviceplugin.config import Config, parse_config
+from deviceplugin.driverchecks import Driver, DriverChecks
 from deviceplugin.driveruse import GpuHolders, gpu_holders
 from deviceplugin.inventory import Inventory
 from deviceplugin.kube import Kube, load_api
@@ -33,7 +34,7 @@ from deviceplugin.resize import ResizeFollower
 from deviceplugin.served import ServedContainers
 from deviceplugin.sharing import node_sharing_mode
 from deviceplugin.statedir import StateDir
-from deviceplugin.usage import Driver, UsageChecks
+from deviceplugin.usage import UsageChecks
 from hook._library import LIBRARY_ENV
 from tessera.contract import GpuInfo, SharingMode
 from tessera.scrapeauth import AccessCache, drive, review_scrape
@@ -89,7 +90,9 @@ def compose(
         pod_resources or (lambda: container_devices(config.pod_resources_socket, config.keys.vgpu)),
         cache,
     )
-    usage = UsageChecks(config, gpus, kube, served, driver or Driver(), cache, on_evicted)
+    driver = driver or Driver()
+    driver_checks = DriverChecks(config, kube, driver, cache)
+    usage = UsageChecks(config, gpus, kube, served, driver, driver_checks, on_evicted)
 
     def served_now() -> None:
         usage.wake()  # a best-effort container that borrows memory gets its quota now

@@ -33,9 +33,9 @@ from deviceplugin.mps_daemon import (
 )
 from deviceplugin.nvml import Nvml, NvmlUnavailableError
 from deviceplugin.process import serve_until_signalled
+from deviceplugin.served import PodTarget
 from deviceplugin.sharing import node_sharing_mode
 from deviceplugin.statedir import StateDir
-from deviceplugin.usage import PodTarget
 from tessera.cliargs import seconds
 from tessera.contract import (
     CONTAINER_MPS_SHM_DIR,

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from deviceplugin.config import Config
@@ -29,6 +30,15 @@ from hook.limits import DeviceLimit, write_limits
 from tessera.contract import CONTAINER_COORDINATION_DIR, MIB, Allocation, QosClass, SharingMode, pod_ref
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PodTarget:
+    """A served pod, as an event names it."""
+
+    namespace: str
+    name: str
+    uid: str
 
 
 class ServedContainers:

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.config import parse_config
+from deviceplugin.driverchecks import Driver
 from deviceplugin.identity import ContainerRef as IdentityRef
 from deviceplugin.kube import NodePod
 from deviceplugin.main import NodeAgent, compose
 from deviceplugin.matching import PodView
 from deviceplugin.podresources import Owners
 from deviceplugin.statedir import StateDir
-from deviceplugin.usage import Driver
 from tessera.contract import (
     KEYS,
     Allocation,

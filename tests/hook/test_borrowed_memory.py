@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.config import parse_config
+from deviceplugin.driverchecks import Driver
 from deviceplugin.main import NodeAgent, compose
 from deviceplugin.statedir import ContainerDir, ServedRecord, StateDir, create_state_dir
-from deviceplugin.usage import EVICTED_REASON, Driver
+from deviceplugin.usage import EVICTED_REASON
 from tessera.contract import (
     CONTAINER_LIMITS_DIR,
     CONTAINER_STATE_DIR,
