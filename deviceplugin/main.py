@@ -44,7 +44,8 @@ log = logging.getLogger("tessera-device-plugin")
 
 @dataclass(frozen=True, slots=True)
 class NodeAgent:
-    """The node agent's parts, each with one job (docs/deviceplugin.md "Architecture")."""
+    """The node agent's parts, each with one job (docs/deviceplugin.md "Architecture: the agent's
+    parts")."""
 
     inventory: Inventory
     served: ServedContainers
