@@ -1,5 +1,9 @@
 """gRPC adapter for the kubelet: the DevicePlugin service, registration, and re-registration when the
-kubelet restarts (it deletes every socket in the plugin dir and re-creates ``kubelet.sock``)."""
+kubelet restarts (it deletes every socket in the plugin dir and re-creates ``kubelet.sock``).
+
+Only the kubelet's protocol lives here: the slices and their health come from the inventory
+(:class:`deviceplugin.inventory.Inventory`), the answers to GetPreferredAllocation and Allocate from
+the allocator (:class:`deviceplugin.allocation.Allocator`)."""
 
 from __future__ import annotations
 
@@ -7,14 +11,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import grpc
 
-from deviceplugin.agent import Agent
 from deviceplugin.config import Config
 from deviceplugin.devices import VirtualDevice
 from deviceplugin.kube import KubeUnavailableError
@@ -37,6 +40,26 @@ REGISTER_RETRY_SECONDS = 1.0
 SOCKET_POLL_SECONDS = 0.2
 
 
+class Slices(Protocol):
+    """The slices to offer, and their health."""
+
+    def devices(self) -> tuple[tuple[VirtualDevice, ...], int]: ...
+
+    def wait_for_change(self, version: int, timeout: float) -> int: ...
+
+    def wake(self) -> None: ...
+
+
+class Answers(Protocol):
+    """The answers to the kubelet's admission calls."""
+
+    def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], gpu_count: int
+    ) -> list[str]: ...
+
+    def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]: ...
+
+
 def _device(device: VirtualDevice) -> pb.Device:
     topology = None
     if device.numa_node is not None:
@@ -57,8 +80,11 @@ def _container_response(answer: ContainerAnswer) -> pb.ContainerAllocateResponse
 class DevicePluginService:
     """The ``v1beta1.DevicePlugin`` service (gRPC finds the methods by name)."""
 
-    def __init__(self, agent: Agent, stopping: threading.Event, metrics: PluginMetrics) -> None:
-        self._agent = agent
+    def __init__(
+        self, slices: Slices, answers: Answers, stopping: threading.Event, metrics: PluginMetrics
+    ) -> None:
+        self._slices = slices
+        self._answers = answers
         self._stopping = stopping
         self._metrics = metrics
 
@@ -72,11 +98,11 @@ class DevicePluginService:
     ) -> Iterator[pb.ListAndWatchResponse]:
         sent = None
         while not self._stopping.is_set() and context.is_active():
-            devices, version = self._agent.devices()
+            devices, version = self._slices.devices()
             if version != sent:
                 yield pb.ListAndWatchResponse(devices=[_device(d) for d in devices])
                 sent = version
-            self._agent.wait_for_change(version, timeout=1.0)
+            self._slices.wait_for_change(version, timeout=1.0)
 
     def GetPreferredAllocation(  # noqa: N802 (the gRPC method name)
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
@@ -84,7 +110,7 @@ class DevicePluginService:
         return pb.PreferredAllocationResponse(
             container_responses=[
                 pb.ContainerPreferredAllocationResponse(
-                    deviceIDs=self._agent.preferred(
+                    deviceIDs=self._answers.preferred(
                         list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size
                     )
                 )
@@ -97,7 +123,7 @@ class DevicePluginService:
     ) -> pb.AllocateResponse:
         with self._metrics.allocate_latency.time():
             try:
-                answers = self._agent.allocate([list(r.devices_ids) for r in request.container_requests])
+                answers = self._answers.allocate([list(r.devices_ids) for r in request.container_requests])
             except AllocationError as e:
                 self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, e.message)
             except KubeUnavailableError as e:
@@ -124,13 +150,13 @@ def _inode(path: Path) -> int | None:
 class PluginServer:
     """One gRPC server on the plugin's socket; a fresh one is started for every registration."""
 
-    def __init__(self, agent: Agent, config: Config, metrics: PluginMetrics) -> None:
-        self._agent = agent
+    def __init__(self, slices: Slices, answers: Answers, config: Config, metrics: PluginMetrics) -> None:
+        self._slices = slices
         self._config = config
         self._stopping = threading.Event()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_THREADS))
         pb_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginService(agent, self._stopping, metrics), self._server
+            DevicePluginService(slices, answers, self._stopping, metrics), self._server
         )
         self._socket_inode: int | None = None
 
@@ -149,7 +175,7 @@ class PluginServer:
     def stop(self) -> None:
         """Stop serving; open ListAndWatch streams end, so the kubelet drops this endpoint."""
         self._stopping.set()
-        self._agent.wake_waiters()
+        self._slices.wake()
         self._server.stop(grace=0.5).wait()
         if self.socket_intact():
             self._config.plugin_socket.unlink(missing_ok=True)
@@ -168,7 +194,9 @@ class PluginServer:
             )
 
 
-def run_registration(agent: Agent, config: Config, metrics: PluginMetrics, stop: threading.Event) -> None:
+def run_registration(
+    slices: Slices, answers: Answers, config: Config, metrics: PluginMetrics, stop: threading.Event
+) -> None:
     """Serve and register until ``stop``; start over whenever the kubelet restarts.
 
     A restarted kubelet deletes our socket and re-creates ``kubelet.sock`` (a new inode): either
@@ -192,7 +220,7 @@ def run_registration(agent: Agent, config: Config, metrics: PluginMetrics, stop:
                 if server is not None:
                     log.info("kubelet restarted or plugin socket removed: serving afresh")
                     server.stop()
-                server = PluginServer(agent, config, metrics)
+                server = PluginServer(slices, answers, config, metrics)
                 server.start()
                 registered_with = None
                 metrics.registered.set(0)

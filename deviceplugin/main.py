@@ -1,5 +1,5 @@
-"""``tessera-device-plugin``: wires NVML, the kubelet's gRPC API, the Kubernetes API and /metrics
-around the agent, and runs until SIGTERM or SIGINT."""
+"""``tessera-device-plugin``: composes the node agent's parts (:func:`compose`), wires NVML, the
+kubelet's gRPC API, the Kubernetes API and /metrics around them, and runs until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -7,30 +7,102 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from prometheus_client.registry import CollectorRegistry
 
-from deviceplugin.agent import Agent
+from deviceplugin.admissions import Admissions
+from deviceplugin.allocation import Allocator
 from deviceplugin.config import Config, parse_config
+from deviceplugin.driverchecks import Driver, DriverChecks
 from deviceplugin.driveruse import GpuHolders, gpu_holders
+from deviceplugin.inventory import Inventory
 from deviceplugin.kube import Kube
 from deviceplugin.kubelet import run_registration
+from deviceplugin.matching import PodView
 from deviceplugin.metrics import AgentCollector, PluginMetrics, mps_daemon_gauge
 from deviceplugin.metricsserver import Authorize, MetricsServer
 from deviceplugin.mps_daemon import DaemonReport, mps_paths
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
+from deviceplugin.podresources import Owners, container_devices
+from deviceplugin.publisher import Publisher
+from deviceplugin.resize import ResizeFollower
+from deviceplugin.served import ServedContainers
 from deviceplugin.sharing import node_sharing_mode
+from deviceplugin.usage import UsageChecks
 from hook._library import LIBRARY_ENV
 from nodeagent.kubeapi import load_api
 from nodeagent.nvml import GpuReading, discover_gpus
 from nodeagent.process import serve_until_signalled
 from nodeagent.statedir import StateDir
-from tessera.contract import SharingMode
+from tessera.contract import GpuInfo, SharingMode
 from tessera.scrapeauth import AccessCache, drive, review_scrape
 
 log = logging.getLogger("tessera-device-plugin")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAgent:
+    """The node agent's parts, each with one job (docs/deviceplugin.md "Architecture: the agent's
+    parts")."""
+
+    inventory: Inventory
+    served: ServedContainers
+    resizes: ResizeFollower
+    cache: PodCache | None
+    allocator: Allocator
+    admissions: Admissions
+    usage: UsageChecks
+    publisher: Publisher
+
+
+def compose(
+    config: Config,
+    gpus: tuple[GpuInfo, ...],
+    kube: Kube,
+    state: StateDir,
+    *,
+    pod_cache: Callable[[Callable[[Sequence[PodView]], object]], PodCache] | None = None,
+    phases: PhaseWriter | None = None,
+    pod_resources: Callable[[], Owners | None] | None = None,
+    sharing: SharingMode | None = None,
+    driver: Driver | None = None,
+    on_followed: Callable[[int], object] | None = None,
+    on_evicted: Callable[[], object] | None = None,
+) -> NodeAgent:
+    """Build the parts, each with what it needs. ``pod_cache``: makes the pods on the node from the
+    callback it is to tell them to (None: the API only). ``phases``: writes the ``allocated`` phase;
+    whoever runs the agent runs its loop (``phases.run``), or drains it. ``pod_resources``: which
+    container the kubelet gave each device set to (default: its pod-resources API at the configured
+    socket). ``sharing``: the node's mode (default ``--sharing``; the caller decides it from the
+    Node's label, :func:`deviceplugin.sharing.node_sharing_mode`). ``driver``: NVML's word (default:
+    none). ``on_followed``, ``on_evicted``: the exporter's counters."""
+    inventory = Inventory(gpus, config.health_poll_seconds)
+    served = ServedContainers(config, state, config.sharing if sharing is None else sharing)
+    resizes = ResizeFollower(config.keys, served, on_followed)
+    cache = pod_cache(resizes.follow) if pod_cache is not None else None
+    admissions = Admissions(
+        config,
+        kube,
+        served,
+        resizes,
+        phases if phases is not None else PhaseWriter(kube),
+        pod_resources or (lambda: container_devices(config.pod_resources_socket, config.keys.vgpu)),
+        cache,
+    )
+    driver = driver or Driver()
+    driver_checks = DriverChecks(config, kube, driver, cache)
+    usage = UsageChecks(config, gpus, kube, served, driver, driver_checks, on_evicted)
+
+    def served_now() -> None:
+        usage.wake()  # a best-effort container that borrows memory gets its quota now
+        admissions.wake()
+
+    allocator = Allocator(config, inventory.uuids, kube, served, cache=cache, on_served=served_now)
+    publisher = Publisher(config, kube, inventory, usage, admissions.tidy)
+    return NodeAgent(inventory, served, resizes, cache, allocator, admissions, usage, publisher)
 
 
 def run(config: Config, stop: threading.Event) -> None:
@@ -50,9 +122,6 @@ def run(config: Config, stop: threading.Event) -> None:
         # served before it runs; the agent serves them anyway once the wait is over.
         report = DaemonReport(config.mps_control, mps_paths(config.state_dir))
         report.wait(stop, config.mps_wait_seconds)
-    cache = PodCache(kube)
-    phases = PhaseWriter(kube)
-    agent = Agent(config, gpus, kube, state, cache=cache, phases=phases, sharing=sharing)
 
     def reading(uuid: str) -> GpuReading | None:
         return nvml.reading(uuid) if nvml is not None else None
@@ -61,8 +130,6 @@ def run(config: Config, stop: threading.Event) -> None:
         read = reading(uuid)
         return None if read is None else round(read.utilization_ratio * 100)
 
-    agent.utilization = utilization
-
     def driver_holders(uuid: str) -> GpuHolders | None:
         return gpu_holders(uuid) if nvml is not None else None
 
@@ -70,26 +137,36 @@ def run(config: Config, stop: threading.Event) -> None:
         read = reading(uuid)
         return None if read is None else max(0, read.memory_total_bytes - read.memory_used_bytes)
 
-    agent.gpu_holders = driver_holders
-    agent.free_memory = free_memory
-
     registry = CollectorRegistry()
+    plugin_metrics = PluginMetrics(registry)
+    phases = PhaseWriter(kube)
+    agent = compose(
+        config,
+        gpus,
+        kube,
+        state,
+        pod_cache=lambda on_pods: PodCache(kube, on_pods=on_pods),
+        phases=phases,
+        sharing=sharing,
+        driver=Driver(utilization=utilization, holders=driver_holders, free_memory=free_memory),
+        on_followed=plugin_metrics.resizes_followed.inc,
+        on_evicted=plugin_metrics.best_effort_evictions.inc,
+    )
+    cache = agent.cache
+    assert cache is not None  # made above
     registry.register(
         AgentCollector(
             config.node_name,
-            agent.inventory,
+            agent.inventory.inventory,
             reading,
             state,
-            measured=agent.measured_usage,
+            measured=agent.usage.measured_usage,
         )
     )
-    plugin_metrics = PluginMetrics(registry)
     if report is not None:
         running = mps_daemon_gauge(registry)
         running.set(0 if report.check() is None else 1)
         report.on_change = lambda pid: running.set(0 if pid is None else 1)
-    agent.on_followed = plugin_metrics.resizes_followed.inc
-    agent.on_evicted = plugin_metrics.best_effort_evictions.inc
     authorize = _scrape_authorizer(kube) if config.metrics_authorization else None
     metrics_server = MetricsServer(config.metrics_address, config.metrics_port, registry, authorize)
     log.info(
@@ -99,22 +176,27 @@ def run(config: Config, stop: threading.Event) -> None:
         "scrapes authorized by the API server" if authorize else "open to anyone reaching the port",
     )
 
+    inventory = agent.inventory
     threads = [
         threading.Thread(target=cache.run, args=(stop,), name="pods"),
         threading.Thread(target=phases.run, args=(stop,), name="phases"),
-        threading.Thread(target=run_registration, args=(agent, config, plugin_metrics, stop), name="kubelet"),
-        threading.Thread(target=agent.run_publisher, args=(stop,), name="publisher"),
-        threading.Thread(target=agent.run_confirmations, args=(stop,), name="admissions"),
-        threading.Thread(target=agent.run_usage_checks, args=(stop,), name="usage"),
+        threading.Thread(
+            target=run_registration,
+            args=(inventory, agent.allocator, config, plugin_metrics, stop),
+            name="kubelet",
+        ),
+        threading.Thread(target=agent.publisher.run, args=(stop,), name="publisher"),
+        threading.Thread(target=agent.admissions.run, args=(stop,), name="admissions"),
+        threading.Thread(target=agent.usage.run, args=(stop,), name="usage"),
     ]
     if nvml is not None and gpus:
         threads.append(
             threading.Thread(
-                target=nvml.watch_xids, args=(agent.gpu_uuids, agent.record_xid, stop), name="xid"
+                target=nvml.watch_xids, args=(inventory.gpu_uuids, inventory.record_xid, stop), name="xid"
             )
         )
         threads.append(
-            threading.Thread(target=agent.run_presence_checks, args=(nvml.present, stop), name="presence")
+            threading.Thread(target=inventory.run_presence_checks, args=(nvml.present, stop), name="presence")
         )
     if report is not None:
         threads.append(threading.Thread(target=report.watch, args=(stop,), name="mps"))
@@ -124,7 +206,8 @@ def run(config: Config, stop: threading.Event) -> None:
         stop.wait()
     finally:
         stop.set()
-        agent.wake_waiters()
+        inventory.wake()
+        agent.usage.wake()
         cache.interrupt()
         phases.wake()
         for thread in threads:

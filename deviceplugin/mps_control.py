@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from deviceplugin.agent import PodTarget
 from deviceplugin.config import add_sharing_flags
 from deviceplugin.kube import EventTarget, Kube
 from deviceplugin.mps_daemon import (
@@ -32,6 +31,7 @@ from deviceplugin.mps_daemon import (
     MpsPaths,
     mps_paths,
 )
+from deviceplugin.served import PodTarget
 from deviceplugin.sharing import node_sharing_mode
 from nodeagent.flags import add_node_flags, node_keys
 from nodeagent.kubeapi import load_api

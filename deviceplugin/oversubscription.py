@@ -7,7 +7,7 @@ containers were promised and do not use yet. Its memory quota at any moment is w
 already holds (shrinking frees nothing: its new allocations are refused until use falls). When a
 guaranteed container still cannot get memory within its quota (the hook publishes the bytes its
 allocations wait for), oversubscribed best-effort containers on the GPU are evicted, newest first,
-until what they hold covers the wait. The agent applies the plan (:mod:`deviceplugin.agent`).
+until what they hold covers the wait. The agent applies the plan (:mod:`deviceplugin.usage`).
 
 A container's region is its own to write: what it says it holds or waits for is a claim. Measured
 use comes from the driver (:func:`driver_checked`): each claim is cut to the container's grant, and

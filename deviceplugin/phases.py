@@ -14,7 +14,7 @@ so no pod holds up another. One the API server refuses for good (400, 403 from a
 the extender until its in-flight timeout, which is safe (it is only held longer).
 Nothing needs saving across a restart of the agent: the served records are the durable intent. A
 pod whose phase is still ``allocating`` while every GPU container of it has a record is asked for
-again (:meth:`deviceplugin.agent.Agent.tidy_state`, at start and every 5 s), so a write lost with a
+again (:meth:`deviceplugin.admissions.Admissions.tidy`, at start and every 5 s), so a write lost with a
 restart is made by the next agent; a refused one is not asked again by the same agent.
 """
 
@@ -44,7 +44,7 @@ HTTP_NOT_FOUND = 404
 # Refusals that the same write meets again however often it is tried.
 REFUSED_FOR_GOOD = frozenset({400, 403, 413, 422})
 REFUSED_REASON = "TesseraPhaseRefused"
-REFUSED_KEPT = 4096  # pods whose write was refused, remembered so that tidy_state does not ask again
+REFUSED_KEPT = 4096  # pods whose write was refused, remembered so that the clean-up does not ask again
 
 
 @dataclass(order=True)

@@ -44,7 +44,14 @@ class WatchError(Exception):
 class PodCache:
     """The pods on this node by UID, as the last list and the watch events since left them."""
 
-    def __init__(self, kube: Kube, sleep: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        sleep: Callable[[float], None] | None = None,
+        on_pods: Callable[[Sequence[PodView]], object] | None = None,
+    ) -> None:
+        """``on_pods``: called with the pods of each list and each watch event, outside the lock
+        (the resize follower)."""
         self._kube = kube
         self._lock = threading.Lock()
         self._pods: dict[str, NodePod] = {}
@@ -53,8 +60,7 @@ class PodCache:
         self._response: Any = None
         self._sleep = sleep or self._pause
         self.resource_version = ""
-        # Called with the pods of each list and each watch event, outside the lock (live resize).
-        self.on_pods: Callable[[Sequence[PodView]], object] | None = None
+        self._on_pods = on_pods
         self.lists = 0  # successful lists: the first, and one after each 410 Gone or failure
         self.events = 0  # watch events applied (bookmarks included)
 
@@ -136,10 +142,10 @@ class PodCache:
             self._tell([changed.view])
 
     def _tell(self, pods: Sequence[PodView]) -> None:
-        if self.on_pods is None:
+        if self._on_pods is None:
             return
         try:
-            self.on_pods(pods)
+            self._on_pods(pods)
         except Exception as e:  # the watch goes on; the agent's tidy-up tries again
             log.warning("following the pods on node %s failed: %s", self._kube.node, e)
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
+from deviceplugin.main import NodeAgent
 from deviceplugin.mps_control import mps_clients, warn_mps_clients
 from deviceplugin.sharing import MpsPolicy, NodeModeError, node_sharing_mode
 from hook.limits import MpsClient
@@ -24,7 +24,7 @@ from tessera.contract import (
     QosClass,
     SharingMode,
 )
-from tests.deviceplugin.test_agent import GPUS, NODE, MemoryKube, in_flight_pod
+from tests.deviceplugin.fakes import MemoryKube, in_flight_pod, make_agent
 
 
 def test_the_policy_by_class() -> None:
@@ -84,21 +84,8 @@ def test_bad_flags_name_the_flag(flag: str, message: str, capsys: pytest.Capture
     assert message in capsys.readouterr().err
 
 
-def agent_on(tmp_path: Path, sharing: SharingMode, pods: list[Any]) -> tuple[Agent, MemoryKube]:
-    config = parse_config(
-        [
-            f"--node-name={NODE}",
-            f"--state-dir={tmp_path}",
-            "--hook-library=/opt/libvgpu.so",
-            "--mps-best-effort-threads=40",
-        ],
-        environ={},
-    )
-    state = StateDir(config.state_dir)
-    state.prepare()
-    kube = MemoryKube(pods)
-    kube_any: Any = kube
-    return Agent(config, GPUS, kube_any, state, pod_resources=lambda: None, sharing=sharing), kube
+def agent_on(tmp_path: Path, sharing: SharingMode, pods: list[Any]) -> tuple[NodeAgent, MemoryKube]:
+    return make_agent(tmp_path, pods, flags=["--mps-best-effort-threads=40"], sharing=sharing)
 
 
 PODS = [
@@ -115,9 +102,9 @@ def limits_of(tmp_path: Path, pod: str) -> str:
 def test_allocate_on_an_mps_node_mounts_the_daemon_and_writes_each_class_its_mps_line(tmp_path: Path) -> None:
     agent, _ = agent_on(tmp_path, SharingMode.MPS, PODS)
     answers = [
-        agent.allocate([["GPU-1::0"]]),
-        agent.allocate([["GPU-1::1"]]),
-        agent.allocate([["GPU-1::2", "GPU-2::0"]]),
+        agent.allocator.allocate([["GPU-1::0"]]),
+        agent.allocator.allocate([["GPU-1::1"]]),
+        agent.allocator.allocate([["GPU-1::2", "GPU-2::0"]]),
     ]
     mps = tmp_path / "mps"
     for (answer,) in answers:
@@ -136,7 +123,7 @@ def test_allocate_on_an_mps_node_mounts_the_daemon_and_writes_each_class_its_mps
 
 def test_allocate_on_a_time_sliced_node_is_as_before(tmp_path: Path) -> None:
     agent, _ = agent_on(tmp_path, SharingMode.TIMESLICE, PODS)
-    (answer,) = agent.allocate([["GPU-1::0"]])
+    (answer,) = agent.allocator.allocate([["GPU-1::0"]])
     paths = {m.container_path for m in answer.mounts}
     assert CONTAINER_MPS_PIPE_DIR not in paths and CONTAINER_MPS_SHM_DIR not in paths
     text = limits_of(tmp_path, "lc")
@@ -146,21 +133,21 @@ def test_allocate_on_a_time_sliced_node_is_as_before(tmp_path: Path) -> None:
 
 def test_the_mps_line_stays_on_every_rewrite_and_after_a_restart(tmp_path: Path) -> None:
     agent, _ = agent_on(tmp_path, SharingMode.MPS, PODS)
-    agent.allocate([["GPU-1::2", "GPU-2::0"]])
+    agent.allocator.allocate([["GPU-1::2", "GPU-2::0"]])
     limits = tmp_path / "containers" / "uid-be" / "main" / "limits.d" / "limits"
     line = f"mps {CONTAINER_MPS_PIPE_DIR} threads 40 priority 1\n"
     # A live resize rewrites the file: the mps line stays.
     resized = in_flight_pod(
         "be", {"main": [("GPU-1", 2048, 0), ("GPU-2", 2048, 0)]}, bind=2, qos=QosClass.BEST_EFFORT
     )
-    assert agent.follow_resizes([resized]) == 1
+    assert agent.resizes.follow([resized]) == 1
     text = limits.read_text()
     assert f"device GPU-1 memory {2048 * 2**20} cores 0\n" in text and text.endswith(line)
     # A restarted agent rewrites every container's limits at its first check: the record keeps the
     # container an MPS client, even when the node's label has since been removed.
     before = limits.stat().st_ino
     restarted, _ = agent_on(tmp_path, SharingMode.TIMESLICE, [resized])
-    restarted.check_usage()
+    restarted.usage.check()
     assert limits.stat().st_ino != before
     assert limits.read_text().endswith(line)
 
@@ -168,8 +155,8 @@ def test_the_mps_line_stays_on_every_rewrite_and_after_a_restart(tmp_path: Path)
 def test_a_restarted_daemon_is_said_on_each_pod_served_under_mps(tmp_path: Path) -> None:
     """tessera-mps-control finds the pods to tell in the served records the agent wrote."""
     agent, kube = agent_on(tmp_path, SharingMode.MPS, PODS)
-    agent.allocate([["GPU-1::0"]])
-    agent.allocate([["GPU-1::2", "GPU-2::0"]])
+    agent.allocator.allocate([["GPU-1::0"]])
+    agent.allocator.allocate([["GPU-1::2", "GPU-2::0"]])
     state = StateDir(tmp_path)
     assert [p.name for p in mps_clients(state)] == ["be", "lc"]
     assert warn_mps_clients(kube.warn, state, "the daemon was started again") == 2
@@ -179,5 +166,5 @@ def test_a_restarted_daemon_is_said_on_each_pod_served_under_mps(tmp_path: Path)
     ]
     # A time-sliced container's pod is not told.
     sliced, sliced_kube = agent_on(tmp_path / "sliced", SharingMode.TIMESLICE, PODS)
-    sliced.allocate([["GPU-1::0"]])
+    sliced.allocator.allocate([["GPU-1::0"]])
     assert warn_mps_clients(sliced_kube.warn, StateDir(tmp_path / "sliced"), "restarted") == 0

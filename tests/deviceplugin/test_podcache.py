@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from deviceplugin.agent import Agent
 from deviceplugin.config import parse_config
 from deviceplugin.kube import Kube
+from deviceplugin.main import NodeAgent, compose
+from deviceplugin.matching import PodView
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
 from nodeagent.kubeapi import load_api
@@ -84,14 +85,29 @@ def watching() -> Iterator[Callable[..., PodCache]]:
             assert not thread.is_alive(), "the pod cache's thread did not stop"
 
 
-def make_agent(tmp_path: Path, kube: Kube, cache: PodCache | None) -> Agent:
+def make_agent(
+    tmp_path: Path,
+    kube: Kube,
+    cache: Callable[[Callable[[Sequence[PodView]], object]], PodCache] | PodCache | None,
+    on_followed: Callable[[int], object] | None = None,
+) -> NodeAgent:
+    """The agent's parts on ``kube``; ``cache``: the pod cache, or what makes it from the resize
+    follower's callback."""
     config = parse_config(
         [f"--node-name={kube.node}", f"--state-dir={tmp_path / 'state'}", f"--hook-library={HOOK_LIBRARY}"],
         environ={},
     )
     state = StateDir(config.state_dir)
     state.prepare()
-    return Agent(config, GPUS, kube, state, cache=cache, phases=PhaseWriter(kube))
+    return compose(
+        config,
+        GPUS,
+        kube,
+        state,
+        pod_cache=(lambda _: cache) if isinstance(cache, PodCache) else cache,
+        phases=PhaseWriter(kube),
+        on_followed=on_followed,
+    )
 
 
 def test_the_watch_follows_binds_changes_and_deletions(
@@ -161,26 +177,26 @@ def test_a_bind_the_cache_has_not_seen_is_served_from_the_api(
     pod = create_pod(core, namespace, "just-bound", gpu_node, {"main": [(G[2], 4096, 30)]})
     assert cache.pending_pods() == []
 
-    assert agent.preferred([f"{g}::0" for g in G], [], 1) == [f"{G[2]}::0"]
-    (answer,) = agent.allocate([[f"{G[2]}::3"]])
+    assert agent.allocator.preferred([f"{g}::0" for g in G], [], 1) == [f"{G[2]}::0"]
+    (answer,) = agent.allocator.allocate([[f"{G[2]}::3"]])
     assert answer.record.pod_uid == pod.metadata.uid
     assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[2], 4096, 30)]
-    assert (agent.cache_answers, agent.api_answers) == (0, 1)
-    assert agent.api_reasons["no match in the cache"] == 1
-    agent.confirm_admissions()  # no pod-resources socket here: the pod matched is taken as admitted
-    agent.phases.drain()
+    assert (agent.allocator.cache_answers, agent.allocator.api_answers) == (0, 1)
+    assert agent.allocator.api_reasons["no match in the cache"] == 1
+    agent.admissions.confirm()  # no pod-resources socket here: the pod matched is taken as admitted
+    agent.admissions.phases.drain()
     assert phase_of(core, namespace, "just-bound") == Phase.ALLOCATED
 
     # Once the cache holds the next pod, it answers (the pod confirmed by one get).
     create_pod(core, namespace, "seen", gpu_node, {"main": [(G[2], 4096, 30)]})
     cache.relist()
-    (answer,) = agent.allocate([[f"{G[2]}::4"]])
+    (answer,) = agent.allocator.allocate([[f"{G[2]}::4"]])
     assert answer.record.pod == "seen"
-    assert (agent.cache_answers, agent.api_answers) == (1, 1)
+    assert (agent.allocator.cache_answers, agent.allocator.api_answers) == (1, 1)
     # Served: neither the cache nor the API offers either container again.
     cache.relist()
     with pytest.raises(Exception, match="no in-flight container"):
-        agent.allocate([[f"{G[2]}::5"]])
+        agent.allocator.allocate([[f"{G[2]}::5"]])
 
 
 @pytest.mark.parametrize("preferred_first", [False, True], ids=["allocate", "preferred-then-allocate"])
@@ -211,12 +227,16 @@ def test_a_pod_the_cache_shows_after_its_deletion_is_not_picked(  # noqa: PLR091
     assert [p.name for p in cache.pending_pods() or []] == ["gone"]
 
     if preferred_first:  # from the fresh list: the new pod's GPU
-        assert agent.preferred([f"{g}::{i}" for g in G for i in range(10)], [], 1) == [f"{G[3]}::0"]
-    (answer,) = agent.allocate([[f"{G[3]}::0"]])
+        assert agent.allocator.preferred([f"{g}::{i}" for g in G for i in range(10)], [], 1) == [f"{G[3]}::0"]
+    (answer,) = agent.allocator.allocate([[f"{G[3]}::0"]])
     assert answer.record.pod_uid == new.metadata.uid
     assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[3], 8192, 60)]
-    assert (agent.cache_answers, agent.api_answers, agent.preferred_confirmations) == (0, 1, 0)
-    assert agent.api_reasons["not confirmed"] == 1
+    assert (
+        agent.allocator.cache_answers,
+        agent.allocator.api_answers,
+        agent.allocator.preferred_confirmations,
+    ) == (0, 1, 0)
+    assert agent.allocator.api_reasons["not confirmed"] == 1
 
 
 def test_the_allocate_right_after_its_preferred_call_takes_that_calls_confirmation(
@@ -230,29 +250,41 @@ def test_the_allocate_right_after_its_preferred_call_takes_that_calls_confirmati
         create_pod(core, namespace, name, gpu_node, {"main": [(G[1], 2048, 20)]})
     cache.relist()
     agent = make_agent(tmp_path, node_kube, cache)
-    reads = agent._reads  # the reads the agent made
+    reads = agent.allocator._reads  # the reads the agent made
     free = [f"{g}::{i}" for g in G for i in range(10)]
 
-    chosen = agent.preferred(free, [], 1)
-    (answer,) = agent.allocate([chosen])
+    chosen = agent.allocator.preferred(free, [], 1)
+    (answer,) = agent.allocator.allocate([chosen])
     served = [answer.record.pod]
-    assert (reads.reads + reads.lists, agent.preferred_confirmations, agent.cache_answers) == (1, 1, 1)
+    assert (
+        reads.reads + reads.lists,
+        agent.allocator.preferred_confirmations,
+        agent.allocator.cache_answers,
+    ) == (1, 1, 1)
 
     # Allocate of other slices than the preferred call answered: the kubelet did not take its
     # answer, so that call may not be this admission's; the pod is read again.
-    chosen = agent.preferred([s for s in free if s != answer.record.device_ids[0]], [], 1)
-    (answer,) = agent.allocate([[f"{G[1]}::9"]])
+    chosen = agent.allocator.preferred([s for s in free if s != answer.record.device_ids[0]], [], 1)
+    (answer,) = agent.allocator.allocate([[f"{G[1]}::9"]])
     assert chosen != [f"{G[1]}::9"]
     served.append(answer.record.pod)
-    assert (reads.reads + reads.lists, agent.preferred_confirmations, agent.cache_answers) == (3, 1, 2)
+    assert (
+        reads.reads + reads.lists,
+        agent.allocator.preferred_confirmations,
+        agent.allocator.cache_answers,
+    ) == (3, 1, 2)
 
     # Another call between them: the confirmation is not the previous call's; read again.
-    chosen = agent.preferred([f"{G[1]}::{i}" for i in range(3, 9)], [], 1)
-    agent.preferred(free, [], 2)  # no pod asks for 2 GPUs: answered without the cache
-    (answer,) = agent.allocate([chosen])
+    chosen = agent.allocator.preferred([f"{G[1]}::{i}" for i in range(3, 9)], [], 1)
+    agent.allocator.preferred(free, [], 2)  # no pod asks for 2 GPUs: answered without the cache
+    (answer,) = agent.allocator.allocate([chosen])
     served.append(answer.record.pod)
     assert sorted(served) == ["a", "b", "c"]
-    assert (agent.preferred_confirmations, agent.cache_answers, agent.api_answers) == (1, 3, 0)
+    assert (
+        agent.allocator.preferred_confirmations,
+        agent.allocator.cache_answers,
+        agent.allocator.api_answers,
+    ) == (1, 3, 0)
 
 
 def test_a_preferred_calls_confirmation_covers_another_pod_of_the_same_key(
@@ -267,32 +299,34 @@ def test_a_preferred_calls_confirmation_covers_another_pod_of_the_same_key(
         create_pod(core, namespace, name, gpu_node, {"main": [(G[0], 1024, 10)]})
     cache.relist()
     agent = make_agent(tmp_path, node_kube, cache)
-    reads = agent._reads
+    reads = agent.allocator._reads
     free = [f"{g}::{i}" for g in G for i in range(10)]
 
-    chosen = agent.preferred(free, [], 1)
+    chosen = agent.allocator.preferred(free, [], 1)
     assert chosen == [f"{G[0]}::0"]
-    confirmed = agent._snapshot(cache.pending_pods() or [], set()).in_flight[0].pod.name  # as preferred
+    confirmed = (
+        agent.allocator._snapshot(cache.pending_pods() or [], set()).in_flight[0].pod.name
+    )  # as preferred
     core.delete_namespaced_pod(confirmed, namespace, grace_period_seconds=0)
     cache.relist()
-    (answer,) = agent.allocate([chosen])
+    (answer,) = agent.allocator.allocate([chosen])
     assert answer.record.pod == {"a": "b", "b": "a"}[confirmed]
     assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[0], 1024, 10)]
-    assert (reads.reads + reads.lists, agent.preferred_confirmations) == (1, 1)
+    assert (reads.reads + reads.lists, agent.allocator.preferred_confirmations) == (1, 1)
 
     create_pod(core, namespace, "c", gpu_node, {"main": [(G[2], 4096, 40)]})
     cache.relist()
-    chosen = agent.preferred(free, [], 1)
+    chosen = agent.allocator.preferred(free, [], 1)
     assert chosen == [f"{G[2]}::0"]
     # Between the two calls, the cache comes to show another pod first for those slices' GPU: say
     # c deleted and d bound with other quotas; its key was not confirmed.
     core.delete_namespaced_pod("c", namespace, grace_period_seconds=0)
     d = create_pod(core, namespace, "d", gpu_node, {"main": [(G[2], 2048, 20)]})
     cache.relist()
-    (answer,) = agent.allocate([chosen])
+    (answer,) = agent.allocator.allocate([chosen])
     assert answer.record.pod_uid == d.metadata.uid
     assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[2], 2048, 20)]
-    assert (reads.reads + reads.lists, agent.preferred_confirmations) == (3, 1)
+    assert (reads.reads + reads.lists, agent.allocator.preferred_confirmations) == (3, 1)
 
 
 def _phase_policy(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -434,14 +468,18 @@ def test_a_resize_written_on_the_pod_reaches_the_limits_file_through_the_watch( 
     """Live resize on the node: the extender writes the pod's new allocation; the watch shows it and
     the agent rewrites the served container's limits file."""
     core = client.CoreV1Api(kube)
-    cache = watching(PodCache(node_kube))
-    assert cache.wait_synced(30)
-    agent = make_agent(tmp_path, node_kube, cache)
     followed: list[int] = []
-    agent.on_followed = followed.append
+    agent = make_agent(
+        tmp_path,
+        node_kube,
+        lambda on_pods: watching(PodCache(node_kube, on_pods=on_pods)),
+        on_followed=followed.append,
+    )
+    cache = agent.cache
+    assert cache is not None and cache.wait_synced(30)
     pod = create_pod(core, namespace, "grows", gpu_node, {"main": [(G[1], 1024, 30)]})
     wait_for(lambda: cache.pod(pod.metadata.uid), what="the bound pod in the cache")
-    (answer,) = agent.allocate([[f"{G[1]}::0"]])
+    (answer,) = agent.allocator.allocate([[f"{G[1]}::0"]])
     allocation = answer.record.gpus
     grown = allocation[0].model_copy(update={"memory_mib": 2048, "cores": 60})
     text = Allocation(

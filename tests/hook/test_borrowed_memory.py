@@ -18,8 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.agent import EVICTED_REASON, Agent
 from deviceplugin.config import parse_config
+from deviceplugin.driverchecks import Driver
+from deviceplugin.main import NodeAgent, compose
+from deviceplugin.usage import EVICTED_REASON
 from nodeagent.records import ServedRecord
 from nodeagent.statedir import ContainerDir, StateDir, create_state_dir
 from tessera.contract import (
@@ -112,8 +114,8 @@ def in_container(where: ContainerDir, argv: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
-def used_mib(agent: Agent) -> int:
-    usage = agent.measured_usage()
+def used_mib(agent: NodeAgent) -> int:
+    usage = agent.usage.measured_usage()
     return 0 if usage is None else usage.gpus[0].memory_used_mib
 
 
@@ -176,11 +178,17 @@ def test_a_guaranteed_allocation_within_quota_never_fails_beside_borrowers(
     )
     kube = EvictingKube()
     kube_any: Any = kube
-    agent = Agent(config, (info,), kube_any, state, pod_resources=lambda: None)
-    agent.free_memory = driver_free_memory(gpu, processes)
-    agent.check_usage()  # the limits files, before any process starts
+    agent = compose(
+        config,
+        (info,),
+        kube_any,
+        state,
+        pod_resources=lambda: None,
+        driver=Driver(free_memory=driver_free_memory(gpu, processes)),
+    )
+    agent.usage.check()  # the limits files, before any process starts
     stop = threading.Event()
-    checks = threading.Thread(target=agent.run_usage_checks, args=(stop,))
+    checks = threading.Thread(target=agent.usage.run, args=(stop,))
     checks.start()
     try:
         rng = random.Random(16)
@@ -207,7 +215,7 @@ def test_a_guaranteed_allocation_within_quota_never_fails_beside_borrowers(
     assert answers and all(a == "ok" or a.startswith("ok ") for a in answers), walk.stderr
     # Its growth was served by evicting borrowers, newest first, each with an event saying why.
     assert kube.deleted and kube.deleted == sorted(kube.deleted, reverse=True)
-    assert agent.evictions == len(kube.deleted)
+    assert agent.usage.evictions == len(kube.deleted)
     assert all(reason == EVICTED_REASON and f"GPU {gpu.uuids[0]}" in msg for _, reason, msg in kube.events)
     assert [name for name, _, _ in kube.events] == kube.deleted
     # The best-effort containers were refused by their dynamic quota before anyone was evicted.
@@ -218,5 +226,5 @@ def test_a_guaranteed_allocation_within_quota_never_fails_beside_borrowers(
         for where in borrowers
     )
     # The measured use was published with the heartbeat path.
-    agent.publish(heartbeat=True)
+    agent.publisher.publish(heartbeat=True)
     assert parse_gpu_usage(kube.node[config.keys.node_gpu_usage]).gpus[0].uuid == gpu.uuids[0]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes.stream import stream
 
-from deviceplugin.agent import EVICTED_REASON
+from deviceplugin.usage import EVICTED_REASON
 from sandbox import install
 from tessera.contract import (
     KEYS,
