@@ -13,6 +13,8 @@ static int device_count;
 static int devices_ready;
 static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static void follow_limits(void);
+
 static void format_uuid(const CUuuid *uuid, char out[VGPU_UUID_LEN]) {
     const unsigned char *b = (const unsigned char *)uuid->bytes;
     snprintf(out, VGPU_UUID_LEN,
@@ -25,7 +27,7 @@ static void format_uuid(const CUuuid *uuid, char out[VGPU_UUID_LEN]) {
  * that needs it. */
 int vgpu_device_join(const char *uuid, struct vgpu_quota quota, int elastic) {
     int rdev = vgpu_region_device(uuid, quota.memory, quota.cores, elastic);
-    if (rdev >= 0 || vgpu_region_attach()) vgpu_monitor_ensure();
+    if (rdev >= 0 || vgpu_region_attach()) vgpu_monitor_ensure(follow_limits);
     return rdev;
 }
 
@@ -132,7 +134,8 @@ int vgpu_ordinal_of_uuid(const char *uuid) {
     return -1;
 }
 
-void vgpu_devices_follow_limits(void) {
+/* Live resize (the monitor, every period): the devices' quotas follow the limits file. */
+static void follow_limits(void) {
     if (!vgpu_limits_refresh()) return;
     /* Under the lock: a table being enumerated is complete first (or reads the new quotas itself). */
     pthread_mutex_lock(&devices_lock);

@@ -24,6 +24,8 @@
 #define IDLE_BEFORE_ELASTIC_NS 1000000000ull
 
 static pid_t monitor_pid;
+/* Set before the first thread starts, never changed after (one caller, one function). */
+static void (*follow_limits)(void);
 static pthread_mutex_t monitor_lock = PTHREAD_MUTEX_INITIALIZER;
 
 struct elastic_state {
@@ -83,7 +85,7 @@ static void *monitor(void *unused) {
     for (;;) {
         struct timespec t = {.tv_sec = 0, .tv_nsec = (long)MONITOR_PERIOD_NS};
         nanosleep(&t, NULL);
-        vgpu_devices_follow_limits();
+        follow_limits();
         struct vgpu_region *r = vgpu_region_attach();
         if (!r) continue;
         uint64_t now = vgpu_now_ns();
@@ -96,12 +98,13 @@ static void *monitor(void *unused) {
     return NULL;
 }
 
-void vgpu_monitor_ensure(void) {
+void vgpu_monitor_ensure(void (*follow)(void)) {
     pid_t pid = getpid();
     /* Double-checked: the pid is stored (release) after the thread started, under monitor_lock. */
     if (__atomic_load_n(&monitor_pid, __ATOMIC_ACQUIRE) == pid) return;
     pthread_mutex_lock(&monitor_lock);
     if (monitor_pid != pid) {
+        follow_limits = follow;
         /* The host program's signals must never be delivered to this thread. */
         sigset_t all, old;
         sigfillset(&all);

@@ -22,10 +22,10 @@
  * limits (compute also the monitor's elastic verdict and qos.c; memory also shortfall.c, which uses
  * the region, the clock and the log); devices joins the region and starts
  * the monitor and qos.c (the monitor also refreshes qos.c's peers, and has devices.c follow the
- * limits file: live resize); qos.c, tracking and snapshot use the region, which uses limits, the
- * clock and the log; process.c calls each file's fork handler. Two links go both ways: the one
- * explained in symbols.h, and devices.c and the monitor (the monitor's start, and its call back into
- * devices.c to change the quotas it holds; vgpu_devices_follow_limits). */
+ * limits file: live resize, through the function devices.c hands it at its start, so the monitor
+ * needs nothing of devices.c); qos.c, tracking and snapshot use the region, which uses limits, the
+ * clock and the log; process.c calls each file's fork handler. One link goes both ways: the one
+ * explained in symbols.h. */
 #ifndef VGPU_H
 #define VGPU_H
 
@@ -136,8 +136,6 @@ int vgpu_ordinal_of_uuid(const char *uuid);
  * use of the region in a process comes through here, which starts the monitor. */
 int vgpu_device_join(const char *uuid, struct vgpu_quota quota, int elastic);
 void vgpu_devices_after_fork_child(void);
-/* Live resize (the monitor, every period): the devices' quotas follow the limits file. */
-void vgpu_devices_follow_limits(void);
 
 /* tracking.c */
 enum vgpu_kind { VGPU_KIND_POINTER, VGPU_KIND_HANDLE, VGPU_KIND_ARRAY, VGPU_KIND_MIPMAP };
@@ -202,8 +200,9 @@ int vgpu_qos_higher_busy(int rdev, uint64_t since);
 void vgpu_qos_refresh(void);
 void vgpu_qos_after_fork_child(void);
 
-/* monitor.c: started once per process (by vgpu_device_join) once the region is joined. */
-void vgpu_monitor_ensure(void);
+/* monitor.c: started once per process (by vgpu_device_join) once the region is joined; calls
+ * follow_limits every period (live resize). */
+void vgpu_monitor_ensure(void (*follow_limits)(void));
 void vgpu_monitor_after_fork_child(void);
 /* Elastic mode: 1 while NVML shows no other container's work on the GPU recently. */
 int vgpu_monitor_gpu_is_ours(int rdev);
