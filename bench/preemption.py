@@ -8,7 +8,7 @@ on one GPU at a higher priority, so that every node needs two to four victims. E
 through ``Extender.preempt`` (the state's pods as the watch would have them, budgets from a stand-in
 for the one list the call makes).
 
-    .venv/bin/python bench/preemption.py [--split 4] [--passes 5]
+    .venv/bin/python -m bench.preemption [--split 4] [--passes 5]
 
 Reported: per call (100 nodes) the best pass, wall time; per node the median and the slowest.
 """
@@ -23,9 +23,6 @@ import statistics
 import sys
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from extender.budgets import parse_budgets
 from extender.metrics import Metrics
