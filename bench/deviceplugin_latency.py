@@ -98,7 +98,9 @@ class CpuMeter:
 def bound_pod(name: str, gpu: str) -> dict[str, object]:
     allocation = Allocation(
         node=NODE,
-        containers=(ContainerAllocation(name="main", gpus=(GpuGrant(uuid=gpu, memory_mib=2048, cores=10),)),),
+        containers=(
+            ContainerAllocation(name="main", gpus=(GpuGrant(uuid=gpu, memory_quota_mib=2048, cores=10),)),
+        ),
     )
     return {
         "metadata": {

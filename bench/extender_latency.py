@@ -43,6 +43,7 @@ from tessera.contract import (
     ContainerAllocation,
     GpuGrant,
     Phase,
+    dump_allocation,
     dump_inventory,
     format_time,
     parse_pod_request,
@@ -66,7 +67,7 @@ def existing_pod(i: int, node: str, gpu: int, memory: int, cores: int) -> dict[s
         node=node,
         containers=(
             ContainerAllocation(
-                name="main", gpus=(GpuGrant(uuid=f"GPU-{node}-{gpu}", memory_mib=memory, cores=cores),)
+                name="main", gpus=(GpuGrant(uuid=f"GPU-{node}-{gpu}", memory_quota_mib=memory, cores=cores),)
             ),
         ),
     )
@@ -76,7 +77,7 @@ def existing_pod(i: int, node: str, gpu: int, memory: int, cores: int) -> dict[s
             "namespace": "bench",
             "uid": f"existing-{i}",
             "annotations": {
-                KEYS.allocation: allocation.model_dump_json(),
+                KEYS.allocation: dump_allocation(allocation),
                 KEYS.allocation_phase: "allocated",
             },
         },

@@ -45,7 +45,7 @@ def start_holders(
         for j in range(per_gpu):
             uid = f"00000000-0000-0000-{i:04d}-{j:012d}"
             where = state.container(uid, "main")
-            grant = GpuGrant(uuid=spec.uuid, memory_mib=4096, cores=10)
+            grant = GpuGrant(uuid=spec.uuid, memory_quota_mib=4096, cores=10)
             record = ServedRecord(
                 namespace="bench", pod=f"pod-{i}-{j}", pod_uid=uid, container="main", gpus=(grant,)
             )

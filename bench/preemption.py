@@ -37,6 +37,7 @@ from tessera.contract import (
     GpuInfo,
     JsonObject,
     Phase,
+    dump_allocation,
     dump_inventory,
     format_time,
     parse_pod_request,
@@ -86,12 +87,12 @@ def pod(
             node=node,
             containers=(
                 ContainerAllocation(
-                    name="main", gpus=(GpuGrant(uuid=f"GPU-{node}-{gpu}", memory_mib=memory, cores=0),)
+                    name="main", gpus=(GpuGrant(uuid=f"GPU-{node}-{gpu}", memory_quota_mib=memory, cores=0),)
                 ),
             ),
         )
         body["metadata"]["annotations"] = {
-            KEYS.allocation: allocation.model_dump_json(),
+            KEYS.allocation: dump_allocation(allocation),
             KEYS.allocation_phase: Phase.ALLOCATED.value,
             KEYS.bind_time: format_time(NOW - timedelta(hours=1)),
         }
@@ -106,7 +107,7 @@ def build(split: int, seed: int) -> tuple[Extender, dict[str, Victims]]:
     for n in range(NODES):
         name = f"node-{n:03d}"
         inventory = [
-            GpuInfo(uuid=f"GPU-{name}-{g}", index=g, model="NVIDIA A100-SXM4-40GB", memory_mib=MEMORY,
+            GpuInfo(uuid=f"GPU-{name}-{g}", index=g, model="NVIDIA A100-SXM4-40GB", total_memory_mib=MEMORY,
                     sm_count=108, compute_capability="8.0", split=split)
             for g in range(GPUS)
         ]  # fmt: skip

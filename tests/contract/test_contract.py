@@ -321,12 +321,12 @@ def allocation() -> Allocation:
     return Allocation(
         node="n1",
         containers=(
-            ContainerAllocation(name="main", gpus=(GpuGrant(uuid="GPU-a", memory_mib=4096, cores=30),)),
+            ContainerAllocation(name="main", gpus=(GpuGrant(uuid="GPU-a", memory_quota_mib=4096, cores=30),)),
             ContainerAllocation(
                 name="two",
                 gpus=(
-                    GpuGrant(uuid="GPU-a", memory_mib=1, cores=0),
-                    GpuGrant(uuid="GPU-b", memory_mib=2, cores=100),
+                    GpuGrant(uuid="GPU-a", memory_quota_mib=1, cores=0),
+                    GpuGrant(uuid="GPU-b", memory_quota_mib=2, cores=100),
                 ),
             ),
         ),
@@ -491,10 +491,12 @@ def test_quantities_out_of_range_or_of_another_type(value: object, message: str)
 
 
 def test_resize_request_forms() -> None:
-    assert parse_resize("memory=6144,cores=40").containers == {"": QuotaChange(memory_mib=6144, cores=40)}
+    assert parse_resize("memory=6144,cores=40").containers == {
+        "": QuotaChange(memory_quota_mib=6144, cores=40)
+    }
     assert parse_resize(" cores = 60 ").containers == {"": QuotaChange(cores=60)}
     assert parse_resize("trainer:memory=6144;sidecar:cores=10;").containers == {
-        "trainer": QuotaChange(memory_mib=6144),
+        "trainer": QuotaChange(memory_quota_mib=6144),
         "sidecar": QuotaChange(cores=10),
     }
 

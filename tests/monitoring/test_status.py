@@ -60,7 +60,9 @@ def bound_pod(
     allocation = Allocation(
         node=node,
         containers=tuple(
-            ContainerAllocation(name=c, gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=k) for u, m, k in g))
+            ContainerAllocation(
+                name=c, gpus=tuple(GpuGrant(uuid=u, memory_quota_mib=m, cores=k) for u, m, k in g)
+            )
             for c, g in grants.items()
         ),
     )

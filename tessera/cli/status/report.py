@@ -153,7 +153,7 @@ def build_status(
                 index=info.index,
                 model=info.model,
                 health=info.health,
-                memory_bytes=info.memory_mib * MIB,
+                memory_bytes=info.total_memory_mib * MIB,
                 slices_total=info.split,
             )
             entry.gpus.append(gpus[info.uuid])
@@ -194,9 +194,11 @@ def build_status(
                         )
                         continue
                     gpu.pods.append(
-                        PodOnGpu(namespace, name, container.name, grant.memory_mib * MIB, grant.cores, phase)
+                        PodOnGpu(
+                            namespace, name, container.name, grant.memory_quota_mib * MIB, grant.cores, phase
+                        )
                     )
-                    gpu.memory_allocated_bytes += grant.memory_mib * MIB
+                    gpu.memory_allocated_bytes += grant.memory_quota_mib * MIB
                     gpu.cores_allocated_percent += grant.cores
                     gpu.slices_used += 1
         elif not node_name and pod_status.get("phase", "Pending") == "Pending" and _requests_gpus(pod, keys):
