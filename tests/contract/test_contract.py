@@ -535,3 +535,28 @@ def test_resize_status_round_trips_and_refuses_bad_json() -> None:
     assert parse_resize_status(dump_resize_status(status)) == status
     with pytest.raises(ContractError, match=r"^pod a/b: annotation tessera.io/resize-status: outcome: "):
         parse_resize_status('{"request": "x", "outcome": "maybe", "message": "", "time": ""}', pod="a/b")
+
+
+def test_fields_named_apart_in_code_keep_their_published_json_names() -> None:
+    """The memory quota and a GPU's total memory have their own names in code (docs/glossary.md);
+    the annotations keep `memory_mib`, the name the published formats have always had, and only it."""
+    grant = GpuGrant(uuid="GPU-a", memory_quota_mib=2048, cores=10)
+    text = dump_allocation(Allocation(node="n", containers=(ContainerAllocation(name="c", gpus=(grant,)),)))
+    assert '"memory_mib":2048' in text and "memory_quota_mib" not in text
+    assert parse_allocation(text).containers[0].gpus[0] == grant
+    with pytest.raises(ContractError, match="memory_mib: Field required"):
+        parse_allocation(text.replace('"memory_mib"', '"memory_quota_mib"'))
+    gpu = GpuInfo(
+        uuid="GPU-a",
+        index=0,
+        model="T4",
+        total_memory_mib=15360,
+        sm_count=40,
+        compute_capability="7.5",
+        split=4,
+    )
+    inventory = dump_inventory([gpu])
+    assert '"memory_mib":15360' in inventory and "total_memory_mib" not in inventory
+    assert parse_inventory(inventory) == (gpu,)
+    with pytest.raises(ContractError, match="memory_mib: Field required"):
+        parse_inventory(inventory.replace('"memory_mib"', '"total_memory_mib"'))
