@@ -13,7 +13,7 @@ kube-apiserver (etcd + apiserver from hack/k8s-binaries.sh) and the kubelet stan
   serves a new ``kubelet.sock`` (as a restarting kubelet does); timed until the plugin's new
   ``Register`` arrives.
 
-    .venv/bin/python bench/deviceplugin_latency.py [--rounds 10] [--pods 20] [--concurrency 1]
+    .venv/bin/python -m bench.deviceplugin_latency [--rounds 10] [--pods 20] [--concurrency 1]
         [--restarts 30]
 
 Reported: p50 / p99 / max in ms, and the CPU time each process spent per admission while the
@@ -98,7 +98,9 @@ class CpuMeter:
 def bound_pod(name: str, gpu: str) -> dict[str, object]:
     allocation = Allocation(
         node=NODE,
-        containers=(ContainerAllocation(name="main", gpus=(GpuGrant(uuid=gpu, memory_mib=2048, cores=10),)),),
+        containers=(
+            ContainerAllocation(name="main", gpus=(GpuGrant(uuid=gpu, memory_quota_mib=2048, cores=10),)),
+        ),
     )
     return {
         "metadata": {

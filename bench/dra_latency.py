@@ -12,7 +12,7 @@ container with the claim's CDI device). Then the pods and claims are deleted and
 unprepares them. The driver logs how long each call took (``NodePrepareResources: 1 claim(s) in
 X ms``, from the request to the answer inside the driver); those lines are read from its pod's log.
 
-    flock /tmp/tessera-sandbox.lock .venv/bin/python bench/dra_latency.py [--rounds 3] [--claims 16]
+    flock /tmp/tessera-sandbox.lock .venv/bin/python -m bench.dra_latency [--rounds 3] [--claims 16]
 
 Reported: p50 / p99 / max in ms.
 """

@@ -10,7 +10,7 @@ best scored) with /bind's in-memory half (``Extender.decide``: the allocation is
 the next pod sees that node changed), and the device plugin serves it (phase allocated). The HTTP
 transport itself is timed separately over loopback with uvicorn (``--http``).
 
-    .venv/bin/python bench/extender_latency.py [--nodes 100 1000 5000] [--pods 2000] [--http]
+    .venv/bin/python -m bench.extender_latency [--nodes 100 1000 5000] [--pods 2000] [--http]
 
 Reported: p50 / p99 / max wall time in ms over the pods after one warm-up pass per shape, the same
 as CPU time of the thread (what the work costs when the machine is not shared), and the first
@@ -31,8 +31,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fleet import GPUS_PER_NODE, node_inventory
-
+from bench.fleet import GPUS_PER_NODE, node_inventory
 from extender import wire
 from extender.metrics import Metrics
 from extender.service import Extender, Refusal
@@ -44,6 +43,7 @@ from tessera.contract import (
     ContainerAllocation,
     GpuGrant,
     Phase,
+    dump_allocation,
     dump_inventory,
     format_time,
     parse_pod_request,
@@ -67,7 +67,7 @@ def existing_pod(i: int, node: str, gpu: int, memory: int, cores: int) -> dict[s
         node=node,
         containers=(
             ContainerAllocation(
-                name="main", gpus=(GpuGrant(uuid=f"GPU-{node}-{gpu}", memory_mib=memory, cores=cores),)
+                name="main", gpus=(GpuGrant(uuid=f"GPU-{node}-{gpu}", memory_quota_mib=memory, cores=cores),)
             ),
         ),
     )
@@ -77,7 +77,7 @@ def existing_pod(i: int, node: str, gpu: int, memory: int, cores: int) -> dict[s
             "namespace": "bench",
             "uid": f"existing-{i}",
             "annotations": {
-                KEYS.allocation: allocation.model_dump_json(),
+                KEYS.allocation: dump_allocation(allocation),
                 KEYS.allocation_phase: "allocated",
             },
         },

@@ -23,7 +23,7 @@ client-side rate limiter (default 50/s, which the default binder goes through bu
 client does not) does not decide the comparison. Phases alternate for ``--rounds`` rounds; each
 ratio is that of the same round's phase without the extender, and the run's figure is their median.
 
-    .venv/bin/python bench/extender_throughput.py [--nodes 1000] [--pods 1000] [--rounds 5]
+    .venv/bin/python -m bench.extender_throughput [--nodes 1000] [--pods 1000] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
-from fleet import GPUS_PER_NODE, make_nodes, pod_body
 from kubernetes import client, config
 from kubernetes.watch import Watch
 
+from bench.fleet import GPUS_PER_NODE, make_nodes, pod_body
 from sandbox.controlplane import ControlPlane, ManagedProcess, free_port
 from tessera.contract import KEYS, Phase
 

@@ -27,7 +27,7 @@ def node_inventory(name: str, i: int) -> list[GpuInfo]:
             uuid=f"GPU-{name}-{g}",
             index=g,
             model=model,
-            memory_mib=memory,
+            total_memory_mib=memory,
             sm_count=80,
             compute_capability="8.0",
             numa_node=g // 4,

@@ -10,7 +10,7 @@ Two kinds of probe:
 - framework probes (PyTorch, CUDA graphs, torch.compile, Triton, JAX, CuPy, transformers) need NVIDIA's
   runtime, so a real GPU only (docs/fakegpu.md, "Not modelled").
 
-    python3 bench/gpu_probes.py PROBE      (the environment carries its settings: PROBE_*)"""
+    python3 -m bench.gpu_probes PROBE      (the environment carries its settings: PROBE_*)"""
 
 # Each probe imports its framework itself: it runs in its own process, and a machine may lack some.
 # ruff: noqa: PLC0415

@@ -8,7 +8,7 @@ Reported: p50 / p99 in ms and the CPU time per call of the server process and of
 Allocate) plus the agent's own work, so on a machine with few cores this bounds what 20 admissions at
 once can reach.
 
-    .venv/bin/python bench/grpc_floor.py [--calls 400] [--threads 32]
+    .venv/bin/python -m bench.grpc_floor [--calls 400] [--threads 32]
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="grpc-floor-") as work:
         socket = f"{work}/floor.sock"
         server = subprocess.Popen(
-            [sys.executable, __file__, f"--serve={socket}", f"--threads={args.threads}"]
+            [sys.executable, "-m", "bench.grpc_floor", f"--serve={socket}", f"--threads={args.threads}"]
         )
         try:
             with grpc.insecure_channel(f"unix://{socket}") as channel:

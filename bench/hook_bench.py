@@ -2,7 +2,7 @@
 cuMemAlloc_v2 (with a memory quota), hooked against unhooked, p50 and p99; and start-up with 64
 processes loading the hook at once (spawn to first allocation done).
 
-    .venv/bin/python bench/hook_bench.py [--calls 200000] [--processes 64] [--rounds 5]
+    .venv/bin/python -m bench.hook_bench [--calls 200000] [--processes 64] [--rounds 5]
 
 Prints a Markdown table (the one in docs/benchmarks.md)."""
 

@@ -3,7 +3,7 @@ zero-length kernel launch without a compute quota, the same with a compute quota
 wait for (without a class, then in each QoS class on a GPU with a coordination area), and a 1 MiB
 cuMemAlloc_v2/cuMemFree_v2 pair under a memory quota.
 
-    .venv/bin/python bench/hook_callgrind.py [--small 200] [--large 2000] [--json]
+    .venv/bin/python -m bench.hook_callgrind [--small 200] [--large 2000] [--json]
 
 bench/hook_calls.c runs unhooked and with LD_PRELOAD of the hook under
 ``valgrind --tool=callgrind --toggle-collect=counted_*``: only what runs inside the client's
@@ -34,9 +34,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hook_bench import build  # the same client, built the same way
-
 import fakegpu
+from bench.hook_bench import build  # the same client, built the same way
 
 VALGRIND = "valgrind"
 

@@ -23,7 +23,7 @@ operations, divided by their number, after a garbage collection (untimed); the A
 is not in it. Variants take turns going first within each round; the table shows the median over
 rounds and the range.
 
-    .venv/bin/python bench/kube_client.py [--nodes 1000 5000] [--rounds 5] [--ops 200] [--events 1000]
+    .venv/bin/python -m bench.kube_client [--nodes 1000 5000] [--rounds 5] [--ops 200] [--events 1000]
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ from typing import Any
 
 import orjson
 import uvloop
-from fleet import make_nodes, node_name, pod_body
 from kubernetes import client as sync_client
 from kubernetes import config as sync_config
 from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 from kubernetes_asyncio import watch as awatch
 
+from bench.fleet import make_nodes, node_name, pod_body
 from extender.kube import KubeApi, load_configuration
 from sandbox.controlplane import ControlPlane
 from tessera.contract import KEYS, format_time, now
@@ -132,7 +132,7 @@ def patcher(kubeconfig: str) -> None:
 class Patcher:
     def __init__(self, kubeconfig: Path) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--patcher", str(kubeconfig)],
+            [sys.executable, "-m", "bench.kube_client", "--patcher", str(kubeconfig)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -10,7 +10,7 @@ The scrapes run one after another from this machine (loopback HTTP); the figures
 scrape (p50, p99, max), the body's size (plain and gzipped, as Prometheus asks for it), and its
 number of series.
 
-    .venv/bin/python bench/metrics_scrape.py [--gpus 10] [--containers-per-gpu 10] [--scrapes 200]
+    .venv/bin/python -m bench.metrics_scrape [--gpus 10] [--containers-per-gpu 10] [--scrapes 200]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def start_holders(
         for j in range(per_gpu):
             uid = f"00000000-0000-0000-{i:04d}-{j:012d}"
             where = state.container(uid, "main")
-            grant = GpuGrant(uuid=spec.uuid, memory_mib=4096, cores=10)
+            grant = GpuGrant(uuid=spec.uuid, memory_quota_mib=4096, cores=10)
             record = ServedRecord(
                 namespace="bench", pod=f"pod-{i}-{j}", pod_uid=uid, container="main", gpus=(grant,)
             )
@@ -163,7 +163,15 @@ def main() -> None:
         try:
             env = fakegpu.client_env(config, directory / "fakegpu-state")
             child = subprocess.run(
-                [sys.executable, __file__, "--measure", str(state.root), "--scrapes", str(args.scrapes)],
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.metrics_scrape",
+                    "--measure",
+                    str(state.root),
+                    "--scrapes",
+                    str(args.scrapes),
+                ],
                 env=env,
                 capture_output=True,
                 text=True,

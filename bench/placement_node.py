@@ -5,7 +5,7 @@ The state is the extender latency benchmark's (``bench/extender_latency.py``): 1
 pass calls filter_node for every shape on the first 300 nodes (3,600 calls, fits and rejections as
 they come, the engine's policy and speed profiles); no cache sits in between.
 
-    .venv/bin/python bench/placement_node.py [--passes 15]
+    .venv/bin/python -m bench.placement_node [--passes 15]
 
 Reported: the best pass (wall and thread CPU time, the garbage collector off during the passes), per
 call, overall and per shape.
@@ -20,8 +20,7 @@ import time
 from collections.abc import Callable
 
 # bench/ itself, for the latency benchmark's state builder (which puts the repository first).
-import extender_latency
-
+from bench import extender_latency
 from tessera.contract import parse_pod_request
 from tessera.placement import PodShape, filter_node, shape_of
 

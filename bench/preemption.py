@@ -8,7 +8,7 @@ on one GPU at a higher priority, so that every node needs two to four victims. E
 through ``Extender.preempt`` (the state's pods as the watch would have them, budgets from a stand-in
 for the one list the call makes).
 
-    .venv/bin/python bench/preemption.py [--split 4] [--passes 5]
+    .venv/bin/python -m bench.preemption [--split 4] [--passes 5]
 
 Reported: per call (100 nodes) the best pass, wall time; per node the median and the slowest.
 """
@@ -23,9 +23,6 @@ import statistics
 import sys
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from extender.budgets import parse_budgets
 from extender.metrics import Metrics
@@ -40,6 +37,7 @@ from tessera.contract import (
     GpuInfo,
     JsonObject,
     Phase,
+    dump_allocation,
     dump_inventory,
     format_time,
     parse_pod_request,
@@ -89,12 +87,12 @@ def pod(
             node=node,
             containers=(
                 ContainerAllocation(
-                    name="main", gpus=(GpuGrant(uuid=f"GPU-{node}-{gpu}", memory_mib=memory, cores=0),)
+                    name="main", gpus=(GpuGrant(uuid=f"GPU-{node}-{gpu}", memory_quota_mib=memory, cores=0),)
                 ),
             ),
         )
         body["metadata"]["annotations"] = {
-            KEYS.allocation: allocation.model_dump_json(),
+            KEYS.allocation: dump_allocation(allocation),
             KEYS.allocation_phase: Phase.ALLOCATED.value,
             KEYS.bind_time: format_time(NOW - timedelta(hours=1)),
         }
@@ -109,7 +107,7 @@ def build(split: int, seed: int) -> tuple[Extender, dict[str, Victims]]:
     for n in range(NODES):
         name = f"node-{n:03d}"
         inventory = [
-            GpuInfo(uuid=f"GPU-{name}-{g}", index=g, model="NVIDIA A100-SXM4-40GB", memory_mib=MEMORY,
+            GpuInfo(uuid=f"GPU-{name}-{g}", index=g, model="NVIDIA A100-SXM4-40GB", total_memory_mib=MEMORY,
                     sm_count=108, compute_capability="8.0", split=split)
             for g in range(GPUS)
         ]  # fmt: skip

@@ -4,7 +4,7 @@ out, and beside the same container without classes; and the shares of two standa
 (30% and 60%) beside a best-effort one. Latencies are device time, from just before the launch
 call to the kernel's end, by CUDA events (the test client's `paced` mode).
 
-    .venv/bin/python bench/qos_latency.py [--seconds 10] [--rounds 3]
+    .venv/bin/python -m bench.qos_latency [--seconds 10] [--rounds 3]
 
 Prints a Markdown table per part (the ones in docs/benchmarks.md): each round's numbers."""
 

@@ -4,7 +4,7 @@ latency-critical service fast beside batch work. Each probe is a fresh process
 (`bench/gpu_probes.py`), under the hook or not; the hook runs standalone (environment variables,
 docs/hook.md), so nothing is installed on the machine.
 
-    python3 bench/real_gpu.py --hook hook/build/libvgpu.so [--checks ...] [--json OUT]
+    python3 -m bench.real_gpu --hook hook/build/libvgpu.so [--checks ...] [--json OUT]
 
 Checks (comma-separated; the default, DEFAULT_CHECKS, takes about 6 minutes on an H200):
   env           the machine: GPU, driver, compute policy, MPS

@@ -7,7 +7,7 @@ file once the device plugin replaced it (by a rename).
 * compute: a process launches 1 ms kernels flat out at 30%; at 3 s the file is replaced by one
   with 60%. Reported: the first 250 ms window after the replacement whose share is 50% or more.
 
-    .venv/bin/python bench/resize_follow.py [--rounds 5]
+    .venv/bin/python -m bench.resize_follow [--rounds 5]
 
 Prints the Markdown tables in docs/benchmarks.md."""
 
@@ -18,9 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from qos_latency import build_client  # the same hook client, built the same way
-
 import fakegpu
+from bench.qos_latency import build_client  # the same hook client, built the same way
 from hook.limits import DeviceLimit, write_limits
 
 MIB = 2**20

@@ -1,7 +1,7 @@
 """Sandbox timings: `tessera sandbox up` (Tessera installed by its chart) until ready, then pod
 create until its container runs, through the chart-installed scheduler, extender and node agent.
 
-    sudo .venv/bin/python bench/sandbox_timing.py [--ups 3] [--pods 5] [--bursts 0] [--burst 20]
+    sudo .venv/bin/python -m bench.sandbox_timing [--ups 3] [--pods 5] [--bursts 0] [--burst 20]
         [--dir /tmp/tessera-bench]
 
 Brings a sandbox up (``--ups`` times, each followed by `down`, all timed: the builds and image

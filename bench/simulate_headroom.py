@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/simulate_headroom.py --traces ../shared/traces/alibaba-gpu-v2023 \\
+    .venv/bin/python -m bench.simulate_headroom --traces ../shared/traces/alibaba-gpu-v2023 \\
         [--variant default] [--seeds 42] [--policies fragmentation,fgd-paper,binpack] [--load 100]
 
 For each seed and policy, replays the FGD paper's packing experiment (``simulator``) up to

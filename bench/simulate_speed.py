@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/simulate_speed.py [--nodes FILE --pods FILE] [--seeds 42,43,44,45,46]
+    .venv/bin/python -m bench.simulate_speed [--nodes FILE --pods FILE] [--seeds 42,43,44,45,46]
 
 Without files it uses the embedded default (heterogeneous: T4, P100, V100, A10 and the trace's G2/G3
 GPUs; pods of the classes ``llm-training`` and ``inference``). Prints, as Markdown, mean and p99 JCT,

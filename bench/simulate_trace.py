@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/simulate_trace.py --traces ../shared/traces/alibaba-gpu-v2023 \\
+    .venv/bin/python -m bench.simulate_trace --traces ../shared/traces/alibaba-gpu-v2023 \\
         [--variants default,gpushare40,...] [--seeds 42,43,44] [--jobs 2] [--json out/simulate-trace.json]
 
 For each trace variant (openb_pod_list_<variant>.csv on openb_node_list_gpu_node.csv) and seed, runs

@@ -36,6 +36,7 @@ from tessera.contract import (
     Phase,
     ResizeOutcome,
     ResizeStatus,
+    dump_allocation,
     dump_resize_status,
     format_time,
     parse_allocation,
@@ -164,7 +165,7 @@ class Resizer:
             decided = quota.refusal(decided) or decided
         patch: dict[str, str | None] = {self.keys.resize: None}
         if isinstance(decided, Allocation):
-            patch[self.keys.allocation] = decided.model_dump_json()
+            patch[self.keys.allocation] = dump_allocation(decided)
             self.state.resizing(uid, decided)
             outcome, message = ResizeOutcome.APPLIED, _describe(decided)
         else:
@@ -307,6 +308,7 @@ class _QuotaView:
 
 def _describe(allocation: Allocation) -> str:
     return "; ".join(
-        f"container {c.name}: " + ", ".join(f"{g.uuid} {g.memory_mib} MiB {g.cores}% compute" for g in c.gpus)
+        f"container {c.name}: "
+        + ", ".join(f"{g.uuid} {g.memory_quota_mib} MiB {g.cores}% compute" for g in c.gpus)
         for c in allocation.containers
     )

@@ -31,6 +31,7 @@ from tessera.contract import (
     PodRequest,
     PodShapeError,
     QosClass,
+    dump_allocation,
     format_time,
     parse_allocation,
     parse_pod_request,
@@ -586,7 +587,7 @@ class Extender:
         if isinstance(decided, Refusal):
             return self._fail(decided.reason, decided.message), False
         annotations = {
-            self.keys.allocation: decided.model_dump_json(),
+            self.keys.allocation: dump_allocation(decided),
             self.keys.allocation_phase: Phase.ALLOCATING.value,
             self.keys.bind_time: format_time(now),
         }

@@ -877,7 +877,7 @@ def _with_resize(allocation: Allocation, resized: Allocation | None) -> Allocati
                     if g.uuid not in new
                     else g.model_copy(
                         update={
-                            "memory_mib": max(g.memory_mib, new[g.uuid].memory_mib),
+                            "memory_quota_mib": max(g.memory_quota_mib, new[g.uuid].memory_quota_mib),
                             "cores": max(g.cores, new[g.uuid].cores),
                         }
                     )

@@ -55,7 +55,7 @@ class DeviceLimit:
     """The quotas of one container on one physical GPU, named by its NVML UUID."""
 
     uuid: str
-    memory_bytes: int
+    memory_quota_bytes: int
     # Percent of the GPU's time, 1..100; 0 = no compute quota (launches are never throttled).
     cores: int
     # Best-effort neighbours borrow the GPU's memory: how long an allocation within quota that the
@@ -64,15 +64,17 @@ class DeviceLimit:
 
     @classmethod
     def from_grant(cls, grant: GpuGrant) -> DeviceLimit:
-        return cls(uuid=grant.uuid, memory_bytes=grant.memory_mib * MIB, cores=grant.cores)
+        return cls(uuid=grant.uuid, memory_quota_bytes=grant.memory_quota_mib * MIB, cores=grant.cores)
 
     def validate(self) -> None:
         if not self.uuid or len(self.uuid) > MAX_UUID_LENGTH or any(c.isspace() for c in self.uuid):
             raise ContractError(
                 f"limits: uuid {self.uuid!r} must be 1..{MAX_UUID_LENGTH} characters without spaces"
             )
-        if isinstance(self.memory_bytes, bool) or self.memory_bytes <= 0:
-            raise ContractError(f"limits: device {self.uuid}: memory_bytes {self.memory_bytes!r} must be > 0")
+        if isinstance(self.memory_quota_bytes, bool) or self.memory_quota_bytes <= 0:
+            raise ContractError(
+                f"limits: device {self.uuid}: memory_quota_bytes {self.memory_quota_bytes!r} must be > 0"
+            )
         if isinstance(self.cores, bool) or not 0 <= self.cores <= MAX_CORES:
             raise ContractError(f"limits: device {self.uuid}: cores {self.cores!r} is outside 0..{MAX_CORES}")
         wait = self.shortfall_wait_ms
@@ -143,7 +145,7 @@ def render_limits(
         f"elastic {int(elastic)}",
         f"qos {qos.value}",
         *([f"coordination {_absolute('coordination', coordination)}"] if coordination is not None else []),
-        *(f"device {d.uuid} memory {d.memory_bytes} cores {d.cores}" for d in devices),
+        *(f"device {d.uuid} memory {d.memory_quota_bytes} cores {d.cores}" for d in devices),
         *(f"oversubscribed {d.uuid} wait {d.shortfall_wait_ms}" for d in oversubscribed),
         *([mps.line()] if mps is not None else []),
     ]

@@ -363,7 +363,9 @@ def parse_gpu_share_config(parameters: object, *, where: str, keys: ContractKeys
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A field whose name in code (docs/glossary.md) is not its published JSON name has that name as
+    # its aliases: JSON is written by it and read by it alone (_validated), code builds by the field's.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, serialize_by_alias=True)
 
 
 class GpuInfo(_Strict):
@@ -372,7 +374,7 @@ class GpuInfo(_Strict):
     uuid: str = Field(min_length=1)
     index: int = Field(ge=0)
     model: str = Field(min_length=1)
-    memory_mib: int = Field(gt=0)
+    total_memory_mib: int = Field(gt=0, validation_alias="memory_mib", serialization_alias="memory_mib")
     sm_count: int = Field(ge=0)
     compute_capability: str = Field(pattern=r"^\d+\.\d+$")
     pci_bus_id: str = ""
@@ -456,7 +458,7 @@ class GpuGrant(_Strict):
     """One GPU given to one container, with the container's quotas on it."""
 
     uuid: str = Field(min_length=1)
-    memory_mib: int = Field(gt=0)
+    memory_quota_mib: int = Field(gt=0, validation_alias="memory_mib", serialization_alias="memory_mib")
     # Share of the GPU's time in percent; 0 = none reserved.
     cores: int = Field(ge=0, le=MAX_CORES)
     # Best-effort only: placed against the GPU's measured use, not requests. The memory is borrowed
@@ -516,7 +518,7 @@ def _validated(adapter: TypeAdapter[Parsed], text: str, where: str, annotation: 
     """``text`` (an annotation's JSON) as ``adapter``'s type, or a ContractError naming where it was
     read, the annotation and the first field in error."""
     try:
-        return adapter.validate_json(text)
+        return adapter.validate_json(text, by_name=False)
     except ValidationError as e:
         raise ContractError(f"{where}annotation {annotation}: {_first_error(e)}") from None
 
@@ -550,7 +552,7 @@ class ContainerRequest:
 
     name: str
     gpu_count: int
-    memory_mib: int | None
+    memory_quota_mib: int | None
     cores: int | None
 
 
@@ -675,7 +677,7 @@ def _container_request(container: object, where: str, keys: ContractKeys) -> Con
         raise ContractError(f"container {name!r}: {keys.vgpu_memory}: {memory} must be more than 0 MiB")
     if cores is not None and not 1 <= cores <= MAX_CORES:
         raise ContractError(f"container {name!r}: {keys.vgpu_cores}: {cores} is outside 1..{MAX_CORES}")
-    return ContainerRequest(name=name, gpu_count=vgpu, memory_mib=memory, cores=cores)
+    return ContainerRequest(name=name, gpu_count=vgpu, memory_quota_mib=memory, cores=cores)
 
 
 # A pod's placement wishes are its owner's text and are echoed into every node's filter reason, the
@@ -800,7 +802,9 @@ def pod_priority(pod: Mapping[str, Any]) -> int:
 class QuotaChange(_Strict):
     """New quotas for one container, on each of its GPUs; None keeps the current one."""
 
-    memory_mib: int | None = Field(default=None, gt=0)
+    memory_quota_mib: int | None = Field(
+        default=None, gt=0, validation_alias="memory_mib", serialization_alias="memory_mib"
+    )
     cores: int | None = Field(default=None, ge=1, le=MAX_CORES)
 
 

@@ -55,7 +55,7 @@ def container_key(container: ContainerAllocation) -> InflightKey:
     return InflightKey(
         len(grants),
         tuple(g.uuid for g in grants),
-        tuple((g.memory_mib, g.cores, g.oversubscribed) for g in grants),
+        tuple((g.memory_quota_mib, g.cores, g.oversubscribed) for g in grants),
     )
 
 

@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     limits.region[0] != '/'))
         abort();
     for (int i = 0; rc == 0 && i < limits.file_devices; i++)
-        if (!limits.by_uuid[i].quota.memory || limits.by_uuid[i].quota.cores < 0 ||
+        if (!limits.by_uuid[i].quota.memory_quota || limits.by_uuid[i].quota.cores < 0 ||
             limits.by_uuid[i].quota.cores > VGPU_MAX_CORES || !memchr(limits.by_uuid[i].uuid, 0, VGPU_UUID_LEN))
             abort();
     return 0;

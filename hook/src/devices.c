@@ -13,6 +13,8 @@ static int device_count;
 static int devices_ready;
 static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static void resize_quotas(void);
+
 static void format_uuid(const CUuuid *uuid, char out[VGPU_UUID_LEN]) {
     const unsigned char *b = (const unsigned char *)uuid->bytes;
     snprintf(out, VGPU_UUID_LEN,
@@ -24,8 +26,8 @@ static void format_uuid(const CUuuid *uuid, char out[VGPU_UUID_LEN]) {
  * one of its users (it reclaims dead processes' slots through region.c), so region.c needs nothing
  * that needs it. */
 int vgpu_device_join(const char *uuid, struct vgpu_quota quota, int elastic) {
-    int rdev = vgpu_region_device(uuid, quota.memory, quota.cores, elastic);
-    if (rdev >= 0 || vgpu_region_attach()) vgpu_monitor_ensure();
+    int rdev = vgpu_region_device(uuid, quota.memory_quota, quota.cores, elastic);
+    if (rdev >= 0 || vgpu_region_attach()) vgpu_monitor_ensure(resize_quotas);
     return rdev;
 }
 
@@ -132,18 +134,19 @@ int vgpu_ordinal_of_uuid(const char *uuid) {
     return -1;
 }
 
-void vgpu_devices_follow_limits(void) {
-    if (!vgpu_limits_refresh()) return;
+/* Live resize (the monitor, every period): the devices' quotas become the limits file's. */
+static void resize_quotas(void) {
+    if (!vgpu_limits_resize()) return;
     /* Under the lock: a table being enumerated is complete first (or reads the new quotas itself). */
     pthread_mutex_lock(&devices_lock);
     for (int i = 0; i < device_count; i++) {
         struct vgpu_device *d = &devices[i];
         struct vgpu_quota q = vgpu_quota_of(d->uuid, i);
-        __atomic_store_n(&d->quota.memory, q.memory, __ATOMIC_RELAXED);
+        __atomic_store_n(&d->quota.memory_quota, q.memory_quota, __ATOMIC_RELAXED);
         __atomic_store_n(&d->quota.cores, q.cores, __ATOMIC_RELAXED);
         __atomic_store_n(&d->quota.wait_ms, q.wait_ms, __ATOMIC_RELAXED);
         __atomic_store_n(&d->governed, d->qos || vgpu_cores_limit(q.cores), __ATOMIC_RELAXED);
-        vgpu_region_set_quota(d->rdev, q.memory, q.cores);
+        vgpu_region_set_quota(d->rdev, q.memory_quota, q.cores);
     }
     pthread_mutex_unlock(&devices_lock);
 }

@@ -1,5 +1,5 @@
 /* Where the quotas come from, read once per process: the limits file, or the environment; and, from
- * a limits file, their live changes (vgpu_limits_refresh, live resize).
+ * a limits file, their live changes (vgpu_limits_resize, live resize).
  *
  * Managed (in Kubernetes): the device plugin mounts this library read-only at VGPU_HOOK_FILE and
  * names it in /etc/ld.so.preload, and mounts a read-only limits file at VGPU_LIMITS_FILE (both
@@ -127,7 +127,7 @@ static int parse_device_line(struct vgpu_limits *l, char **tok, int ntok, const 
     }
     int i = l->file_devices++;
     snprintf(l->by_uuid[i].uuid, VGPU_UUID_LEN, "%s", tok[1]);
-    l->by_uuid[i].quota = (struct vgpu_quota){.memory = memory, .cores = cores};
+    l->by_uuid[i].quota = (struct vgpu_quota){.memory_quota = memory, .cores = cores};
     return 0;
 }
 
@@ -335,20 +335,20 @@ static void read_limits_file(struct vgpu_limits *l, const char *path, struct fil
 }
 
 static void read_environment(struct vgpu_limits *l) {
-    l->all = (struct vgpu_quota){.memory = VGPU_UNLIMITED, .cores = 0};
+    l->all = (struct vgpu_quota){.memory_quota = VGPU_UNLIMITED, .cores = 0};
     const char *value = getenv(VGPU_ENV_MEMORY_LIMIT);
-    if (value && !(l->all.memory = parse_bytes(value)))
+    if (value && !(l->all.memory_quota = parse_bytes(value)))
         refuse(l, VGPU_ENV_MEMORY_LIMIT "=%s is not a positive number of bytes (suffix k, m or g allowed)", value);
     value = getenv(VGPU_ENV_CORES);
     if (value && (l->all.cores = parse_int(value, 1, VGPU_MAX_CORES)) < 0)
         refuse(l, VGPU_ENV_CORES "=%s is not in 1..%d", value, VGPU_MAX_CORES);
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
         char name[64];
-        l->by_ordinal[i] = (struct vgpu_quota){.memory = 0, .cores = -1};
+        l->by_ordinal[i] = (struct vgpu_quota){.memory_quota = 0, .cores = -1};
         snprintf(name, sizeof name, VGPU_ENV_MEMORY_LIMIT "_%d", i);
         if ((value = getenv(name))) {
             l->has_ordinal_quotas = 1;
-            if (!(l->by_ordinal[i].memory = parse_bytes(value)))
+            if (!(l->by_ordinal[i].memory_quota = parse_bytes(value)))
                 refuse(l, "%s=%s is not a positive number of bytes (suffix k, m or g allowed)", name, value);
         }
         snprintf(name, sizeof name, VGPU_ENV_CORES "_%d", i);
@@ -404,7 +404,7 @@ static void load(void) {
     if (limits_path) read_limits_file(&limits, limits_path, &limits_seen);
     else read_environment(&limits);
     if (limits.managed && limits.refuse_memory)
-        limits.all = (struct vgpu_quota){.memory = 0, .cores = FAIL_CLOSED_CORES};
+        limits.all = (struct vgpu_quota){.memory_quota = 0, .cores = FAIL_CLOSED_CORES};
     if (limits.refuse_memory) vgpu_log("%s; refusing device memory", limits.why);
 }
 
@@ -424,7 +424,7 @@ static int same_file(const struct file_identity *a, const struct file_identity *
  * quotas become the new file's. Only quotas change (never the GPUs, the class or the paths). A file
  * that cannot be read or parsed, or that lacks a GPU, fails closed on that memory (new allocations
  * refused, nothing freed) until a good one replaces it. One caller: the monitor thread. */
-int vgpu_limits_refresh(void) {
+int vgpu_limits_resize(void) {
     const struct vgpu_limits *c = vgpu_limits();
     if (!limits_path || c->refuse_memory) return 0; /* no file, or failed closed from the start */
     struct stat st;
@@ -439,17 +439,17 @@ int vgpu_limits_refresh(void) {
     int changed = 0;
     for (int i = 0; i < limits.file_devices; i++) {
         struct vgpu_quota *q = &limits.by_uuid[i].quota;
-        struct vgpu_quota next = {.memory = 0, .cores = __atomic_load_n(&q->cores, __ATOMIC_RELAXED), .wait_ms = 0};
+        struct vgpu_quota next = {.memory_quota = 0, .cores = __atomic_load_n(&q->cores, __ATOMIC_RELAXED), .wait_ms = 0};
         for (int j = 0; !fresh.refuse_memory && j < fresh.file_devices; j++)
             if (!strcmp(fresh.by_uuid[j].uuid, limits.by_uuid[i].uuid)) next = fresh.by_uuid[j].quota;
-        if (next.memory != __atomic_load_n(&q->memory, __ATOMIC_RELAXED) ||
+        if (next.memory_quota != __atomic_load_n(&q->memory_quota, __ATOMIC_RELAXED) ||
             next.cores != __atomic_load_n(&q->cores, __ATOMIC_RELAXED) ||
             next.wait_ms != __atomic_load_n(&q->wait_ms, __ATOMIC_RELAXED)) {
-            __atomic_store_n(&q->memory, next.memory, __ATOMIC_RELAXED);
+            __atomic_store_n(&q->memory_quota, next.memory_quota, __ATOMIC_RELAXED);
             __atomic_store_n(&q->cores, next.cores, __ATOMIC_RELAXED);
             __atomic_store_n(&q->wait_ms, next.wait_ms, __ATOMIC_RELAXED);
             vgpu_log("GPU %s: quotas now %llu bytes, %d%% compute, shortfall wait %d ms (limits file %s)",
-                     limits.by_uuid[i].uuid, (unsigned long long)next.memory, next.cores, next.wait_ms, limits_path);
+                     limits.by_uuid[i].uuid, (unsigned long long)next.memory_quota, next.cores, next.wait_ms, limits_path);
             changed = 1;
         }
     }
@@ -458,21 +458,21 @@ int vgpu_limits_refresh(void) {
 
 struct vgpu_quota vgpu_quota_of(const char *uuid, int ordinal) {
     const struct vgpu_limits *c = vgpu_limits();
-    struct vgpu_quota quota = {.memory = 0, .cores = 0};
+    struct vgpu_quota quota = {.memory_quota = 0, .cores = 0};
     if (c->managed && c->refuse_memory) return c->all; /* fail closed, whatever the file got to say */
     if (c->from_file) {
         for (int i = 0; i < c->file_devices; i++)
             if (!strcmp(c->by_uuid[i].uuid, uuid))
-                quota = (struct vgpu_quota){__atomic_load_n(&c->by_uuid[i].quota.memory, __ATOMIC_RELAXED),
+                quota = (struct vgpu_quota){__atomic_load_n(&c->by_uuid[i].quota.memory_quota, __ATOMIC_RELAXED),
                                             __atomic_load_n(&c->by_uuid[i].quota.cores, __ATOMIC_RELAXED),
                                             __atomic_load_n(&c->by_uuid[i].quota.wait_ms, __ATOMIC_RELAXED)};
     } else {
         quota = c->all;
         if (ordinal >= 0 && ordinal < VGPU_MAX_DEVICES) {
-            if (c->by_ordinal[ordinal].memory) quota.memory = c->by_ordinal[ordinal].memory;
+            if (c->by_ordinal[ordinal].memory_quota) quota.memory_quota = c->by_ordinal[ordinal].memory_quota;
             if (c->by_ordinal[ordinal].cores >= 0) quota.cores = c->by_ordinal[ordinal].cores;
         }
     }
-    if (c->refuse_memory) quota.memory = 0;
+    if (c->refuse_memory) quota.memory_quota = 0;
     return quota;
 }

@@ -1,6 +1,6 @@
 /* One background thread per process (started by devices.c once the process joins the region,
  * restarted in a forked child), which wakes every MONITOR_PERIOD_NS to
- *  - follow the limits file (live resize: devices.c re-reads it when another file took its place);
+ *  - resize the quotas (live resize: devices.c re-reads the limits file when another took its place);
  *  - return the memory of dead processes: whichever process's thread finds the region's last scan
  *    older than SCAN_PERIOD_NS claims the scan with a compare-and-swap, so a container scans about
  *    four times a second however many processes it has;
@@ -24,6 +24,8 @@
 #define IDLE_BEFORE_ELASTIC_NS 1000000000ull
 
 static pid_t monitor_pid;
+/* Set before the first thread starts, never changed after (one caller, one function). */
+static void (*resize_quotas)(void);
 static pthread_mutex_t monitor_lock = PTHREAD_MUTEX_INITIALIZER;
 
 struct elastic_state {
@@ -83,7 +85,7 @@ static void *monitor(void *unused) {
     for (;;) {
         struct timespec t = {.tv_sec = 0, .tv_nsec = (long)MONITOR_PERIOD_NS};
         nanosleep(&t, NULL);
-        vgpu_devices_follow_limits();
+        resize_quotas();
         struct vgpu_region *r = vgpu_region_attach();
         if (!r) continue;
         uint64_t now = vgpu_now_ns();
@@ -96,12 +98,13 @@ static void *monitor(void *unused) {
     return NULL;
 }
 
-void vgpu_monitor_ensure(void) {
+void vgpu_monitor_ensure(void (*resize)(void)) {
     pid_t pid = getpid();
     /* Double-checked: the pid is stored (release) after the thread started, under monitor_lock. */
     if (__atomic_load_n(&monitor_pid, __ATOMIC_ACQUIRE) == pid) return;
     pthread_mutex_lock(&monitor_lock);
     if (monitor_pid != pid) {
+        resize_quotas = resize;
         /* The host program's signals must never be delivered to this thread. */
         sigset_t all, old;
         sigfillset(&all);

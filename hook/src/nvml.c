@@ -13,9 +13,9 @@ static int quota_of(nvmlDevice_t device, uint64_t *quota, uint64_t *used) {
     const struct vgpu_limits *c = vgpu_limits();
     int ordinal = !c->from_file && c->has_ordinal_quotas ? vgpu_ordinal_of_uuid(uuid) : -1;
     struct vgpu_quota q = vgpu_quota_of(uuid, ordinal);
-    if (q.memory == VGPU_UNLIMITED) return 0;
+    if (q.memory_quota == VGPU_UNLIMITED) return 0;
     int rdev = vgpu_device_join(uuid, q, c->elastic);
-    *quota = q.memory;
+    *quota = q.memory_quota;
     *used = vgpu_region_used(rdev);
     if (*used > *quota) *used = *quota;
     return 1;

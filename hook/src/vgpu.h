@@ -20,12 +20,12 @@
  *
  * Calls go one way: the wrappers (memory, nvml, compute) use devices, tracking, the region and
  * limits (compute also the monitor's elastic verdict and qos.c; memory also shortfall.c, which uses
- * the region, the clock and the log); devices joins the region and starts
- * the monitor and qos.c (the monitor also refreshes qos.c's peers, and has devices.c follow the
- * limits file: live resize); qos.c, tracking and snapshot use the region, which uses limits, the
- * clock and the log; process.c calls each file's fork handler. Two links go both ways: the one
- * explained in symbols.h, and devices.c and the monitor (the monitor's start, and its call back into
- * devices.c to change the quotas it holds; vgpu_devices_follow_limits). */
+ * the region, the clock and the log); devices joins the region and starts the monitor and qos.c (the
+ * monitor also refreshes qos.c's peers, and has devices.c resize its quotas to the limits file's:
+ * live resize, through the function devices.c hands it at its start, so the monitor needs nothing of
+ * devices.c); qos.c, tracking and snapshot use the region, which uses limits, the
+ * clock and the log; process.c calls each file's fork handler. One link goes both ways: the one
+ * explained in symbols.h. */
 #ifndef VGPU_H
 #define VGPU_H
 
@@ -52,7 +52,7 @@ void *vgpu_real(int symbol);
 enum vgpu_qos { VGPU_QOS_CLASS_STANDARD = 0, VGPU_QOS_CLASS_LATENCY_CRITICAL, VGPU_QOS_CLASS_BEST_EFFORT };
 /* A container's quota on one GPU. */
 struct vgpu_quota {
-    uint64_t memory; /* memory quota in bytes; VGPU_UNLIMITED when not configured */
+    uint64_t memory_quota; /* memory quota in bytes; VGPU_UNLIMITED when not configured */
     int cores;       /* compute quota, 1..VGPU_MAX_CORES percent; 0 = none */
     /* Best-effort neighbours borrow this GPU's memory (the limits file's `oversubscribed` line): an
      * allocation within quota that the driver refuses for lack of memory waits up to this long for
@@ -98,7 +98,7 @@ int vgpu_limits_parse(struct vgpu_limits *l, const char *text, size_t len, const
 /* The quota of a GPU, by UUID (limits file) or by this process's CUDA ordinal (environment). */
 struct vgpu_quota vgpu_quota_of(const char *uuid, int ordinal);
 /* Live resize: re-reads the limits file if another file took its place; 1 if a quota changed. */
-int vgpu_limits_refresh(void);
+int vgpu_limits_resize(void);
 
 /* devices.c: the GPUs this process's CUDA sees. */
 struct vgpu_device {
@@ -114,7 +114,7 @@ struct vgpu_device {
  * and unlike the __atomic builtin it leaves LTO free to inline the allocation path (28 instructions
  * per allocation and free under callgrind, tests/hook/test_instruction_budget.py). */
 static inline uint64_t vgpu_memory_quota(const struct vgpu_device *d) {
-    return *(const volatile uint64_t *)&d->quota.memory;
+    return *(const volatile uint64_t *)&d->quota.memory_quota;
 }
 static inline int vgpu_cores_quota(const struct vgpu_device *d) { return *(const volatile int *)&d->quota.cores; }
 static inline int vgpu_shortfall_wait_ms(const struct vgpu_device *d) {
@@ -136,8 +136,6 @@ int vgpu_ordinal_of_uuid(const char *uuid);
  * use of the region in a process comes through here, which starts the monitor. */
 int vgpu_device_join(const char *uuid, struct vgpu_quota quota, int elastic);
 void vgpu_devices_after_fork_child(void);
-/* Live resize (the monitor, every period): the devices' quotas follow the limits file. */
-void vgpu_devices_follow_limits(void);
 
 /* tracking.c */
 enum vgpu_kind { VGPU_KIND_POINTER, VGPU_KIND_HANDLE, VGPU_KIND_ARRAY, VGPU_KIND_MIPMAP };
@@ -202,8 +200,9 @@ int vgpu_qos_higher_busy(int rdev, uint64_t since);
 void vgpu_qos_refresh(void);
 void vgpu_qos_after_fork_child(void);
 
-/* monitor.c: started once per process (by vgpu_device_join) once the region is joined. */
-void vgpu_monitor_ensure(void);
+/* monitor.c: started once per process (by vgpu_device_join) once the region is joined; calls
+ * resize_quotas every period (live resize). */
+void vgpu_monitor_ensure(void (*resize_quotas)(void));
 void vgpu_monitor_after_fork_child(void);
 /* Elastic mode: 1 while NVML shows no other container's work on the GPU recently. */
 int vgpu_monitor_gpu_is_ours(int rdev);

@@ -80,24 +80,25 @@ def _fitting(
     gpus: Sequence[GpuState], positions: Iterable[int], container: ContainerShape, by_use: bool = False
 ) -> list[int]:
     """The ``positions`` (in their order) whose GPU can take one GPU of ``container`` now: a free
-    slice, the compute and the memory (``container.memory_on``, inlined: this runs per GPU tried);
+    slice, the compute and the memory (``container.memory_quota_on``, inlined: this runs per GPU tried);
     ``by_use``: a free slice and the memory against the GPU's measured use (:mod:`.usage`)."""
     cores = container.cores_needed
-    memory = container.memory_mib
+    memory = container.memory_quota_mib
     if by_use:
         return [
             i
             for i in positions
             if (gpu := gpus[i]).free_slices >= 1
             and gpu.measured_mib is not None
-            and gpu.measured_mib + (gpu.memory_mib if memory is None else memory) <= gpu.memory_mib
+            and gpu.measured_mib + (gpu.total_memory_mib if memory is None else memory)
+            <= gpu.total_memory_mib
         ]
     return [
         i
         for i in positions
         if (gpu := gpus[i]).free_slices >= 1
         and gpu.free_cores >= cores
-        and gpu.free_memory_mib >= (gpu.memory_mib if memory is None else memory)
+        and gpu.free_memory_mib >= (gpu.total_memory_mib if memory is None else memory)
     ]
 
 
@@ -109,13 +110,13 @@ def gpu_takes(gpu: GpuState, container: ContainerShape) -> bool:
 def headroom_mib(gpu: GpuState) -> int:
     """What the GPU's measured use (with the margin and the grants placed since) leaves; 0 when
     it has no fresh measurement."""
-    return 0 if gpu.measured_mib is None else max(0, gpu.memory_mib - gpu.measured_mib)
+    return 0 if gpu.measured_mib is None else max(0, gpu.total_memory_mib - gpu.measured_mib)
 
 
 def _use_key(gpu: GpuState, container: ContainerShape) -> tuple[float, ...]:
     """The order of GPUs for a placement against measured use: the most headroom left after it first
     (the least likely to need its memory back), then the lowest index."""
-    return (-(headroom_mib(gpu) - container.memory_on(gpu)) / gpu.memory_mib, gpu.index)
+    return (-(headroom_mib(gpu) - container.memory_quota_on(gpu)) / gpu.total_memory_mib, gpu.index)
 
 
 def _islands(node: NodeState, positions: Sequence[int]) -> list[list[int]]:
@@ -183,7 +184,7 @@ def find_placement(
         range(len(shape.containers)),
         key=lambda i: (
             -shape.containers[i].gpu_count,
-            -(shape.containers[i].memory_mib or 1 << 40),
+            -(shape.containers[i].memory_quota_mib or 1 << 40),
             -shape.containers[i].cores_needed,
         ),
     )
@@ -210,11 +211,11 @@ def find_placement(
                 return False
             budget -= 1
             grants = tuple(
-                Grant(i, container.memory_on(gpus[i]), container.cores_needed, by_use) for i in gpu_set
+                Grant(i, container.memory_quota_on(gpus[i]), container.cores_needed, by_use) for i in gpu_set
             )
             before = [gpus[g.gpu] for g in grants]
             for g in grants:
-                gpus[g.gpu] = gpus[g.gpu].with_use(g.memory_mib, g.cores, 1, by_use)
+                gpus[g.gpu] = gpus[g.gpu].with_use(g.memory_quota_mib, g.cores, 1, by_use)
             chosen[order[step]] = grants
             if place(step + 1):
                 return True
@@ -254,7 +255,9 @@ def _place_one_container(
     else:
         ranked = [candidates[k] for k in sorted(range(len(keys)), key=keys.__getitem__)]
         gpu_set = next(_gpu_sets(node, ranked, container.gpu_count))
-    grants = tuple(Grant(i, container.memory_on(gpus[i]), container.cores_needed, by_use) for i in gpu_set)
+    grants = tuple(
+        Grant(i, container.memory_quota_on(gpus[i]), container.cores_needed, by_use) for i in gpu_set
+    )
     return Placement(node=node.name, containers=(grants,))
 
 
@@ -316,10 +319,10 @@ def use_score(node: NodeState, placement: Placement) -> float:
     placement (the node least likely to need the memory back scores highest)."""
     taken: dict[int, int] = {}
     for grant in placement.grants():
-        taken[grant.gpu] = taken.get(grant.gpu, 0) + grant.memory_mib
+        taken[grant.gpu] = taken.get(grant.gpu, 0) + grant.memory_quota_mib
     return min(
         (
-            max(0, headroom_mib(node.gpus[i]) - memory) / node.gpus[i].memory_mib
+            max(0, headroom_mib(node.gpus[i]) - memory) / node.gpus[i].total_memory_mib
             for i, memory in taken.items()
         ),
         default=0.0,
@@ -329,9 +332,12 @@ def use_score(node: NodeState, placement: Placement) -> float:
 def _host_shortfall(node: NodeState, shape: PodShape) -> str | None:
     if node.cpu_milli is not None and node.cpu_milli - node.used_cpu_milli < shape.cpu_milli:
         return f"not enough CPU: {node.cpu_milli - node.used_cpu_milli}m free, {shape.cpu_milli}m asked"
-    if node.memory_mib is not None and node.memory_mib - node.used_memory_mib < shape.memory_mib:
-        free = node.memory_mib - node.used_memory_mib
-        return f"not enough host memory: {free} MiB free, {shape.memory_mib} MiB asked"
+    if (
+        node.host_memory_mib is not None
+        and node.host_memory_mib - node.used_host_memory_mib < shape.host_memory_mib
+    ):
+        free = node.host_memory_mib - node.used_host_memory_mib
+        return f"not enough host memory: {free} MiB free, {shape.host_memory_mib} MiB asked"
     return None
 
 
@@ -426,20 +432,20 @@ def _container_shortfall(
     k = container.gpu_count
     need = "" if k == 1 else f"; {k} needed"
     gpus = [node.gpus[i] for i in eligible]
-    whole = container.memory_mib is None
+    whole = container.memory_quota_mib is None
     if not whole:
-        big = [g for g in gpus if g.memory_mib >= container.memory_on(g)]
+        big = [g for g in gpus if g.total_memory_mib >= container.memory_quota_on(g)]
         if len(big) < k:
-            largest = max(g.memory_mib for g in gpus)
+            largest = max(g.total_memory_mib for g in gpus)
             return (
-                f"{_count(len(big))} with {container.memory_mib} MiB of memory{need}; "
+                f"{_count(len(big))} with {container.memory_quota_mib} MiB of memory{need}; "
                 f"largest has {largest} MiB",
                 Shortfall.CAPACITY,
             )
-    with_memory = [g for g in gpus if g.free_memory_mib >= container.memory_on(g)]
+    with_memory = [g for g in gpus if g.free_memory_mib >= container.memory_quota_on(g)]
     if len(with_memory) < k:
         largest_free = max(g.free_memory_mib for g in gpus)
-        what = "all memory free" if whole else f"{container.memory_mib} MiB free"
+        what = "all memory free" if whole else f"{container.memory_quota_mib} MiB free"
         return (
             f"{_count(len(with_memory))} with {what}{need}; largest free {largest_free} MiB",
             Shortfall.MEMORY,

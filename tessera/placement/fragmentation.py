@@ -107,7 +107,7 @@ def free_share(gpu: GpuState) -> int:
     """Percent of ``gpu`` still free: the smaller of free compute and free memory; 0 when unusable."""
     if not gpu.healthy or gpu.free_slices < 1:
         return 0
-    return min(gpu.free_cores, gpu.free_memory_mib * MAX_CORES // gpu.memory_mib)
+    return min(gpu.free_cores, gpu.free_memory_mib * MAX_CORES // gpu.total_memory_mib)
 
 
 def _takes(gpu: GpuState, container: ContainerShape) -> bool:
@@ -115,7 +115,7 @@ def _takes(gpu: GpuState, container: ContainerShape) -> bool:
         gpu.healthy
         and gpu.free_slices >= 1
         and gpu.free_cores >= container.cores_needed
-        and gpu.free_memory_mib >= container.memory_on(gpu)
+        and gpu.free_memory_mib >= container.memory_quota_on(gpu)
     )
 
 
@@ -185,7 +185,7 @@ def stranded_share(node: NodeState, cpu_per_percent: float) -> float:
 def _gpu_signature(gpu: GpuState) -> tuple[str, int, int, bool, int, int, int]:
     return (
         gpu.model,
-        gpu.memory_mib,
+        gpu.total_memory_mib,
         gpu.slices,
         gpu.healthy,
         gpu.used_memory_mib,
@@ -254,7 +254,7 @@ class Fragmentation(PlacementPolicy):
         if growth is None:
             after = replace(
                 gpu,
-                used_memory_mib=gpu.used_memory_mib + container.memory_on(gpu),
+                used_memory_mib=gpu.used_memory_mib + container.memory_quota_on(gpu),
                 used_cores=gpu.used_cores + container.cores_needed,
                 used_slices=gpu.used_slices + 1,
             )

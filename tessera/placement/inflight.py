@@ -30,7 +30,7 @@ def placement_keys(node: NodeState, placement: Placement) -> list[InflightKey]:
             InflightKey(
                 len(ordered),
                 tuple(node.gpus[g.gpu].uuid for g in ordered),
-                tuple((g.memory_mib, g.cores, g.oversubscribed) for g in ordered),
+                tuple((g.memory_quota_mib, g.cores, g.oversubscribed) for g in ordered),
             )
         )
     return keys
@@ -58,7 +58,9 @@ def _pins(
         known = [p for p in positions if p is not None]
         if len(known) != len(positions):
             return None
-        quotas = tuple((container.memory_on(node.gpus[p]), container.cores_needed, by_use) for p in known)
+        quotas = tuple(
+            (container.memory_quota_on(node.gpus[p]), container.cores_needed, by_use) for p in known
+        )
         if quotas != key.quotas:
             return None
         pins[index] = known

@@ -44,7 +44,7 @@ class GpuState:
     uuid: str
     index: int
     model: str
-    memory_mib: int
+    total_memory_mib: int
     slices: int
     numa: int | None = None
     nvlink_peers: frozenset[str] = frozenset()
@@ -65,7 +65,7 @@ class GpuState:
     free_slices: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "free_memory_mib", self.memory_mib - self.used_memory_mib)
+        object.__setattr__(self, "free_memory_mib", self.total_memory_mib - self.used_memory_mib)
         object.__setattr__(self, "free_cores", MAX_CORES - self.used_cores)
         object.__setattr__(self, "free_slices", self.slices - self.used_slices)
 
@@ -87,7 +87,7 @@ class GpuState:
             uuid=self.uuid,
             index=self.index,
             model=self.model,
-            memory_mib=self.memory_mib,
+            total_memory_mib=self.total_memory_mib,
             slices=self.slices,
             numa=self.numa,
             nvlink_peers=self.nvlink_peers,
@@ -106,7 +106,7 @@ class GpuState:
     @property
     def utilization(self) -> float:
         """The larger of the memory and compute fractions in use, 0..1 (over-commit reads as 1)."""
-        return min(1.0, max(self.used_memory_mib / self.memory_mib, self.used_cores / MAX_CORES))
+        return min(1.0, max(self.used_memory_mib / self.total_memory_mib, self.used_cores / MAX_CORES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +124,9 @@ class NodeState:
     schedulable: bool = True
     unschedulable_reason: str = ""
     cpu_milli: int | None = None
-    memory_mib: int | None = None
+    host_memory_mib: int | None = None
     used_cpu_milli: int = 0
-    used_memory_mib: int = 0
+    used_host_memory_mib: int = 0
     # Derived once per node state (every pod tried on the node reads them): the positions of the
     # healthy GPUs, ascending, and each one's utilization (GpuState.utilization), aligned with them.
     healthy_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -149,7 +149,7 @@ class ContainerShape:
     """
 
     gpu_count: int
-    memory_mib: int | None
+    memory_quota_mib: int | None
     cores: int | None
     # ``cores`` or 0; a field, not a property, as the fit search reads it per GPU tried. Left out of
     # equality, hash and repr: shapes are cache keys, and it follows from ``cores``.
@@ -158,11 +158,11 @@ class ContainerShape:
     def __post_init__(self) -> None:
         object.__setattr__(self, "cores_needed", self.cores or 0)
 
-    def memory_on(self, gpu: GpuState) -> int:
-        return gpu.memory_mib if self.memory_mib is None else self.memory_mib
+    def memory_quota_on(self, gpu: GpuState) -> int:
+        return gpu.total_memory_mib if self.memory_quota_mib is None else self.memory_quota_mib
 
     def describe(self) -> str:
-        memory = "whole GPU memory" if self.memory_mib is None else f"{self.memory_mib} MiB"
+        memory = "whole GPU memory" if self.memory_quota_mib is None else f"{self.memory_quota_mib} MiB"
         cores = f", {self.cores}% compute" if self.cores else ""
         return f"{self.gpu_count} x ({memory}{cores})"
 
@@ -178,7 +178,7 @@ class PodShape:
     containers: tuple[ContainerShape, ...]
     preferences: PodPreferences = field(default_factory=PodPreferences)
     cpu_milli: int = 0
-    memory_mib: int = 0
+    host_memory_mib: int = 0
     # The pod's class as decided (tessera.placement.qos): a best-effort pod that does not fit by
     # requests may be placed against measured use (:mod:`.usage`).
     qos: QosClass = QosClass.STANDARD
@@ -191,7 +191,9 @@ class PodShape:
 def shape_of(request: PodRequest, qos: QosClass = QosClass.STANDARD) -> PodShape:
     """The shape of a pod's request, with the class decided for it (its annotation, else its priority)."""
     return PodShape(
-        containers=tuple(ContainerShape(c.gpu_count, c.memory_mib, c.cores) for c in request.containers),
+        containers=tuple(
+            ContainerShape(c.gpu_count, c.memory_quota_mib, c.cores) for c in request.containers
+        ),
         preferences=request.preferences,
         qos=qos,
     )
@@ -202,7 +204,7 @@ class Grant:
     """One GPU given to one container: position in ``NodeState.gpus`` and the quotas on it."""
 
     gpu: int
-    memory_mib: int
+    memory_quota_mib: int
     cores: int
     oversubscribed: bool = False  # placed against measured use (:mod:`.usage`)
 
@@ -299,7 +301,7 @@ def gpu_from_info(info: GpuInfo) -> GpuState:
         uuid=info.uuid,
         index=info.index,
         model=info.model,
-        memory_mib=info.memory_mib,
+        total_memory_mib=info.total_memory_mib,
         slices=info.split,
         numa=info.numa_node,
         nvlink_peers=frozenset(info.nvlink_peers),
@@ -344,15 +346,15 @@ def build_node(
                     continue
                 used.slices += 1
                 if grant.oversubscribed:
-                    used.borrowed_mib += grant.memory_mib
+                    used.borrowed_mib += grant.memory_quota_mib
                 else:
-                    used.memory_mib += grant.memory_mib
+                    used.memory_mib += grant.memory_quota_mib
                     used.cores += grant.cores
     for allocation in placed_since:
         for container in allocation.containers:
             for grant in container.gpus:
                 if (used := usage.get(grant.uuid)) is not None:
-                    used.pending_mib += grant.memory_mib
+                    used.pending_mib += grant.memory_quota_mib
     measured = measured or {}
 
     def gpu_state(gpu: GpuState) -> GpuState:
@@ -362,7 +364,7 @@ def build_node(
             uuid=gpu.uuid,
             index=gpu.index,
             model=gpu.model,
-            memory_mib=gpu.memory_mib,
+            total_memory_mib=gpu.total_memory_mib,
             slices=gpu.slices,
             numa=gpu.numa,
             nvlink_peers=gpu.nvlink_peers,
@@ -389,7 +391,7 @@ def _with_usage(node: NodeState, placements: Iterable[Placement], sign: int) -> 
             raise ValueError(f"placement for node {placement.node!r} applied to node {node.name!r}")
         for grant in placement.grants():
             gpus[grant.gpu] = gpus[grant.gpu].with_use(
-                sign * grant.memory_mib, sign * grant.cores, sign, grant.oversubscribed
+                sign * grant.memory_quota_mib, sign * grant.cores, sign, grant.oversubscribed
             )
     return replace(node, gpus=tuple(gpus))
 
@@ -402,7 +404,7 @@ def apply(node: NodeState, placement: Placement, shape: PodShape | None = None) 
     return replace(
         placed,
         used_cpu_milli=placed.used_cpu_milli + shape.cpu_milli,
-        used_memory_mib=placed.used_memory_mib + shape.memory_mib,
+        used_host_memory_mib=placed.used_host_memory_mib + shape.host_memory_mib,
     )
 
 
@@ -414,7 +416,7 @@ def release(node: NodeState, placement: Placement, shape: PodShape | None = None
     return replace(
         released,
         used_cpu_milli=released.used_cpu_milli - shape.cpu_milli,
-        used_memory_mib=released.used_memory_mib - shape.memory_mib,
+        used_host_memory_mib=released.used_host_memory_mib - shape.host_memory_mib,
     )
 
 
@@ -442,7 +444,7 @@ def to_allocation(
                 gpus=tuple(
                     GpuGrant(
                         uuid=node.gpus[g.gpu].uuid,
-                        memory_mib=g.memory_mib,
+                        memory_quota_mib=g.memory_quota_mib,
                         cores=g.cores,
                         oversubscribed=g.oversubscribed,
                     )
@@ -464,7 +466,9 @@ def placement_of(node: NodeState, allocation: Allocation) -> Placement:
         for grant in container.gpus:
             if grant.uuid not in positions:
                 raise ValueError(f"allocation names GPU {grant.uuid!r}, not on node {node.name!r}")
-            grants.append(Grant(positions[grant.uuid], grant.memory_mib, grant.cores, grant.oversubscribed))
+            grants.append(
+                Grant(positions[grant.uuid], grant.memory_quota_mib, grant.cores, grant.oversubscribed)
+            )
         containers.append(tuple(grants))
     return Placement(node=node.name, containers=tuple(containers))
 

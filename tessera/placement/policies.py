@@ -67,7 +67,7 @@ def utilization_after(node: NodeState, placement: Placement) -> tuple[float, flo
     for grants in placement.containers:
         for grant in grants:
             memory, cores = added.get(grant.gpu, (0, 0))
-            added[grant.gpu] = (memory + grant.memory_mib, cores + grant.cores)
+            added[grant.gpu] = (memory + grant.memory_quota_mib, cores + grant.cores)
     # The node's utilizations before, with the chosen GPUs' replaced (only these change), summed in
     # position order by plain float additions: the same sums, to the bit, as adding GPU by GPU.
     healthy = node.healthy_positions
@@ -80,7 +80,7 @@ def utilization_after(node: NodeState, placement: Placement) -> tuple[float, flo
         gpu = node.gpus[position]
         memory, cores = added[position]
         used[rank] = after = min(
-            1.0, max((gpu.used_memory_mib + memory) / gpu.memory_mib, (gpu.used_cores + cores) / 100)
+            1.0, max((gpu.used_memory_mib + memory) / gpu.total_memory_mib, (gpu.used_cores + cores) / 100)
         )
         chosen += after
     total = reduce(add, used, 0.0)
@@ -102,7 +102,7 @@ class Binpack(PlacementPolicy):
 
     def gpu_key(self, gpu: GpuState, container: ContainerShape, context: ClusterContext) -> tuple[float, ...]:
         return (
-            gpu.free_memory_mib - container.memory_on(gpu),
+            gpu.free_memory_mib - container.memory_quota_on(gpu),
             gpu.free_cores - container.cores_needed,
             gpu.index,
         )
@@ -122,7 +122,7 @@ class Spread(PlacementPolicy):
 
     def gpu_key(self, gpu: GpuState, container: ContainerShape, context: ClusterContext) -> tuple[float, ...]:
         return (
-            -(gpu.free_memory_mib - container.memory_on(gpu)) / gpu.memory_mib,
+            -(gpu.free_memory_mib - container.memory_quota_on(gpu)) / gpu.total_memory_mib,
             -(gpu.free_cores - container.cores_needed),
             gpu.index,
         )

@@ -138,7 +138,7 @@ class _Search:
         if gpu is not None:
             after = self.node.gpus[gpu]
             for g in (g for v in victims for g in v.placement.grants() if g.gpu == gpu):
-                after = after.with_use(-g.memory_mib, -g.cores, -1, g.oversubscribed)
+                after = after.with_use(-g.memory_quota_mib, -g.cores, -1, g.oversubscribed)
             return gpu_takes(after, self.shape.containers[0])
         node = _without(self.node, victims)
         eligible = eligible_gpus(node, self.shape, self.profiles)
@@ -242,7 +242,7 @@ def _fewest_on_gpu(node: NodeState, shape: PodShape, gpu: int, group: Sequence[V
     # Oversubscribed grants hold no memory or compute that placement by requests counts.
     memory = sorted(
         (
-            sum(g.memory_mib for g in v.placement.grants() if g.gpu == gpu and not g.oversubscribed)
+            sum(g.memory_quota_mib for g in v.placement.grants() if g.gpu == gpu and not g.oversubscribed)
             for v in group
         ),
         reverse=True,
@@ -251,7 +251,7 @@ def _fewest_on_gpu(node: NodeState, shape: PodShape, gpu: int, group: Sequence[V
         (sum(g.cores for g in v.placement.grants() if g.gpu == gpu and not g.oversubscribed) for v in group),
         reverse=True,
     )
-    missing_memory = container.memory_on(state) - state.free_memory_mib
+    missing_memory = container.memory_quota_on(state) - state.free_memory_mib
     missing_cores = container.cores_needed - state.free_cores
     missing_slices = 1 - state.free_slices
     freed_memory = freed_cores = 0

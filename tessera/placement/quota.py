@@ -43,8 +43,8 @@ def beyond_spec(
         granted = allocation.for_container(request.name)
         if granted is None:
             continue
-        if request.memory_mib is not None:
-            extra[memory] += max(0, max(g.memory_mib for g in granted.gpus) - request.memory_mib)
+        if request.memory_quota_mib is not None:
+            extra[memory] += max(0, max(g.memory_quota_mib for g in granted.gpus) - request.memory_quota_mib)
         if request.cores is not None:
             extra[cores] += max(0, max(g.cores for g in granted.gpus) - request.cores)
     return extra

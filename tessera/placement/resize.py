@@ -64,7 +64,9 @@ def _resized(container: ContainerAllocation, change: QuotaChange | None) -> Cont
         gpus=tuple(
             GpuGrant(
                 uuid=g.uuid,
-                memory_mib=g.memory_mib if change.memory_mib is None else change.memory_mib,
+                memory_quota_mib=g.memory_quota_mib
+                if change.memory_quota_mib is None
+                else change.memory_quota_mib,
                 cores=g.cores if change.cores is None else change.cores,
                 oversubscribed=g.oversubscribed,
             )
@@ -93,16 +95,18 @@ def resize(node: NodeState, allocation: Allocation, request: ResizeRequest) -> A
         for old, new in zip(before.gpus, after.gpus, strict=True):
             asked = delta.setdefault(old.uuid, [0, 0, 0])
             if old.oversubscribed:
-                asked[2] += new.memory_mib - old.memory_mib
+                asked[2] += new.memory_quota_mib - old.memory_quota_mib
             else:
-                asked[0] += new.memory_mib - old.memory_mib
+                asked[0] += new.memory_quota_mib - old.memory_quota_mib
                 asked[1] += new.cores - old.cores
     for uuid, (memory, cores, against_use) in delta.items():
         position = node.gpu_position(uuid)
         if position is None:
             return ResizeRefusal(f"GPU {uuid} is no longer in node {node.name!r}'s inventory", Shortfall.NODE)
         gpu = node.gpus[position]
-        if against_use > 0 and (gpu.measured_mib is None or gpu.measured_mib + against_use > gpu.memory_mib):
+        if against_use > 0 and (
+            gpu.measured_mib is None or gpu.measured_mib + against_use > gpu.total_memory_mib
+        ):
             left = "no fresh measured use" if gpu.measured_mib is None else f"{headroom_mib(gpu)} MiB left"
             return ResizeRefusal(
                 f"GPU {uuid} on node {node.name}: {against_use} MiB more memory asked for a best-effort "
@@ -112,7 +116,7 @@ def resize(node: NodeState, allocation: Allocation, request: ResizeRequest) -> A
         if memory > 0 and memory > gpu.free_memory_mib:
             return ResizeRefusal(
                 f"GPU {uuid} on node {node.name}: {memory} MiB more memory asked, "
-                f"{max(gpu.free_memory_mib, 0)} MiB of {gpu.memory_mib} MiB free",
+                f"{max(gpu.free_memory_mib, 0)} MiB of {gpu.total_memory_mib} MiB free",
                 Shortfall.MEMORY,
             )
         if cores > 0 and cores > gpu.free_cores:

@@ -73,7 +73,9 @@ class UsageRule:
         measurement names (``GpuState.measured_mib`` before the grants placed since)."""
         used = {gpu.uuid: gpu.memory_used_mib for gpu in usage.gpus}
         return {
-            gpu.uuid: used[gpu.uuid] + self.margin(gpu.memory_mib) for gpu in inventory if gpu.uuid in used
+            gpu.uuid: used[gpu.uuid] + self.margin(gpu.total_memory_mib)
+            for gpu in inventory
+            if gpu.uuid in used
         }
 
 

@@ -321,12 +321,12 @@ def allocation() -> Allocation:
     return Allocation(
         node="n1",
         containers=(
-            ContainerAllocation(name="main", gpus=(GpuGrant(uuid="GPU-a", memory_mib=4096, cores=30),)),
+            ContainerAllocation(name="main", gpus=(GpuGrant(uuid="GPU-a", memory_quota_mib=4096, cores=30),)),
             ContainerAllocation(
                 name="two",
                 gpus=(
-                    GpuGrant(uuid="GPU-a", memory_mib=1, cores=0),
-                    GpuGrant(uuid="GPU-b", memory_mib=2, cores=100),
+                    GpuGrant(uuid="GPU-a", memory_quota_mib=1, cores=0),
+                    GpuGrant(uuid="GPU-b", memory_quota_mib=2, cores=100),
                 ),
             ),
         ),
@@ -491,10 +491,12 @@ def test_quantities_out_of_range_or_of_another_type(value: object, message: str)
 
 
 def test_resize_request_forms() -> None:
-    assert parse_resize("memory=6144,cores=40").containers == {"": QuotaChange(memory_mib=6144, cores=40)}
+    assert parse_resize("memory=6144,cores=40").containers == {
+        "": QuotaChange(memory_quota_mib=6144, cores=40)
+    }
     assert parse_resize(" cores = 60 ").containers == {"": QuotaChange(cores=60)}
     assert parse_resize("trainer:memory=6144;sidecar:cores=10;").containers == {
-        "trainer": QuotaChange(memory_mib=6144),
+        "trainer": QuotaChange(memory_quota_mib=6144),
         "sidecar": QuotaChange(cores=10),
     }
 
@@ -533,3 +535,28 @@ def test_resize_status_round_trips_and_refuses_bad_json() -> None:
     assert parse_resize_status(dump_resize_status(status)) == status
     with pytest.raises(ContractError, match=r"^pod a/b: annotation tessera.io/resize-status: outcome: "):
         parse_resize_status('{"request": "x", "outcome": "maybe", "message": "", "time": ""}', pod="a/b")
+
+
+def test_fields_named_apart_in_code_keep_their_published_json_names() -> None:
+    """The memory quota and a GPU's total memory have their own names in code (docs/glossary.md);
+    the annotations keep `memory_mib`, the name the published formats have always had, and only it."""
+    grant = GpuGrant(uuid="GPU-a", memory_quota_mib=2048, cores=10)
+    text = dump_allocation(Allocation(node="n", containers=(ContainerAllocation(name="c", gpus=(grant,)),)))
+    assert '"memory_mib":2048' in text and "memory_quota_mib" not in text
+    assert parse_allocation(text).containers[0].gpus[0] == grant
+    with pytest.raises(ContractError, match="memory_mib: Field required"):
+        parse_allocation(text.replace('"memory_mib"', '"memory_quota_mib"'))
+    gpu = GpuInfo(
+        uuid="GPU-a",
+        index=0,
+        model="T4",
+        total_memory_mib=15360,
+        sm_count=40,
+        compute_capability="7.5",
+        split=4,
+    )
+    inventory = dump_inventory([gpu])
+    assert '"memory_mib":15360' in inventory and "total_memory_mib" not in inventory
+    assert parse_inventory(inventory) == (gpu,)
+    with pytest.raises(ContractError, match="memory_mib: Field required"):
+        parse_inventory(inventory.replace('"memory_mib"', '"total_memory_mib"'))

@@ -12,6 +12,7 @@ from tessera.contract import (
     GpuGrant,
     GpuInfo,
     Phase,
+    dump_allocation,
     dump_inventory,
     format_time,
 )
@@ -23,7 +24,7 @@ def inventory(node: str, model: str, memory_mib: int, count: int = 4, split: int
             uuid=f"GPU-{node}-{i}",
             index=i,
             model=model,
-            memory_mib=memory_mib,
+            total_memory_mib=memory_mib,
             sm_count=80,
             compute_capability="8.0",
             numa_node=0,
@@ -84,7 +85,7 @@ def bound_to(
                 gpus=(
                     GpuGrant(
                         uuid=f"GPU-{node}-{gpu}",
-                        memory_mib=int(limits[KEYS.vgpu_memory]),
+                        memory_quota_mib=int(limits[KEYS.vgpu_memory]),
                         cores=int(limits.get(KEYS.vgpu_cores, 0)),
                     ),
                 ),
@@ -93,7 +94,7 @@ def bound_to(
     )
     pod["metadata"]["annotations"].update(
         {
-            KEYS.allocation: allocation.model_dump_json(),
+            KEYS.allocation: dump_allocation(allocation),
             KEYS.allocation_phase: Phase.ALLOCATED.value,
             KEYS.bind_time: bind_time,
         }

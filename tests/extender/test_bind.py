@@ -156,7 +156,7 @@ def test_bind_decides_from_the_api_copy_not_the_filter_body(state: ClusterState)
     assert ext.filter(forged, ["n"]).passed == ["n"]  # reserved 1024 MiB / 5 cores
     assert bind(ext, "default", "p", "uid-p", "n") == ""
     grant = parse_allocation(api.pods["p"]["metadata"]["annotations"][KEYS.allocation]).containers[0].gpus[0]
-    assert (grant.memory_mib, grant.cores) == (12000, 90)
+    assert (grant.memory_quota_mib, grant.cores) == (12000, 90)
     assert used(state) == 12000
 
 

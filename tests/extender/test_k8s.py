@@ -195,14 +195,16 @@ def _check_no_overcommit(core: client.CoreV1Api, namespace: str) -> tuple[int, i
             for container in allocation.containers:
                 for grant in container.gpus:
                     assert grant.uuid.startswith(f"GPU-{pod.spec.node_name}-")
-                    memory[grant.uuid] += grant.memory_mib
+                    memory[grant.uuid] += grant.memory_quota_mib
                     cores[grant.uuid] += grant.cores
                     slices[grant.uuid] += 1
         else:
             pending += 1
             assert _unschedulable_reason(pod), f"pod {pod.metadata.name} is Pending without a reason"
     for uuid, used in memory.items():
-        assert used <= capacity[uuid].memory_mib, f"{uuid}: {used} MiB > {capacity[uuid].memory_mib}"
+        assert used <= capacity[uuid].total_memory_mib, (
+            f"{uuid}: {used} MiB > {capacity[uuid].total_memory_mib}"
+        )
         assert cores[uuid] <= 100, f"{uuid}: {cores[uuid]}% compute"
         assert slices[uuid] <= SPLIT, f"{uuid}: {slices[uuid]} slices"
     return bound, pending

@@ -145,7 +145,7 @@ def test_the_two_pods_on_the_gpu_that_frees_enough_make_room(
     pod = core.read_namespaced_pod("urgent", namespace)
     allocation = parse_allocation(pod.metadata.annotations[KEYS.allocation])
     [grant] = allocation.containers[0].gpus
-    assert (grant.uuid, grant.memory_mib) == ("GPU-gpu-a-0", 12288)
+    assert (grant.uuid, grant.memory_quota_mib) == ("GPU-gpu-a-0", 12288)
     assert allocation.qos == QosClass.LATENCY_CRITICAL  # from its PriorityClass
     remaining = {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
     assert remaining == set(placed) - {"a", "b"} | {"urgent"}

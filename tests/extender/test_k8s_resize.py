@@ -37,7 +37,7 @@ def quotas(core: client.CoreV1Api, namespace: str, name: str) -> tuple[int, int]
     annotations = core.read_namespaced_pod(name, namespace).metadata.annotations or {}
     (container,) = parse_allocation(annotations[KEYS.allocation]).containers
     (grant,) = container.gpus
-    return grant.memory_mib, grant.cores
+    return grant.memory_quota_mib, grant.cores
 
 
 def ask(core: client.CoreV1Api, namespace: str, name: str, text: str) -> ResizeStatus:
@@ -203,7 +203,7 @@ def test_concurrent_resizes_and_new_pods_never_overcommit_a_gpu(
         if pod.spec.node_name and text:
             for container in parse_allocation(text).containers:
                 for grant in container.gpus:
-                    memory += grant.memory_mib
+                    memory += grant.memory_quota_mib
                     cores += grant.cores
     assert memory <= 15360 and cores <= 100, (memory, cores)
     metrics = extender.metrics()

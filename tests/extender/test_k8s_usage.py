@@ -114,7 +114,7 @@ def test_a_best_effort_pod_runs_on_measured_use_and_a_standard_pod_still_gets_it
         )
         assert bound(core, namespace, "borrower") == NODE
         grant, qos = grant_of(core, namespace, "borrower")
-        assert (grant.uuid, grant.memory_mib, grant.oversubscribed, qos) == (
+        assert (grant.uuid, grant.memory_quota_mib, grant.oversubscribed, qos) == (
             GPU,
             8192,
             True,
@@ -125,7 +125,7 @@ def test_a_best_effort_pod_runs_on_measured_use_and_a_standard_pod_still_gets_it
         create(core, namespace, gpu_pod("late", memory=4096, cores=30))
         assert bound(core, namespace, "late") == NODE
         grant, qos = grant_of(core, namespace, "late")
-        assert (grant.uuid, grant.memory_mib, grant.oversubscribed, qos) == (
+        assert (grant.uuid, grant.memory_quota_mib, grant.oversubscribed, qos) == (
             GPU,
             4096,
             False,

@@ -21,6 +21,7 @@ from tessera.contract import (
     JsonObject,
     Phase,
     ResizeOutcome,
+    dump_allocation,
     format_time,
     parse_allocation,
     parse_pod_request,
@@ -99,7 +100,7 @@ def held_by_the_api(api: StandInApi) -> dict[str, list[int]]:
     for pod in api.pods.values():
         for container in parse_allocation(pod["metadata"]["annotations"][KEYS.allocation]).containers:
             for grant in container.gpus:
-                used[grant.uuid][0] += grant.memory_mib
+                used[grant.uuid][0] += grant.memory_quota_mib
                 used[grant.uuid][1] += grant.cores
     return used
 
@@ -153,7 +154,7 @@ def bind(api: StandInApi, state: ClusterState, name: str, memory: int, cores: in
     pod["spec"]["nodeName"] = "n"
     pod["metadata"]["annotations"].update(
         {
-            KEYS.allocation: allocation.model_dump_json(),
+            KEYS.allocation: dump_allocation(allocation),
             KEYS.allocation_phase: Phase.ALLOCATED.value,
             KEYS.bind_time: format_time(NOW),
         }

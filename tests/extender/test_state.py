@@ -16,6 +16,7 @@ from tessera.contract import (
     GpuGrant,
     Phase,
     PodPreferences,
+    dump_allocation,
     format_time,
 )
 from tessera.placement import ContainerShape, PlacementEngine, PodShape, SpeedProfiles, to_allocation
@@ -37,7 +38,7 @@ def allocation(memory: int = 4096, gpu: int = 0) -> Allocation:
         node="n",
         containers=(
             ContainerAllocation(
-                name="main", gpus=(GpuGrant(uuid=f"GPU-n-{gpu}", memory_mib=memory, cores=30),)
+                name="main", gpus=(GpuGrant(uuid=f"GPU-n-{gpu}", memory_quota_mib=memory, cores=30),)
             ),
         ),
     )
@@ -59,7 +60,7 @@ def pod(
             "uid": uid,
             "resourceVersion": str(version),
             "annotations": {
-                KEYS.allocation: allocation(memory).model_dump_json(),
+                KEYS.allocation: dump_allocation(allocation(memory)),
                 KEYS.allocation_phase: phase,
                 KEYS.bind_time: format_time(NOW),
             },

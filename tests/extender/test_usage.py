@@ -20,6 +20,7 @@ from tessera.contract import (
     NodeGpuUsage,
     Phase,
     QosClass,
+    dump_allocation,
     dump_gpu_usage,
     format_time,
     parse_allocation,
@@ -98,7 +99,7 @@ def test_a_best_effort_pod_fitting_only_by_measured_use_binds_oversubscribed() -
     allocation = parse_allocation(api.pods["borrower"]["metadata"]["annotations"][KEYS.allocation])
     assert allocation.qos == QosClass.BEST_EFFORT
     [grant] = allocation.containers[0].gpus
-    assert (grant.uuid, grant.memory_mib, grant.cores, grant.oversubscribed) == (GPU, 8192, 20, True)
+    assert (grant.uuid, grant.memory_quota_mib, grant.cores, grant.oversubscribed) == (GPU, 8192, 20, True)
     gpu = state.engine.nodes["n"].gpus[0]
     assert (gpu.used_memory_mib, gpu.borrowed_mib) == (36864, 8192)
     assert state.oversubscribed_gpus() == 1
@@ -137,7 +138,7 @@ def test_a_standard_pod_is_placed_by_requests_as_if_the_borrower_were_not_there(
             ),
         }
     )
-    borrower["metadata"]["annotations"][KEYS.allocation] = oversubscribed.model_dump_json()
+    borrower["metadata"]["annotations"][KEYS.allocation] = dump_allocation(oversubscribed)
     state = make_state(RULE, usage_text(2048), [guaranteed(), borrower])
     extender = make_extender(state)
     # By requests 4096 MiB are free, the borrowed 8192 MiB notwithstanding (a filter with one node

@@ -34,7 +34,7 @@ def test_cuda_bindings_sees_the_configured_gpus(gpus: Gpus, procs: ClientProcess
         {
             "name": spec.model,
             "uuid": spec.uuid.removeprefix("GPU-").replace("-", ""),
-            "total": spec.memory_mib * MIB,
+            "total": spec.total_memory_mib * MIB,
             "pci": spec.pci_bus_id,
             "sms": spec.sm_count,
         }

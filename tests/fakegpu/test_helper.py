@@ -26,7 +26,7 @@ def test_write_config_writes_one_line_per_gpu(tmp_path: Path) -> None:
     [
         ("model", 'say "hi"'),
         ("uuid", "GPU-123"),
-        ("memory_mib", 0),
+        ("total_memory_mib", 0),
         ("sm_count", -1),
         ("compute_capability", "8.10"),
         ("pci_bus_id", "7:00"),

@@ -30,7 +30,6 @@ import pytest
 import fakegpu
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_GPU = ROOT / "bench" / "real_gpu.py"
 # The time slice and switch the fake's defaults use (docs/fakegpu.md), in ms.
 SLICE_MS = 1.2
 SWITCH_MS = 0.1
@@ -57,7 +56,8 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
     done = subprocess.run(
         [
             sys.executable,
-            str(REAL_GPU),
+            "-m",
+            "bench.real_gpu",
             "--hook",
             str(hook),
             "--checks",

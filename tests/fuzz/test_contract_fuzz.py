@@ -89,7 +89,7 @@ def test_pod_requests(pod: Any) -> None:
         return
     for c in request.containers:
         assert c.gpu_count >= 1
-        assert c.memory_mib is None or 0 < c.memory_mib < 2**63
+        assert c.memory_quota_mib is None or 0 < c.memory_quota_mib < 2**63
         assert c.cores is None or 1 <= c.cores <= MAX_CORES
 
 

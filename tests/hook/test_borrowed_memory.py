@@ -87,7 +87,7 @@ def serve(state: StateDir, gpu: FakeGpus, name: str, qos: QosClass, served_at: f
     where = state.container(f"uid-{name}", "main")
     create_state_dir(where)
     grant = GpuGrant(
-        uuid=gpu.uuids[0], memory_mib=GRANT_MIB, cores=0, oversubscribed=qos == QosClass.BEST_EFFORT
+        uuid=gpu.uuids[0], memory_quota_mib=GRANT_MIB, cores=0, oversubscribed=qos == QosClass.BEST_EFFORT
     )
     record = ServedRecord(
         namespace="ml",
@@ -171,7 +171,7 @@ def test_a_guaranteed_allocation_within_quota_never_fails_beside_borrowers(
         uuid=gpu.uuids[0],
         index=0,
         model="Fake",
-        memory_mib=GPU_MIB,
+        total_memory_mib=GPU_MIB,
         sm_count=80,
         compute_capability="8.0",
         split=4,

@@ -148,6 +148,6 @@ def test_a_limits_file_written_by_python_is_read_by_the_hook(
     assert result.lines[0] == f"info {3 * GIB} {3 * GIB}", result.stderr
     usage = read_region(region)
     read = {d.uuid: (d.memory_quota_bytes, d.cores, d.elastic) for d in usage.devices}
-    assert read == {d.uuid: (d.memory_bytes, d.cores, True) for d in written}
+    assert read == {d.uuid: (d.memory_quota_bytes, d.cores, True) for d in written}
     # Latency-critical, it published its launches in its own slot.
     assert slot.read_bytes() != bytes(COORDINATION_SLOT_BYTES)

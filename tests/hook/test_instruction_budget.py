@@ -35,13 +35,15 @@ def test_the_hook_adds_at_most_its_instruction_budget_per_call() -> None:
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "hook_callgrind.py"),
+            "-m",
+            "bench.hook_callgrind",
             "--json",
             "--small",
             "64",
             "--large",
             "1088",
         ],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,

@@ -46,7 +46,7 @@ def test_the_limits_file_sets_the_mps_client_over_the_containers_environment(
     limits = gpu.config.parent / "limits"
     write_limits(
         limits,
-        [DeviceLimit(uuid=gpu.uuids[0], memory_bytes=GIB, cores=10)],
+        [DeviceLimit(uuid=gpu.uuids[0], memory_quota_bytes=GIB, cores=10)],
         qos=QosClass.BEST_EFFORT,
         mps=MpsClient("/var/run/tessera/mps", threads=50, priority=1),
     )

@@ -48,7 +48,7 @@ def test_a_pod_holding_more_than_its_quota_by_nvml_is_reported(
     pods = {}
     for name in ("greedy", "honest"):
         where = state.container(f"uid-{name}", "main")
-        grant = GpuGrant(uuid=gpu.uuids[0], memory_mib=1024, cores=0)
+        grant = GpuGrant(uuid=gpu.uuids[0], memory_quota_mib=1024, cores=0)
         record = ServedRecord(
             namespace="ns", pod=name, pod_uid=f"uid-{name}", container="main", gpus=(grant,)
         )
@@ -73,7 +73,7 @@ def test_a_pod_holding_more_than_its_quota_by_nvml_is_reported(
             uuid=gpu.uuids[0],
             index=0,
             model="fake",
-            memory_mib=8192,
+            total_memory_mib=8192,
             sm_count=1,
             compute_capability="8.0",
             split=4,

@@ -42,7 +42,7 @@ def test_render_limits_is_the_documented_format() -> None:
 
 
 def test_device_limit_from_a_grant() -> None:
-    grant = GpuGrant(uuid=UUID, memory_mib=4096, cores=25)
+    grant = GpuGrant(uuid=UUID, memory_quota_mib=4096, cores=25)
     assert DeviceLimit.from_grant(grant) == DeviceLimit(UUID, 4096 * MIB, 25)
 
 
@@ -54,7 +54,7 @@ def test_device_limit_from_a_grant() -> None:
         ([DeviceLimit(UUID, GIB, 0), DeviceLimit(UUID, GIB, 0)], {}, "device uuids must be distinct"),
         ([DeviceLimit("", GIB, 0)], {}, "limits: uuid '' must be 1..79 characters without spaces"),
         ([DeviceLimit("GPU a", GIB, 0)], {}, "limits: uuid 'GPU a' must be 1..79 characters without spaces"),
-        ([DeviceLimit(UUID, 0, 0)], {}, f"limits: device {UUID}: memory_bytes 0 must be > 0"),
+        ([DeviceLimit(UUID, 0, 0)], {}, f"limits: device {UUID}: memory_quota_bytes 0 must be > 0"),
         ([DeviceLimit(UUID, GIB, 101)], {}, f"limits: device {UUID}: cores 101 is outside 0..100"),
         ([DeviceLimit(UUID, GIB, -1)], {}, f"limits: device {UUID}: cores -1 is outside 0..100"),
         (
@@ -190,7 +190,7 @@ def test_metrics_keep_serving_when_a_container_plants_a_fifo_at_its_region(
 ) -> None:
     """The node agent's scrape reads every container's region: a FIFO there is logged, not waited on."""
     state = StateDir(tmp_path / "state-dir")
-    grant = GpuGrant(uuid=UUID, memory_mib=1024, cores=30)
+    grant = GpuGrant(uuid=UUID, memory_quota_mib=1024, cores=30)
     for name in ("tampered", "honest"):
         where = state.container(f"uid-{name}", "main")
         state.write_record(

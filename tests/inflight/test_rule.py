@@ -52,7 +52,7 @@ def random_allocation(rng: random.Random) -> Allocation:
         gpus = rng.sample(GPUS, rng.randint(1, 3))
         containers.append(
             ContainerAllocation(
-                name=f"c{i}", gpus=tuple(GpuGrant(uuid=u, memory_mib=memory, cores=cores) for u in gpus)
+                name=f"c{i}", gpus=tuple(GpuGrant(uuid=u, memory_quota_mib=memory, cores=cores) for u in gpus)
             )
         )
     return Allocation(node=NODE, containers=tuple(containers))
@@ -81,7 +81,7 @@ def bound_pod(name: str, allocation: Allocation, bind_time: datetime) -> dict[st
                     "resources": {
                         "limits": {
                             KEYS.vgpu: str(len(c.gpus)),
-                            KEYS.vgpu_memory: str(c.gpus[0].memory_mib),
+                            KEYS.vgpu_memory: str(c.gpus[0].memory_quota_mib),
                             KEYS.vgpu_cores: str(c.gpus[0].cores),
                         }
                     },
@@ -190,13 +190,13 @@ def test_both_sides_count_the_same_in_flight_timeout() -> None:
     old = Allocation(
         node=NODE,
         containers=(
-            ContainerAllocation(name="c0", gpus=(GpuGrant(uuid=GPUS[0], memory_mib=1024, cores=10),)),
+            ContainerAllocation(name="c0", gpus=(GpuGrant(uuid=GPUS[0], memory_quota_mib=1024, cores=10),)),
         ),
     )
     new = Allocation(
         node=NODE,
         containers=(
-            ContainerAllocation(name="c0", gpus=(GpuGrant(uuid=GPUS[0], memory_mib=2048, cores=20),)),
+            ContainerAllocation(name="c0", gpus=(GpuGrant(uuid=GPUS[0], memory_quota_mib=2048, cores=20),)),
         ),
     )
     later = T0 + DEFAULT_INFLIGHT_TIMEOUT + timedelta(seconds=1)

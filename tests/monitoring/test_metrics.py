@@ -25,7 +25,7 @@ def gpu(uuid: str, index: int) -> GpuInfo:
         uuid=uuid,
         index=index,
         model=MODEL,
-        memory_mib=40960,
+        total_memory_mib=40960,
         sm_count=108,
         compute_capability="8.0",
         split=10,
@@ -35,10 +35,13 @@ def gpu(uuid: str, index: int) -> GpuInfo:
 def agent_exposition(tmp_path: Path) -> str:
     state = StateDir(tmp_path / "state")
     for pod, grants in (
-        ("train", (GpuGrant(uuid=GPU_A, memory_mib=4096, cores=30),)),
+        ("train", (GpuGrant(uuid=GPU_A, memory_quota_mib=4096, cores=30),)),
         (
             "infer",
-            (GpuGrant(uuid=GPU_A, memory_mib=2048, cores=20), GpuGrant(uuid=GPU_B, memory_mib=1024, cores=0)),
+            (
+                GpuGrant(uuid=GPU_A, memory_quota_mib=2048, cores=20),
+                GpuGrant(uuid=GPU_B, memory_quota_mib=1024, cores=0),
+            ),
         ),
     ):
         where = state.container(f"uid-{pod}", "main")
@@ -114,7 +117,7 @@ def test_every_counter_ends_in_total_and_every_unit_is_a_base_unit(tmp_path: Pat
 
 def test_oversubscribed_gpus_and_the_measured_use_are_exported(tmp_path: Path) -> None:
     state = StateDir(tmp_path / "state")
-    borrowing = GpuGrant(uuid=GPU_A, memory_mib=8192, cores=0, oversubscribed=True)
+    borrowing = GpuGrant(uuid=GPU_A, memory_quota_mib=8192, cores=0, oversubscribed=True)
     where = state.container("uid-batch", "main")
     state.write_record(
         where,

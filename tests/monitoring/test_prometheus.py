@@ -56,8 +56,8 @@ def exporters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, i
     """The node agent's and the extender's /metrics on loopback ports."""
     state = StateDir(tmp_path_factory.mktemp("exporters") / "state")
     for pod, grants in (
-        ("train", (GpuGrant(uuid=GPUS[0], memory_mib=8192, cores=30),)),
-        ("infer", (GpuGrant(uuid=GPUS[1], memory_mib=4096, cores=20),)),
+        ("train", (GpuGrant(uuid=GPUS[0], memory_quota_mib=8192, cores=30),)),
+        ("infer", (GpuGrant(uuid=GPUS[1], memory_quota_mib=4096, cores=20),)),
     ):
         where = state.container(f"uid-{pod}", "main")
         state.write_record(
@@ -65,7 +65,13 @@ def exporters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, i
         )
     inventory = tuple(
         GpuInfo(
-            uuid=u, index=i, model=MODEL, memory_mib=40960, sm_count=108, compute_capability="8.0", split=10
+            uuid=u,
+            index=i,
+            model=MODEL,
+            total_memory_mib=40960,
+            sm_count=108,
+            compute_capability="8.0",
+            split=10,
         )
         for i, u in enumerate(GPUS)
     )

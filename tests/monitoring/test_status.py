@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from deviceplugin.metrics import CONTAINER_LABELS, GPU_LABELS
 from sandbox.controlplane import ControlPlane
 from tessera import cli
+from tessera.cli.status.gather import NO_TOKEN_THROUGH_PROXY
 from tessera.contract import (
     KEYS,
     MIB,
@@ -39,7 +40,6 @@ from tessera.contract import (
     format_time,
     now,
 )
-from tessera.status import NO_TOKEN_THROUGH_PROXY
 from tests.extender.helpers import gpu_pod, inventory, node_object
 
 pytestmark = pytest.mark.k8s
@@ -60,7 +60,9 @@ def bound_pod(
     allocation = Allocation(
         node=node,
         containers=tuple(
-            ContainerAllocation(name=c, gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=k) for u, m, k in g))
+            ContainerAllocation(
+                name=c, gpus=tuple(GpuGrant(uuid=u, memory_quota_mib=m, cores=k) for u, m, k in g)
+            )
             for c, g in grants.items()
         ),
     )

@@ -27,7 +27,7 @@ def gpus(
             uuid=uuids[i],
             index=i,
             model=model,
-            memory_mib=memory_mib,
+            total_memory_mib=memory_mib,
             sm_count=80,
             compute_capability="7.0",
             numa_node=None if numa is None else numa[i],

@@ -60,7 +60,7 @@ def test_an_equal_node_keeps_its_cached_outcomes_and_a_changed_one_drops_them() 
     engine.set_node(node("a", memory_mib=8192))
     fits = engine.evaluate(s).fits
     assert [f is g for f, g in zip(first.fits, fits, strict=True)] == [False, True]
-    assert fits[0].node.gpus[0].memory_mib == 8192
+    assert fits[0].node.gpus[0].total_memory_mib == 8192
 
 
 def test_evaluate_keeps_the_order_named_when_some_nodes_changed() -> None:
@@ -171,7 +171,9 @@ def test_allocation_round_trip_and_build_node_from_annotations() -> None:
 def test_build_node_ignores_grants_on_gpus_it_does_not_have() -> None:
     stray = Allocation(
         node="n",
-        containers=(ContainerAllocation(name="c", gpus=(GpuGrant(uuid="GPU-gone", memory_mib=1, cores=1),)),),
+        containers=(
+            ContainerAllocation(name="c", gpus=(GpuGrant(uuid="GPU-gone", memory_quota_mib=1, cores=1),)),
+        ),
     )
     assert build_node("n", gpus("n"), [stray]) == node("n")
 
@@ -181,7 +183,7 @@ def _alloc(node_name: str, *containers: tuple[tuple[str, int, int], ...]) -> All
         node=node_name,
         containers=tuple(
             ContainerAllocation(
-                name=f"c{i}", gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=c) for u, m, c in grants)
+                name=f"c{i}", gpus=tuple(GpuGrant(uuid=u, memory_quota_mib=m, cores=c) for u, m, c in grants)
             )
             for i, grants in enumerate(containers)
         ),

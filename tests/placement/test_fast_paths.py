@@ -41,7 +41,7 @@ def used_gpu(rng: random.Random, position: int, *, healthy: bool = True) -> GpuS
         uuid=f"GPU-{position}",
         index=position,
         model=rng.choice(["Tesla T4", "Tesla V100-SXM2-16GB", "NVIDIA A100-SXM4-40GB"]),
-        memory_mib=memory,
+        total_memory_mib=memory,
         slices=rng.choice([1, 4, 8]),
         numa=position // 4,
         healthy=healthy,
@@ -69,7 +69,10 @@ def test_derived_values_follow_the_fields() -> None:
 def test_derived_values_stay_out_of_equality_hashes_and_reprs() -> None:
     assert ContainerShape(1, 4096, 25) == ContainerShape(1, 4096, 25)
     assert hash(ContainerShape(1, 4096, 25)) == hash((1, 4096, 25))
-    assert repr(ContainerShape(1, 4096, None)) == "ContainerShape(gpu_count=1, memory_mib=4096, cores=None)"
+    assert (
+        repr(ContainerShape(1, 4096, None))
+        == "ContainerShape(gpu_count=1, memory_quota_mib=4096, cores=None)"
+    )
     gpu = GpuState("GPU-0", 0, "Tesla T4", 15360, 4)
     assert "free_" not in repr(gpu)
     assert "healthy_positions" not in repr(NodeState("n", (gpu,)))
@@ -118,7 +121,7 @@ def reference_utilization_after(node: NodeState, placement: Placement) -> tuple[
     added_memory: dict[int, int] = {}
     added_cores: dict[int, int] = {}
     for grant in placement.grants():
-        added_memory[grant.gpu] = added_memory.get(grant.gpu, 0) + grant.memory_mib
+        added_memory[grant.gpu] = added_memory.get(grant.gpu, 0) + grant.memory_quota_mib
         added_cores[grant.gpu] = added_cores.get(grant.gpu, 0) + grant.cores
     total = 0.0
     healthy = 0
@@ -127,7 +130,7 @@ def reference_utilization_after(node: NodeState, placement: Placement) -> tuple[
         if not gpu.healthy:
             continue
         healthy += 1
-        memory = (gpu.used_memory_mib + added_memory.get(position, 0)) / gpu.memory_mib
+        memory = (gpu.used_memory_mib + added_memory.get(position, 0)) / gpu.total_memory_mib
         cores = (gpu.used_cores + added_cores.get(position, 0)) / 100
         used = min(1.0, max(memory, cores))
         total += used

@@ -39,14 +39,14 @@ def reject(n: NodeState, s: PodShape) -> NodeRejection:
 def test_one_gpu_with_quotas() -> None:
     f = fit(node("n"), shape((1, 4096, 30)))
     [[grant]] = f.placement.containers
-    assert (grant.gpu, grant.memory_mib, grant.cores) == (0, 4096, 30)
+    assert (grant.gpu, grant.memory_quota_mib, grant.cores) == (0, 4096, 30)
 
 
 def test_absent_memory_means_the_whole_gpu_and_absent_cores_none() -> None:
     n = node("n")
     f = fit(n, shape((1, None, None)))
     [[grant]] = f.placement.containers
-    assert (grant.memory_mib, grant.cores) == (16384, 0)
+    assert (grant.memory_quota_mib, grant.cores) == (16384, 0)
     taken = apply(n, f.placement)
     # Whole-memory requests need a GPU with nothing in use.
     f2 = fit(taken, shape((1, None, None)))
@@ -216,7 +216,7 @@ def test_gain_is_the_comparative_advantage_of_the_slowest_gpu_chosen() -> None:
 
 
 def test_host_capacity_is_checked_when_the_node_has_one() -> None:
-    n = NodeState("n", node("n").gpus, cpu_milli=1000, memory_mib=2048)
+    n = NodeState("n", node("n").gpus, cpu_milli=1000, host_memory_mib=2048)
     s = PodShape(shape((1, 1024, None)).containers, cpu_milli=2000)
     r = reject(n, s)
     assert (r.reason, r.shortfall) == ("not enough CPU: 1000m free, 2000m asked", Shortfall.HOST)

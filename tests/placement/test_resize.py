@@ -18,7 +18,7 @@ def alloc(*containers: tuple[str, tuple[tuple[str, int, int], ...]]) -> Allocati
         node="n",
         containers=tuple(
             ContainerAllocation(
-                name=name, gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=c) for u, m, c in g)
+                name=name, gpus=tuple(GpuGrant(uuid=u, memory_quota_mib=m, cores=c) for u, m, c in g)
             )
             for name, g in containers
         ),
@@ -128,5 +128,5 @@ def test_random_resizes_and_new_pods_never_overcommit_a_gpu() -> None:
             if free:
                 pods[f"p{step}"] = alloc(("main", ((free[0].uuid, memory, cores),)))
         for gpu in build_node("n", inventory, pods.values()).gpus:
-            assert gpu.used_memory_mib <= gpu.memory_mib and gpu.used_cores <= 100, (step, gpu)
+            assert gpu.used_memory_mib <= gpu.total_memory_mib and gpu.used_cores <= 100, (step, gpu)
     assert applied > 20 and refused > 20  # both paths were taken

@@ -64,7 +64,7 @@ def grant_alloc(qos: QosClass, *grants: tuple[str, int, int, bool]) -> Allocatio
             ContainerAllocation(
                 name="main",
                 gpus=tuple(
-                    GpuGrant(uuid=u, memory_mib=m, cores=c, oversubscribed=o) for u, m, c, o in grants
+                    GpuGrant(uuid=u, memory_quota_mib=m, cores=c, oversubscribed=o) for u, m, c, o in grants
                 ),
             ),
         ),
@@ -152,7 +152,7 @@ def test_a_best_effort_pod_fits_against_measured_use_where_requests_are_full() -
     assert isinstance(fit, NodeFit)
     assert fit.oversubscribed
     [grant] = fit.placement.grants()
-    assert (grant.memory_mib, grant.cores, grant.oversubscribed) == (4096, 20, True)
+    assert (grant.memory_quota_mib, grant.cores, grant.oversubscribed) == (4096, 20, True)
     allocation = to_allocation(node, fit.placement, ["main"], QosClass.BEST_EFFORT)
     assert allocation.containers[0].gpus[0].oversubscribed
     assert placement_of(node, allocation) == fit.placement
@@ -305,7 +305,7 @@ def test_resizing_an_oversubscribed_grant_stays_against_measured_use() -> None:
     grown = resize(node, borrowed, parse_resize(f"memory={4096 + headroom},cores=80"))
     assert isinstance(grown, Allocation)
     assert grown.containers[0].gpus[0] == GpuGrant(
-        uuid="GPU-n-0", memory_mib=4096 + headroom, cores=80, oversubscribed=True
+        uuid="GPU-n-0", memory_quota_mib=4096 + headroom, cores=80, oversubscribed=True
     )
     refused = resize(node, borrowed, parse_resize(f"memory={4096 + headroom + 1}"))
     assert isinstance(refused, ResizeRefusal)
@@ -377,7 +377,7 @@ def test_randomized_guaranteed_requests_never_exceed_a_gpus_memory_or_compute(se
             promised = [
                 g for a in placed.values() for c in a.containers for g in c.gpus if g.uuid == gpu.uuid
             ]
-            assert sum(g.memory_mib for g in promised if not g.oversubscribed) <= gpu.memory_mib
+            assert sum(g.memory_quota_mib for g in promised if not g.oversubscribed) <= gpu.total_memory_mib
             assert sum(g.cores for g in promised if not g.oversubscribed) <= MAX_CORES
             assert len(promised) <= gpu.slices
         for allocation in placed.values():

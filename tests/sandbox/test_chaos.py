@@ -157,7 +157,7 @@ class Invariants:
                 continue
             for container in parse_allocation(text).containers:
                 for g in container.gpus:
-                    memory[g.uuid] += g.memory_mib
+                    memory[g.uuid] += g.memory_quota_mib
                     cores[g.uuid] += g.cores
                 region = self.state_dir.container(uid, container.name).state / "region"
                 with contextlib.suppress(RegionError):  # not served yet, or already torn down
@@ -166,10 +166,10 @@ class Invariants:
                         device = usage.device(g.uuid)
                         if device is None:
                             continue
-                        if device.memory_used_bytes > g.memory_mib * MIB:
+                        if device.memory_used_bytes > g.memory_quota_mib * MIB:
                             self.violations.append(
                                 f"pod {pod.metadata.name}: holds {device.memory_used_bytes} bytes "
-                                f"on {g.uuid} over its {g.memory_mib} MiB"
+                                f"on {g.uuid} over its {g.memory_quota_mib} MiB"
                             )
                         held[g.uuid] += device.memory_used_bytes
         for uuid, total in self.capacity.items():
@@ -348,7 +348,8 @@ class Waves:
                 for container in allocation.containers:
                     limits = mounted_limits(self.core, pod.metadata.name, container.name)
                     assert limits_lines(limits) == {
-                        f"device {g.uuid} memory {g.memory_mib * MIB} cores {g.cores}" for g in container.gpus
+                        f"device {g.uuid} memory {g.memory_quota_mib * MIB} cores {g.cores}"
+                        for g in container.gpus
                     }, f"pod {pod.metadata.name}: {limits} against {allocation}"
         wave: dict[str, int] = defaultdict(int)
         for outcome, reason in filter(None, now.values()):
@@ -369,7 +370,9 @@ class Waves:
 def test_waves_of_gpu_pods_survive_components_killed_at_random(chaos_sandbox: Sandbox) -> None:
     sbx = chaos_sandbox
     node = sbx.core.read_node(sbx.state.node)
-    capacity = {g.uuid: g.memory_mib for g in parse_inventory(node.metadata.annotations[KEYS.node_gpus])}
+    capacity = {
+        g.uuid: g.total_memory_mib for g in parse_inventory(node.metadata.annotations[KEYS.node_gpus])
+    }
     invariants = Invariants(sbx, StateDir(install.host_dirs(Layout(sbx.root)).state), capacity)
     chaos = Chaos(sbx.root, random.Random(SEED + 1))
     waves = Waves(client.CoreV1Api(invariants.api), invariants, random.Random(SEED))

@@ -61,7 +61,7 @@ def helm(sbx: Sandbox, *args: str) -> str:
 def grant(sbx: Sandbox, name: str) -> tuple[str, int, int]:
     pod = sbx.core.read_namespaced_pod(name, "default")
     (g,) = parse_allocation(pod.metadata.annotations[KEYS.allocation]).containers[0].gpus
-    return g.uuid, g.memory_mib, g.cores
+    return g.uuid, g.memory_quota_mib, g.cores
 
 
 def gpu_uuids(sbx: Sandbox) -> dict[str, str]:
@@ -126,7 +126,7 @@ def overcommitted(sbx: Sandbox) -> list[str]:
     for node in sbx.core.list_node().items:
         text = (node.metadata.annotations or {}).get(KEYS.node_gpus)
         for g in parse_inventory(text) if text else ():
-            capacity[g.uuid] = g.memory_mib
+            capacity[g.uuid] = g.total_memory_mib
     memory: dict[str, int] = defaultdict(int)
     cores: dict[str, int] = defaultdict(int)
     for pod in sbx.core.list_pod_for_all_namespaces().items:
@@ -134,7 +134,7 @@ def overcommitted(sbx: Sandbox) -> list[str]:
         if text and pod.status.phase not in ("Succeeded", "Failed"):
             for container in parse_allocation(text).containers:
                 for g in container.gpus:
-                    memory[g.uuid] += g.memory_mib
+                    memory[g.uuid] += g.total_memory_mib
                     cores[g.uuid] += g.cores
     return [
         f"{uuid}: {memory[uuid]}/{capacity.get(uuid)} MiB, {cores[uuid]}% cores"

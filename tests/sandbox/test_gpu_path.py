@@ -92,7 +92,7 @@ def _run_probe_pod(sandbox: Sandbox, pod: dict[str, Any]) -> tuple[Any, dict[str
 def test_node_advertises_both_fake_gpus(sbx: Sandbox) -> None:
     node = sbx.core.read_node(sbx.state.node)
     inventory = parse_inventory(node.metadata.annotations[KEYS.node_gpus])
-    assert [(g.model, g.memory_mib) for g in inventory] == [(A100.model, 40960), (T4.model, 15360)]
+    assert [(g.model, g.total_memory_mib) for g in inventory] == [(A100.model, 40960), (T4.model, 15360)]
     assert int(node.status.allocatable[KEYS.vgpu]) == sum(g.split for g in inventory)
 
 
@@ -104,7 +104,7 @@ def test_pod_is_placed_by_the_extender_admitted_after_allocate_and_held_to_its_q
     allocation = parse_allocation(annotations[KEYS.allocation])
     assert allocation.node == sbx.state.node == pod.spec.node_name
     (grant,) = allocation.for_container("probe").gpus  # type: ignore[union-attr]
-    assert (grant.uuid, grant.memory_mib, grant.cores) == (A100.uuid, 1024, 30)
+    assert (grant.uuid, grant.memory_quota_mib, grant.cores) == (A100.uuid, 1024, 30)
     # Inside the container, through the hook over the fake driver:
     assert report["device"] == A100.model
     assert report["total_mib"] == "1024"
@@ -118,7 +118,7 @@ def test_second_pod_shares_the_gpu_with_its_own_quota(sbx: Sandbox) -> None:
     first = sbx.core.read_namespaced_pod("quota-1g", "default")
     (first_grant,) = parse_allocation(first.metadata.annotations[KEYS.allocation]).containers[0].gpus
     assert grant.uuid == first_grant.uuid == A100.uuid
-    assert (grant.memory_mib, grant.cores) == (3072, 50)
+    assert (grant.memory_quota_mib, grant.cores) == (3072, 50)
     assert report["total_mib"] == "3072"
     assert report["chunk_mib"] == "512"
     assert report["allocations_ok"] == "6"

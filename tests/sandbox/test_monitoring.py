@@ -180,7 +180,7 @@ def _truth(slices: int, calls: dict[str, float]) -> dict[tuple[str, str], Check]
     and legend, with ``slices`` the node advertises and the extender's ``calls`` by verb in the
     window. Every query of the dashboard must be here: a new panel needs its truth."""
     a100_quota = (COMPUTE[1] + MEMORY[1]) * MIB
-    capacity = (A100.memory_mib + T4.memory_mib) * MIB
+    capacity = (A100.total_memory_mib + T4.total_memory_mib) * MIB
     compute_ratio = COMPUTE[2] / 100
 
     def per_gpu(on_a100: float, on_t4: float) -> Check:
@@ -205,12 +205,12 @@ def _truth(slices: int, calls: dict[str, float]) -> dict[tuple[str, str], Check]
         ("GPU cores allocated", "allocated"): equals((COMPUTE[2] + MEMORY[2]) / 100 / 2),
         ("GPU memory allocated against capacity", "{{Hostname}} {{UUID}} allocated"): per_gpu(a100_quota, 0),
         ("GPU memory allocated against capacity", "{{Hostname}} {{UUID}} capacity"): per_gpu(
-            A100.memory_mib * MIB, T4.memory_mib * MIB
+            A100.total_memory_mib * MIB, T4.total_memory_mib * MIB
         ),
         ("GPU cores allocated", "{{Hostname}} {{UUID}}"): per_gpu((COMPUTE[2] + MEMORY[2]) / 100, 0),
         ("GPU memory in use (driver)", "{{Hostname}} {{UUID}} used"): lambda v, m: 0 <= v <= a100_quota,
         ("GPU memory in use (driver)", "{{Hostname}} {{UUID}} total"): per_gpu(
-            A100.memory_mib * MIB, T4.memory_mib * MIB
+            A100.total_memory_mib * MIB, T4.total_memory_mib * MIB
         ),
         ("GPU utilization", "{{Hostname}} {{UUID}}"): between(0, 1),
         # The launcher holds no memory of its own; the probe freed its blocks.

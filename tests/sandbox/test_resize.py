@@ -64,7 +64,7 @@ def ask(sbx: Sandbox, name: str, text: str) -> ResizeStatus:
 def grant_of(sbx: Sandbox, name: str) -> tuple[int, int]:
     annotations = sbx.core.read_namespaced_pod(name, "default").metadata.annotations
     (grant,) = parse_allocation(annotations[KEYS.allocation]).containers[0].gpus
-    return grant.memory_mib, grant.cores
+    return grant.memory_quota_mib, grant.cores
 
 
 def probe_again(sbx: Sandbox, name: str) -> dict[str, str]:

@@ -40,7 +40,7 @@ def gpu(index: int, used_cores: int = 0, model: str = "V100", memory: int = 1638
         uuid=f"gpu-{index}",
         index=index,
         model=model,
-        memory_mib=memory,
+        total_memory_mib=memory,
         slices=10,
         used_cores=used_cores,
         used_memory_mib=memory * used_cores // 100,
@@ -50,7 +50,7 @@ def gpu(index: int, used_cores: int = 0, model: str = "V100", memory: int = 1638
 
 def node(name: str, *gpus: GpuState, cpu: int | None = 64000, used_cpu: int = 0) -> NodeState:
     return NodeState(
-        name, gpus, cpu_milli=cpu, memory_mib=None if cpu is None else 1 << 20, used_cpu_milli=used_cpu
+        name, gpus, cpu_milli=cpu, host_memory_mib=None if cpu is None else 1 << 20, used_cpu_milli=used_cpu
     )
 
 
@@ -79,7 +79,7 @@ def test_target_workload_keeps_the_shapes_covering_95_percent() -> None:
     assert [t.containers for t in targets] == [(HALF,), (WHOLE,), ()]
     assert [t.weight for t in targets] == [round(50 / 95, 3), round(30 / 95, 3), round(15 / 95, 3)]
     # Host memory is no part of a shape: pods differing only in it count together.
-    merged = target_workload(mix({a: 1, replace(a, memory_mib=2048): 1}))
+    merged = target_workload(mix({a: 1, replace(a, host_memory_mib=2048): 1}))
     assert len(merged) == 1 and merged[0].weight == 1.0
 
 

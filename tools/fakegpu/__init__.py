@@ -47,7 +47,7 @@ class FakeGpuSpec:
 
     model: str
     uuid: str
-    memory_mib: int
+    total_memory_mib: int
     sm_count: int
     compute_capability: str  # "major.minor", as in GpuInfo
     pci_bus_id: str
@@ -64,8 +64,8 @@ class FakeGpuSpec:
             raise ValueError(f"FakeGpuSpec.model: bad value {self.model!r}")
         if not _UUID.match(self.uuid):
             raise ValueError(f"FakeGpuSpec.uuid: bad value {self.uuid!r}")
-        if self.memory_mib <= 0:
-            raise ValueError(f"FakeGpuSpec.memory_mib: bad value {self.memory_mib!r}")
+        if self.total_memory_mib <= 0:
+            raise ValueError(f"FakeGpuSpec.total_memory_mib: bad value {self.total_memory_mib!r}")
         if self.sm_count <= 0:
             raise ValueError(f"FakeGpuSpec.sm_count: bad value {self.sm_count!r}")
         if not _COMPUTE_CAPABILITY.match(self.compute_capability):
@@ -80,7 +80,7 @@ class FakeGpuSpec:
         fields = [
             f'name="{self.model}"',
             f"uuid={self.uuid}",
-            f"memory={self.memory_mib}MiB",
+            f"memory={self.total_memory_mib}MiB",
             f"sms={self.sm_count}",
             f"cc={self.compute_capability}",
             f"pci={self.pci_bus_id}",
@@ -128,7 +128,7 @@ def example_gpu(
     return FakeGpuSpec(
         model=model,
         uuid=gpu_uuid(index),
-        memory_mib=memory_mib,
+        total_memory_mib=memory_mib,
         sm_count=sm_count,
         compute_capability=compute_capability,
         pci_bus_id=f"0000:{0x10 + index:02x}:00.0",

@@ -615,7 +615,9 @@ def _node_summary(node: Any) -> dict[str, Any]:
     if text:
         try:
             gpus = parse_inventory(text, node=node.metadata.name)
-            summary["gpus"] = [{"uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib} for g in gpus]
+            summary["gpus"] = [
+                {"uuid": g.uuid, "model": g.model, "memory_mib": g.total_memory_mib} for g in gpus
+            ]
         except ContractError as e:
             summary["error"] = str(e)
     return summary
@@ -636,7 +638,7 @@ def _pod_summary(pod: Any) -> dict[str, Any]:
         try:
             allocation = parse_allocation(text, pod=pod.metadata.name)
             summary["gpus"] = [
-                {"container": c.name, "uuid": g.uuid, "memory_mib": g.memory_mib, "cores": g.cores}
+                {"container": c.name, "uuid": g.uuid, "memory_mib": g.memory_quota_mib, "cores": g.cores}
                 for c in allocation.containers
                 for g in c.gpus
             ]

@@ -30,7 +30,7 @@ HEARTBEAT_SECONDS = 10.0
 @dataclass(frozen=True, slots=True)
 class GpuModel:
     model: str
-    memory_mib: int
+    total_memory_mib: int
     sm_count: int
     compute_capability: str
 
@@ -58,7 +58,7 @@ def inventory(node: str, models: Sequence[str]) -> tuple[GpuInfo, ...]:
                 uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.{index}.tessera-sandbox')}",
                 index=index,
                 model=preset.model,
-                memory_mib=preset.memory_mib,
+                total_memory_mib=preset.total_memory_mib,
                 sm_count=preset.sm_count,
                 compute_capability=preset.compute_capability,
                 pci_bus_id=f"00000000:{0x10 + index:02x}:00.0",

@@ -30,7 +30,7 @@ SANDBOX_GPUS = (
     FakeGpuSpec(
         model="NVIDIA A100-SXM4-40GB",
         uuid="GPU-6a1e0b7c-0000-4000-8000-00000000a100",
-        memory_mib=40960,
+        total_memory_mib=40960,
         sm_count=108,
         compute_capability="8.0",
         pci_bus_id="0000:3b:00.0",
@@ -40,7 +40,7 @@ SANDBOX_GPUS = (
     FakeGpuSpec(
         model="Tesla T4",
         uuid="GPU-7b2f1c8d-0000-4000-8000-000000000074",
-        memory_mib=15360,
+        total_memory_mib=15360,
         sm_count=40,
         compute_capability="7.5",
         pci_bus_id="0000:af:00.0",

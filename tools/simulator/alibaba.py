@@ -150,7 +150,7 @@ def load_pods(path: Path) -> Workload:
             SimPod(
                 name=row.text("name"),
                 cpu_milli=cpu,
-                memory_mib=memory,
+                host_memory_mib=memory,
                 num_gpu=num_gpu,
                 gpu_milli=milli,
                 gpu_models=models,

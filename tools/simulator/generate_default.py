@@ -123,7 +123,7 @@ def _pod(rng: random.Random, n: int) -> SimPod:
     return SimPod(
         name=f"pod-{n:04d}",
         cpu_milli=cpu,
-        memory_mib=cpu * MEMORY_MIB_PER_VCPU // 1000,
+        host_memory_mib=cpu * MEMORY_MIB_PER_VCPU // 1000,
         num_gpu=gpus,
         gpu_milli=milli,
         workload=_workload(rng, gpus, milli),
@@ -160,7 +160,11 @@ def generate() -> dict[str, object]:
 
 
 def _pod_entry(pod: SimPod, arrival: float) -> dict[str, object]:
-    entry: dict[str, object] = {"name": pod.name, "cpu_milli": pod.cpu_milli, "memory_mib": pod.memory_mib}
+    entry: dict[str, object] = {
+        "name": pod.name,
+        "cpu_milli": pod.cpu_milli,
+        "memory_mib": pod.host_memory_mib,
+    }
     if pod.num_gpu:
         entry.update(gpus=pod.num_gpu, gpu_milli=pod.gpu_milli)
     if pod.workload:

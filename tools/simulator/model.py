@@ -55,7 +55,7 @@ class SimNode:
     gpus: int
     gpu_memory_mib: int
     cpu_milli: int
-    memory_mib: int
+    host_memory_mib: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ class SimPod:
 
     name: str
     cpu_milli: int
-    memory_mib: int
+    host_memory_mib: int
     num_gpu: int
     gpu_milli: int
     gpu_models: tuple[str, ...] = ()

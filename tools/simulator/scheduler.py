@@ -130,7 +130,7 @@ def pod_shape(pod: SimPod, cluster: Cluster, request: Request) -> PodShape:
             memory = derived_memory_mib(pod, cluster)
             cores = None if request is Request.MEMORY_ONLY else max(1, pod.gpu_milli // MILLI_PER_CORE)
         containers = (ContainerShape(pod.num_gpu, memory, cores),)
-    return PodShape(containers, preferences, pod.cpu_milli, pod.memory_mib)
+    return PodShape(containers, preferences, pod.cpu_milli, pod.host_memory_mib)
 
 
 def node_states(cluster: Cluster, seed: int) -> list[NodeState]:
@@ -141,11 +141,11 @@ def node_states(cluster: Cluster, seed: int) -> list[NodeState]:
     for rank, node in zip(order, cluster.nodes, strict=True):
         name = f"{rank:04d}-{node.name}"
         gpus = tuple(
-            GpuState(uuid=f"{name}/gpu{i}", index=i, model=node.model, memory_mib=node.gpu_memory_mib,
+            GpuState(uuid=f"{name}/gpu{i}", index=i, model=node.model, total_memory_mib=node.gpu_memory_mib,
                      slices=SLICES_PER_GPU)
             for i in range(node.gpus)
         )  # fmt: skip
-        states.append(NodeState(name, gpus, cpu_milli=node.cpu_milli, memory_mib=node.memory_mib))
+        states.append(NodeState(name, gpus, cpu_milli=node.cpu_milli, host_memory_mib=node.host_memory_mib))
     return states
 
 

@@ -215,7 +215,7 @@ class _Run:
         aware) the measurement handed to placement."""
         self.result.measurements += 1
         for running in self.running.values():
-            memory = max(g.memory_mib for g in running.fit.placement.grants())
+            memory = max(g.memory_quota_mib for g in running.fit.placement.grants())
             if running.guaranteed and self.rng.random() < self.options.burst:
                 running.use = memory
             else:
@@ -224,7 +224,7 @@ class _Run:
         engine = self.scheduler.engine
         used: dict[tuple[str, int], float] = {}
         for gpu, seqs in self.on_gpu.items():
-            capacity = engine.nodes[gpu[0]].gpus[gpu[1]].memory_mib
+            capacity = engine.nodes[gpu[0]].gpus[gpu[1]].total_memory_mib
             promised = sum(self.running[s].use for s in seqs if not self.running[s].oversubscribed)
             borrowers = sorted((s for s in seqs if self.running[s].oversubscribed), reverse=True)
             borrowed = sum(self.running[s].use for s in borrowers)
@@ -241,7 +241,8 @@ class _Run:
             for name, node in list(engine.nodes.items()):
                 gpus = tuple(
                     replace(
-                        gpu, measured_mib=math.ceil(used.get((name, i), 0.0)) + rule.margin(gpu.memory_mib)
+                        gpu,
+                        measured_mib=math.ceil(used.get((name, i), 0.0)) + rule.margin(gpu.total_memory_mib),
                     )
                     for i, gpu in enumerate(node.gpus)
                 )
@@ -249,7 +250,7 @@ class _Run:
 
     def finish(self) -> UsageResult:
         engine = self.scheduler.engine
-        total = sum(g.memory_mib for node in engine.nodes.values() for g in node.gpus)
+        total = sum(g.total_memory_mib for node in engine.nodes.values() for g in node.gpus)
         in_use = sum(r.use * r.pod.num_gpu for r in self.running.values())
         self.result.pending = len(self.pending)
         self.result.running = self.result.placed - self.result.evicted

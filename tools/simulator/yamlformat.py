@@ -213,7 +213,7 @@ def _pods(reader: _Reader, node: yaml.Node) -> Workload:
         pod = SimPod(
             name=name,
             cpu_milli=entry.integer("cpu_milli", minimum=0),
-            memory_mib=entry.integer("memory_mib", minimum=0),
+            host_memory_mib=entry.integer("memory_mib", minimum=0),
             num_gpu=gpus,
             gpu_milli=milli,
             gpu_models=models,

@@ -1,6 +1,7 @@
-"""`tessera`: the user's command line.
+"""`tessera`: the user's command line (``python -m tessera.cli``, or the installed `tessera`).
 
-The product's own subcommand is `status` (``tessera.status``; also installed as ``kubectl-tessera``).
+The product's own subcommand is `status` (``tessera.cli.status``, a package of its own; also installed
+as ``kubectl-tessera``).
 `simulate` and `sandbox` come from the tools distribution (tools/pyproject.toml), which registers each
 under the ``tessera.commands`` entry point group as a ``register(subparsers)`` function. Each module
 sets ``func`` on its parser, which receives the parsed arguments and returns the exit status. The
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
-from tessera import status
+from tessera.cli.status import command as status_command
 
 COMMAND_GROUP = "tessera.commands"
 # Subcommands the tools provide, named in the error when they are not installed.
@@ -24,7 +25,7 @@ TOOL_EXTRAS = {"simulate": "simulate", "sandbox": "sandbox"}
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="Fractional GPU sharing for Kubernetes.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    status.register(subparsers)
+    status_command.register(subparsers)
     installed = set()
     for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
         entry.load()(subparsers)
@@ -45,7 +46,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     status: int = args.func(args)
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())
