@@ -21,7 +21,7 @@ from deviceplugin.matching import PodView, pod_complete
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
 from deviceplugin.podresources import Owners, PodResourcesError
-from deviceplugin.resize import ResizeFollower
+from deviceplugin.resize import ContainerResizer
 from deviceplugin.served import ServedContainers
 from nodeagent.records import ServedRecord
 from nodeagent.statedir import ContainerDir
@@ -42,7 +42,7 @@ class Admissions:
         config: Config,
         kube: Kube,
         served: ServedContainers,
-        resizes: ResizeFollower,
+        resizes: ContainerResizer,
         phases: PhaseWriter,
         pod_resources: Callable[[], Owners | None],
         cache: PodCache | None = None,
@@ -154,7 +154,7 @@ class Admissions:
         """Correct served records from the kubelet's pod-resources API, remove the state of
         containers whose pods are gone, ask again for the ``allocated`` phase of pods the kubelet
         admitted in full whose phase is still ``allocating`` (a write lost with a restart of the
-        agent), and follow resizes the pod cache did not."""
+        agent), and resize what the pod cache did not."""
         served = self._served
         served_before = served.served()
         views = [p.view for p in self._kube.node_pods()]
@@ -174,5 +174,5 @@ class Admissions:
         self._resizes.forget_except(live)
         if removed:
             log.info("removed the state of %d container(s) whose pods are gone", len(removed))
-        self._resizes.follow(views)
+        self._resizes.resize(views)
         self._submit_allocated(done)

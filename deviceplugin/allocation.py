@@ -142,7 +142,7 @@ class Allocator:
                 "Allocate: pod %s container %s gets %s",
                 c.pod.ref,
                 c.container,
-                ", ".join(f"{g.uuid} ({g.memory_mib} MiB, {g.cores}% cores)" for g in c.grants),
+                ", ".join(f"{g.uuid} ({g.memory_quota_mib} MiB, {g.cores}% cores)" for g in c.grants),
             )
         return answers
 

@@ -77,7 +77,7 @@ class DriverChecks:
         for record in records.values():
             pods[record.pod_uid] = record
             for grant in record.gpus:
-                quotas[grant.uuid][record.pod_uid] += grant.memory_mib * MIB
+                quotas[grant.uuid][record.pod_uid] += grant.memory_quota_mib * MIB
         over: dict[tuple[str, str], PodMemory] = {}
         unmanaged: set[tuple[str, str]] = set()
         for uuid, driver in drivers.items():

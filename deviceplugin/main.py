@@ -28,7 +28,7 @@ from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
 from deviceplugin.podresources import Owners, container_devices
 from deviceplugin.publisher import Publisher
-from deviceplugin.resize import ResizeFollower
+from deviceplugin.resize import ContainerResizer
 from deviceplugin.served import ServedContainers
 from deviceplugin.sharing import node_sharing_mode
 from deviceplugin.usage import UsageChecks
@@ -50,7 +50,7 @@ class NodeAgent:
 
     inventory: Inventory
     served: ServedContainers
-    resizes: ResizeFollower
+    resizes: ContainerResizer
     cache: PodCache | None
     allocator: Allocator
     admissions: Admissions
@@ -69,7 +69,7 @@ def compose(
     pod_resources: Callable[[], Owners | None] | None = None,
     sharing: SharingMode | None = None,
     driver: Driver | None = None,
-    on_followed: Callable[[int], object] | None = None,
+    on_resized: Callable[[int], object] | None = None,
     on_evicted: Callable[[], object] | None = None,
 ) -> NodeAgent:
     """Build the parts, each with what it needs. ``pod_cache``: makes the pods on the node from the
@@ -78,11 +78,11 @@ def compose(
     container the kubelet gave each device set to (default: its pod-resources API at the configured
     socket). ``sharing``: the node's mode (default ``--sharing``; the caller decides it from the
     Node's label, :func:`deviceplugin.sharing.node_sharing_mode`). ``driver``: NVML's word (default:
-    none). ``on_followed``, ``on_evicted``: the exporter's counters."""
+    none). ``on_resized``, ``on_evicted``: the exporter's counters."""
     inventory = Inventory(gpus, config.health_poll_seconds)
     served = ServedContainers(config, state, config.sharing if sharing is None else sharing)
-    resizes = ResizeFollower(config.keys, served, on_followed)
-    cache = pod_cache(resizes.follow) if pod_cache is not None else None
+    resizes = ContainerResizer(config.keys, served, on_resized)
+    cache = pod_cache(resizes.resize) if pod_cache is not None else None
     admissions = Admissions(
         config,
         kube,
@@ -149,7 +149,7 @@ def run(config: Config, stop: threading.Event) -> None:
         phases=phases,
         sharing=sharing,
         driver=Driver(utilization=utilization, holders=driver_holders, free_memory=free_memory),
-        on_followed=plugin_metrics.resizes_followed.inc,
+        on_resized=plugin_metrics.resizes_followed.inc,
         on_evicted=plugin_metrics.best_effort_evictions.inc,
     )
     cache = agent.cache

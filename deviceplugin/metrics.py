@@ -226,10 +226,10 @@ class AgentCollector(Collector):
             labels = (self._node, gpu.uuid, gpu.model)
             healthy.add_metric(labels, 1.0 if gpu.healthy else 0.0)
             slices.add_metric(labels, gpu.split)
-            capacity.add_metric(labels, gpu.memory_mib * MIB)
+            capacity.add_metric(labels, gpu.total_memory_mib * MIB)
             on_gpu = grants.get(gpu.uuid, [])
             slices_used.add_metric(labels, len(on_gpu))
-            memory_allocated.add_metric(labels, sum(g.memory_mib for g in on_gpu) * MIB)
+            memory_allocated.add_metric(labels, sum(g.memory_quota_mib for g in on_gpu) * MIB)
             cores_allocated.add_metric(labels, sum(g.cores for g in on_gpu) / 100)
             reading = self._reading(gpu.uuid)
             if reading is None:
@@ -288,7 +288,7 @@ class AgentCollector(Collector):
                 # A GPU gone from the inventory keeps its containers' series, with no model.
                 model = models.get(grant.uuid, "")
                 labels = (record.namespace, record.pod, record.container, self._node, grant.uuid, model)
-                quota.add_metric(labels, grant.memory_mib * MIB)
+                quota.add_metric(labels, grant.memory_quota_mib * MIB)
                 cores.add_metric(labels, grant.cores / 100)
                 device = usage.device(grant.uuid) if usage is not None else None
                 used.add_metric(labels, device.memory_used_bytes if device else 0)
@@ -323,7 +323,7 @@ class AgentCollector(Collector):
         for _, record in records:
             names[record.pod_uid] = (record.namespace, record.pod)
             for grant in record.gpus:
-                quota[record.pod_uid, grant.uuid] += grant.memory_mib * MIB
+                quota[record.pod_uid, grant.uuid] += grant.memory_quota_mib * MIB
         for gpu in inventory:
             holders = gpu_holders(gpu.uuid, self._processes, self._pod_of_pid)
             if holders is None:

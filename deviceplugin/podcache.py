@@ -51,7 +51,7 @@ class PodCache:
         on_pods: Callable[[Sequence[PodView]], object] | None = None,
     ) -> None:
         """``on_pods``: called with the pods of each list and each watch event, outside the lock
-        (the resize follower)."""
+        (the container resizer)."""
         self._kube = kube
         self._lock = threading.Lock()
         self._pods: dict[str, NodePod] = {}

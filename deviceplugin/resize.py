@@ -1,4 +1,4 @@
-"""The resize follower: a live resize the extender decided reaches the served containers.
+"""The container resizer: a live resize the extender decided reaches the served containers.
 
 The extender writes a pod's new allocation on the pod; the pod cache tells every pod it sees (the
 callback given to :class:`deviceplugin.podcache.PodCache`), and the clean-up every pod it lists
@@ -19,23 +19,23 @@ from tessera.contract import Allocation, ContractError, ContractKeys, parse_allo
 log = logging.getLogger(__name__)
 
 
-class ResizeFollower:
+class ContainerResizer:
     def __init__(
         self,
         keys: ContractKeys,
         served: ServedContainers,
-        on_followed: Callable[[int], object] | None = None,
+        on_resized: Callable[[int], object] | None = None,
     ) -> None:
-        """``on_followed``: told how many containers' limits files each follow rewrote (the
+        """``on_resized``: told how many containers' limits files each resize rewrote (the
         exporter's counter)."""
         self._keys = keys
         self._served = served
-        self._on_followed = on_followed
-        # Guards the allocation annotations already followed, by pod UID.
+        self._on_resized = on_resized
+        # Guards the allocation annotations already resized to, by pod UID.
         self._lock = threading.Lock()
-        self._followed: dict[str, str] = {}
+        self._resized: dict[str, str] = {}
 
-    def follow(self, pods: Sequence[PodView]) -> int:
+    def resize(self, pods: Sequence[PodView]) -> int:
         """Rewrite the limits file (atomically: the hook in each of the container's processes
         follows it) and the record of every served container of ``pods`` whose allocation now gives
         it other quotas on the same GPUs: a live resize the extender decided. Returns how many."""
@@ -44,7 +44,7 @@ class ResizeFollower:
             texts: dict[str, str] = {}
             for pod in pods:
                 text = pod.annotations.get(self._keys.allocation)
-                if text is None or self._followed.get(pod.uid) == text:
+                if text is None or self._resized.get(pod.uid) == text:
                     continue
                 texts[pod.uid] = text
                 try:
@@ -53,14 +53,14 @@ class ResizeFollower:
                     log.warning("%s", e)
             if not texts:
                 return 0
-            followed = self._served.resize(changed)
-            self._followed.update(texts)  # once written: a failed write is tried again by the clean-up
-        if followed and self._on_followed is not None:
-            self._on_followed(followed)
-        return followed
+            resized = self._served.resize(changed)
+            self._resized.update(texts)  # once written: a failed write is tried again by the clean-up
+        if resized and self._on_resized is not None:
+            self._on_resized(resized)
+        return resized
 
     def forget_except(self, live: set[str]) -> None:
-        """Forget what was followed for pods (by UID) no longer on the node."""
+        """Forget what was resized for pods (by UID) no longer on the node."""
         with self._lock:
-            for uid in set(self._followed) - live:
-                del self._followed[uid]
+            for uid in set(self._resized) - live:
+                del self._resized[uid]

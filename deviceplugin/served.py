@@ -233,7 +233,7 @@ class ServedContainers:
     def resize(self, changed: Mapping[str, Allocation]) -> int:
         """Rewrite the limits file and the record of every served container whose pod (by UID) has
         a changed allocation giving it other quotas on the same GPUs; returns how many."""
-        followed = 0
+        count = 0
         with self.lock:
             for where, record in list(self._records.items()):
                 allocation = changed.get(record.pod_uid)
@@ -244,15 +244,15 @@ class ServedContainers:
                 self._write_limits(where, resized)
                 self.state.write_record(where, resized)
                 self._records[where] = resized
-                quotas = ", ".join(f"{g.uuid}: {g.memory_mib} MiB, {g.cores}% compute" for g in grants)
+                quotas = ", ".join(f"{g.uuid}: {g.memory_quota_mib} MiB, {g.cores}% compute" for g in grants)
                 log.info(
                     "pod %s container %s resized: %s",
                     pod_ref(resized.namespace, resized.pod),
                     resized.container,
                     quotas,
                 )
-                followed += 1
-        return followed
+                count += 1
+        return count
 
     def apply_plans(self, plans: dict[str, GpuPlan[ContainerDir]]) -> None:
         """Take the GPUs' new plans and rewrite the limits of the containers they change."""
@@ -272,7 +272,7 @@ class ServedContainers:
         limits = []
         for grant in record.gpus:
             plan = self._plans.get(grant.uuid)
-            memory = grant.memory_mib * MIB
+            memory = grant.memory_quota_mib * MIB
             wait = 0
             if plan is not None:
                 memory = plan.quotas.get(where, memory)

@@ -85,7 +85,7 @@ class UsageChecks:
                         key=where,
                         pod=record.pod_uid,
                         qos=record.qos,
-                        grant_bytes=grant.memory_mib * MIB,
+                        grant_bytes=grant.memory_quota_mib * MIB,
                         oversubscribed=grant.oversubscribed and record.qos == QosClass.BEST_EFFORT,
                         used_bytes=device.memory_used_bytes if device is not None else 0,
                         waiting_bytes=device.memory_waiting_bytes if device is not None else 0,
@@ -110,7 +110,7 @@ class UsageChecks:
         free_memory = self._driver.free_memory
         plans = {
             gpu.uuid: plan_gpu(
-                gpu.memory_mib * MIB, holders.get(gpu.uuid, []), margin, evicting, free_memory(gpu.uuid)
+                gpu.total_memory_mib * MIB, holders.get(gpu.uuid, []), margin, evicting, free_memory(gpu.uuid)
             )
             for gpu in self._gpus
         }

@@ -46,7 +46,7 @@ class AllocatedDevice:
     device: str
     share_id: str | None
     uuid: str
-    memory_bytes: int
+    memory_quota_bytes: int
     cores: int
 
 
@@ -75,7 +75,7 @@ def _list(value: object, field: str) -> Sequence[object]:
 def _consumed(result: Mapping[str, object], gpu: GpuInfo, where: str) -> tuple[int, int]:
     consumed = _object(result.get("consumedCapacity") or {}, f"{where}.consumedCapacity")
     defaults = defaults_for(gpu)
-    memory, cores = defaults.memory_bytes, defaults.cores
+    memory, cores = defaults.memory_quota_bytes, defaults.cores
     if DRA_MEMORY_CAPACITY in consumed:
         memory = parse_integer_quantity(
             consumed[DRA_MEMORY_CAPACITY], field=f"{where}.consumedCapacity.{DRA_MEMORY_CAPACITY}"
@@ -140,7 +140,7 @@ def plan_claim(
                 device=name,
                 share_id=str(share_id) if share_id is not None else None,
                 uuid=gpu.uuid,
-                memory_bytes=memory,
+                memory_quota_bytes=memory,
                 cores=cores,
             )
         )
@@ -154,7 +154,9 @@ def plan_claim(
     per_gpu: dict[str, DeviceLimit] = {}
     for d in devices:
         before = per_gpu.get(d.uuid, DeviceLimit(d.uuid, 0, 0))
-        per_gpu[d.uuid] = DeviceLimit(d.uuid, before.memory_bytes + d.memory_bytes, before.cores + d.cores)
+        per_gpu[d.uuid] = DeviceLimit(
+            d.uuid, before.memory_quota_bytes + d.memory_quota_bytes, before.cores + d.cores
+        )
     limits = tuple(per_gpu.values())
     for limit in limits:
         try:

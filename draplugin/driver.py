@@ -128,7 +128,7 @@ class Driver:
             log.info(
                 "%s prepared: %s",
                 ref,
-                ", ".join(f"{lim.uuid} {lim.memory_bytes} B {lim.cores}% cores" for lim in plan.limits),
+                ", ".join(f"{lim.uuid} {lim.memory_quota_bytes} B {lim.cores}% cores" for lim in plan.limits),
             )
             return devices
 

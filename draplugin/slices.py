@@ -36,12 +36,12 @@ DEFAULT_CORES = 0
 class ShareDefaults:
     """What a claim consumes of a GPU when it names no amount."""
 
-    memory_bytes: int
+    memory_quota_bytes: int
     cores: int
 
 
 def defaults_for(gpu: GpuInfo) -> ShareDefaults:
-    return ShareDefaults(memory_bytes=gpu.memory_mib * MIB, cores=DEFAULT_CORES)
+    return ShareDefaults(memory_quota_bytes=gpu.total_memory_mib * MIB, cores=DEFAULT_CORES)
 
 
 def device_name(gpu: GpuInfo) -> str:
@@ -80,7 +80,7 @@ def nvlink_islands(gpus: Iterable[GpuInfo]) -> dict[str, str]:
 
 def device(gpu: GpuInfo, profiles: SpeedProfiles, island: str) -> JsonObject:
     """One GPU as a shareable device; attributes are in the driver's domain (unqualified)."""
-    memory = gpu.memory_mib * MIB
+    memory = gpu.total_memory_mib * MIB
     defaults = defaults_for(gpu)
     attributes: dict[str, JsonObject] = {
         "model": {"string": profiles.model_key(gpu.model) or gpu.model},
@@ -100,7 +100,7 @@ def device(gpu: GpuInfo, profiles: SpeedProfiles, island: str) -> JsonObject:
             DRA_MEMORY_CAPACITY: {
                 "value": str(memory),
                 "requestPolicy": {
-                    "default": str(defaults.memory_bytes),
+                    "default": str(defaults.memory_quota_bytes),
                     "validRange": {
                         "min": str(MEMORY_STEP_BYTES),
                         "max": str(memory),

@@ -38,7 +38,7 @@ GPUS = tuple(
         uuid=f"GPU-{i}",
         index=i,
         model="Fake",
-        memory_mib=16384,
+        total_memory_mib=16384,
         sm_count=80,
         compute_capability="8.0",
         split=10,
@@ -103,7 +103,9 @@ def in_flight_pod(
     allocation = Allocation(
         node=NODE,
         containers=tuple(
-            ContainerAllocation(name=c, gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=k) for u, m, k in g))
+            ContainerAllocation(
+                name=c, gpus=tuple(GpuGrant(uuid=u, memory_quota_mib=m, cores=k) for u, m, k in g)
+            )
             for c, g in grants.items()
         ),
         qos=qos,

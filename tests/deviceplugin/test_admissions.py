@@ -73,7 +73,7 @@ def test_slices_given_again_leave_one_record_for_their_new_container(tmp_path: P
     write_phases(agent)
     agent.admissions.tidy()
     records = [r for _, r in agent.served.state.records()]
-    assert [(r.pod, r.gpus[0].memory_mib, frozenset(r.device_ids)) for r in records] == [
+    assert [(r.pod, r.gpus[0].memory_quota_mib, frozenset(r.device_ids)) for r in records] == [
         ("new", 1024, devices)
     ]
     assert kube.phases["uid-new"] == Phase.ALLOCATED

@@ -188,7 +188,7 @@ def test_multi_container_pod_is_allocated_after_its_last_container(tmp_path: Pat
     write_phases(agent)
     assert kube.phases == {}
     (answer,) = agent.allocator.allocate([["GPU-1::3"]])
-    assert answer.record.container == "y" and answer.record.gpus[0].memory_mib == 2048
+    assert answer.record.container == "y" and answer.record.gpus[0].memory_quota_mib == 2048
     write_phases(agent)
     assert kube.phases == {"uid-p": Phase.ALLOCATED}
 

@@ -11,7 +11,7 @@ def gpu(uuid: str, numa: int | None = 0, split: int = 10) -> GpuInfo:
         uuid=uuid,
         index=0,
         model="Fake A100",
-        memory_mib=40960,
+        total_memory_mib=40960,
         sm_count=108,
         compute_capability="8.0",
         numa_node=numa,

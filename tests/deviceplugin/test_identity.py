@@ -9,7 +9,7 @@ from nodeagent.records import ServedRecord
 from nodeagent.statedir import ContainerDir
 from tessera.contract import GpuGrant
 
-GRANT = (GpuGrant(uuid="GPU-a", memory_mib=1024, cores=10),)
+GRANT = (GpuGrant(uuid="GPU-a", memory_quota_mib=1024, cores=10),)
 
 
 def record(pod: str, devices: tuple[str, ...]) -> tuple[ContainerDir, ServedRecord]:

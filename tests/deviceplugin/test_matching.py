@@ -52,7 +52,8 @@ def pod(
                 node=NODE,
                 containers=tuple(
                     ContainerAllocation(
-                        name=c, gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=k) for u, m, k in grants)
+                        name=c,
+                        gpus=tuple(GpuGrant(uuid=u, memory_quota_mib=m, cores=k) for u, m, k in grants),
                     )
                     for c, grants in containers.items()
                 ),
@@ -91,7 +92,7 @@ def test_allocate_finds_the_container_by_gpu_set_and_size() -> None:
     assert (got.pod.name, got.container) == ("two", "main")
     got = match_container([slice_id("GPU-a", 7)], s, node=NODE, node_gpus=GPUS)
     assert got.pod.name == "one"
-    assert got.grants == (GpuGrant(uuid="GPU-a", memory_mib=4096, cores=30),)
+    assert got.grants == (GpuGrant(uuid="GPU-a", memory_quota_mib=4096, cores=30),)
 
 
 def test_equal_keys_are_served_oldest_bind_first_then_spec_order() -> None:
@@ -152,7 +153,9 @@ def test_broken_pods_fail_allocate_with_the_reason(bad: PodView, reason: str) ->
 def test_allocation_for_another_node_is_broken() -> None:
     other = Allocation(
         node="node-b",
-        containers=(ContainerAllocation(name="m", gpus=(GpuGrant(uuid="GPU-a", memory_mib=1, cores=0),)),),
+        containers=(
+            ContainerAllocation(name="m", gpus=(GpuGrant(uuid="GPU-a", memory_quota_mib=1, cores=0),)),
+        ),
     )
     s = state(pod("p", {"m": [("GPU-a", 1, 1)]}, allocation=dump_allocation(other)))
     assert "is for node 'node-b', not this node 'node-a'" in s.broken[0].reason

@@ -140,7 +140,7 @@ def test_the_mps_line_stays_on_every_rewrite_and_after_a_restart(tmp_path: Path)
     resized = in_flight_pod(
         "be", {"main": [("GPU-1", 2048, 0), ("GPU-2", 2048, 0)]}, bind=2, qos=QosClass.BEST_EFFORT
     )
-    assert agent.resizes.follow([resized]) == 1
+    assert agent.resizes.resize([resized]) == 1
     text = limits.read_text()
     assert f"device GPU-1 memory {2048 * 2**20} cores 0\n" in text and text.endswith(line)
     # A restarted agent rewrites every container's limits at its first check: the record keeps the

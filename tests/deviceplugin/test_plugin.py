@@ -104,7 +104,9 @@ def create_pod(
     allocation = Allocation(
         node=node,
         containers=tuple(
-            ContainerAllocation(name=c, gpus=tuple(GpuGrant(uuid=u, memory_mib=m, cores=k) for u, m, k in g))
+            ContainerAllocation(
+                name=c, gpus=tuple(GpuGrant(uuid=u, memory_quota_mib=m, cores=k) for u, m, k in g)
+            )
             for c, g in containers.items()
         ),
     )
@@ -193,7 +195,7 @@ def test_registers_and_advertises_every_slice_and_the_inventory(node: Node) -> N
     inventory = parse_inventory(text)
     assert [g.uuid for g in inventory] == fake_gpus.uuids
     first = inventory[0]
-    assert (first.model, first.memory_mib, first.sm_count, first.compute_capability) == (
+    assert (first.model, first.total_memory_mib, first.sm_count, first.compute_capability) == (
         "NVIDIA A100-SXM4-40GB",
         40960,
         108,

@@ -38,7 +38,7 @@ GPUS = tuple(
         uuid=f"GPU-0000000{i}-0000-4000-8000-000000000000",
         index=i,
         model="Fake",
-        memory_mib=16384,
+        total_memory_mib=16384,
         sm_count=80,
         compute_capability="8.0",
         split=10,
@@ -89,7 +89,7 @@ def make_agent(
     tmp_path: Path,
     kube: Kube,
     cache: Callable[[Callable[[Sequence[PodView]], object]], PodCache] | PodCache | None,
-    on_followed: Callable[[int], object] | None = None,
+    on_resized: Callable[[int], object] | None = None,
 ) -> NodeAgent:
     """The agent's parts on ``kube``; ``cache``: the pod cache, or what makes it from the resize
     follower's callback."""
@@ -106,7 +106,7 @@ def make_agent(
         state,
         pod_cache=(lambda _: cache) if isinstance(cache, PodCache) else cache,
         phases=PhaseWriter(kube),
-        on_followed=on_followed,
+        on_resized=on_resized,
     )
 
 
@@ -180,7 +180,7 @@ def test_a_bind_the_cache_has_not_seen_is_served_from_the_api(
     assert agent.allocator.preferred([f"{g}::0" for g in G], [], 1) == [f"{G[2]}::0"]
     (answer,) = agent.allocator.allocate([[f"{G[2]}::3"]])
     assert answer.record.pod_uid == pod.metadata.uid
-    assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[2], 4096, 30)]
+    assert [(g.uuid, g.memory_quota_mib, g.cores) for g in answer.record.gpus] == [(G[2], 4096, 30)]
     assert (agent.allocator.cache_answers, agent.allocator.api_answers) == (0, 1)
     assert agent.allocator.api_reasons["no match in the cache"] == 1
     agent.admissions.confirm()  # no pod-resources socket here: the pod matched is taken as admitted
@@ -230,7 +230,7 @@ def test_a_pod_the_cache_shows_after_its_deletion_is_not_picked(  # noqa: PLR091
         assert agent.allocator.preferred([f"{g}::{i}" for g in G for i in range(10)], [], 1) == [f"{G[3]}::0"]
     (answer,) = agent.allocator.allocate([[f"{G[3]}::0"]])
     assert answer.record.pod_uid == new.metadata.uid
-    assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[3], 8192, 60)]
+    assert [(g.uuid, g.memory_quota_mib, g.cores) for g in answer.record.gpus] == [(G[3], 8192, 60)]
     assert (
         agent.allocator.cache_answers,
         agent.allocator.api_answers,
@@ -311,7 +311,7 @@ def test_a_preferred_calls_confirmation_covers_another_pod_of_the_same_key(
     cache.relist()
     (answer,) = agent.allocator.allocate([chosen])
     assert answer.record.pod == {"a": "b", "b": "a"}[confirmed]
-    assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[0], 1024, 10)]
+    assert [(g.uuid, g.memory_quota_mib, g.cores) for g in answer.record.gpus] == [(G[0], 1024, 10)]
     assert (reads.reads + reads.lists, agent.allocator.preferred_confirmations) == (1, 1)
 
     create_pod(core, namespace, "c", gpu_node, {"main": [(G[2], 4096, 40)]})
@@ -325,7 +325,7 @@ def test_a_preferred_calls_confirmation_covers_another_pod_of_the_same_key(
     cache.relist()
     (answer,) = agent.allocator.allocate([chosen])
     assert answer.record.pod_uid == d.metadata.uid
-    assert [(g.uuid, g.memory_mib, g.cores) for g in answer.record.gpus] == [(G[2], 2048, 20)]
+    assert [(g.uuid, g.memory_quota_mib, g.cores) for g in answer.record.gpus] == [(G[2], 2048, 20)]
     assert (reads.reads + reads.lists, agent.allocator.preferred_confirmations) == (3, 1)
 
 
@@ -473,7 +473,7 @@ def test_a_resize_written_on_the_pod_reaches_the_limits_file_through_the_watch( 
         tmp_path,
         node_kube,
         lambda on_pods: watching(PodCache(node_kube, on_pods=on_pods)),
-        on_followed=followed.append,
+        on_resized=followed.append,
     )
     cache = agent.cache
     assert cache is not None and cache.wait_synced(30)
@@ -481,7 +481,7 @@ def test_a_resize_written_on_the_pod_reaches_the_limits_file_through_the_watch( 
     wait_for(lambda: cache.pod(pod.metadata.uid), what="the bound pod in the cache")
     (answer,) = agent.allocator.allocate([[f"{G[1]}::0"]])
     allocation = answer.record.gpus
-    grown = allocation[0].model_copy(update={"memory_mib": 2048, "cores": 60})
+    grown = allocation[0].model_copy(update={"memory_quota_mib": 2048, "cores": 60})
     text = Allocation(
         node=gpu_node, containers=(ContainerAllocation(name="main", gpus=(grown,)),)
     ).model_dump_json()

@@ -231,7 +231,8 @@ def test_agent_works_with_exactly_the_deployed_rbac(
             node=node,
             containers=(
                 ContainerAllocation(
-                    name="main", gpus=(GpuGrant(uuid="GPU-0", memory_mib=1024, cores=0, oversubscribed=True),)
+                    name="main",
+                    gpus=(GpuGrant(uuid="GPU-0", memory_quota_mib=1024, cores=0, oversubscribed=True),),
                 ),
             ),
             qos=QosClass.BEST_EFFORT,

@@ -1,4 +1,4 @@
-"""The resize follower (deviceplugin/resize.py): a live resize on the pod rewrites the served
+"""The container resizer (deviceplugin/resize.py): a live resize on the pod rewrites the served
 containers' limits files, once, also after a restart of the agent."""
 
 from __future__ import annotations
@@ -22,28 +22,28 @@ def test_a_resized_allocation_rewrites_the_served_containers_limits_by_a_rename(
     where = tmp_path / "containers" / "uid-p" / "main"
     limits = where / "limits.d" / "limits"
     before = limits.stat().st_ino
-    assert agent.resizes.follow([pod]) == 0  # the allocation as served
+    assert agent.resizes.resize([pod]) == 0  # the allocation as served
     resized = in_flight_pod(
         "p", {"main": [("GPU-1", 2048, 60), ("GPU-2", 2048, 60)], "side": [("GPU-3", 512, 0)]}
     )
-    assert agent.resizes.follow([resized]) == 1
+    assert agent.resizes.resize([resized]) == 1
     text = limits.read_text()
     assert f"device GPU-1 memory {2048 * 2**20} cores 60\n" in text
     assert f"device GPU-2 memory {2048 * 2**20} cores 60\n" in text
     assert limits.stat().st_ino != before  # a new file renamed over the old one
     assert limits.stat().st_mode & 0o777 == 0o444
     record = load_record(where / "allocation.json", ServedRecord)
-    assert [(g.memory_mib, g.cores) for g in record.gpus] == [(2048, 60), (2048, 60)]
+    assert [(g.memory_quota_mib, g.cores) for g in record.gpus] == [(2048, 60), (2048, 60)]
     assert (
         f"memory {512 * 2**20} cores 0"
         in (tmp_path / "containers" / "uid-p" / "side" / "limits.d" / "limits").read_text()
     )
-    assert agent.resizes.follow([resized]) == 0  # followed once
+    assert agent.resizes.resize([resized]) == 0  # followed once
     # An allocation naming other GPUs is no resize: the container keeps what it was served.
     moved = in_flight_pod(
         "p", {"main": [("GPU-0", 4096, 60), ("GPU-2", 4096, 60)], "side": [("GPU-3", 512, 0)]}
     )
-    assert agent.resizes.follow([moved]) == 0
+    assert agent.resizes.resize([moved]) == 0
     assert limits.read_text() == text
     assert kube.events == []
 

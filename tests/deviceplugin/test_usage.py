@@ -30,7 +30,8 @@ def test_measured_use_is_published_with_the_inventory_and_limits_follow_borrowin
         node=NODE,
         containers=(
             ContainerAllocation(
-                name="main", gpus=(GpuGrant(uuid="GPU-0", memory_mib=16384, cores=0, oversubscribed=True),)
+                name="main",
+                gpus=(GpuGrant(uuid="GPU-0", memory_quota_mib=16384, cores=0, oversubscribed=True),),
             ),
         ),
         qos=QosClass.BEST_EFFORT,

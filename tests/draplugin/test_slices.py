@@ -10,14 +10,20 @@ A100 = GpuInfo(
     uuid="GPU-a100",
     index=0,
     model="NVIDIA A100-SXM4-40GB",
-    memory_mib=40960,
+    total_memory_mib=40960,
     sm_count=108,
     compute_capability="8.0",
     numa_node=1,
     split=1,
 )
 T4 = GpuInfo(
-    uuid="GPU-t4", index=1, model="Tesla T4", memory_mib=15360, sm_count=40, compute_capability="7.5", split=1
+    uuid="GPU-t4",
+    index=1,
+    model="Tesla T4",
+    total_memory_mib=15360,
+    sm_count=40,
+    compute_capability="7.5",
+    split=1,
 )
 PROFILES = SpeedProfiles.from_mapping({"models": {"A100": 2.0, "T4": 0.4}})
 

@@ -31,7 +31,7 @@ SERVED = ServedRecord(
     pod="train-0",
     pod_uid=POD_UID,
     container="main",
-    gpus=(GpuGrant(uuid=GPU, memory_mib=4096, cores=30),),
+    gpus=(GpuGrant(uuid=GPU, memory_quota_mib=4096, cores=30),),
     device_ids=(f"{GPU}::0", f"{GPU}::1"),
     qos=QosClass.BEST_EFFORT,
     served_at=1764252000.5,
