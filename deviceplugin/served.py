@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from deviceplugin.config import Config
@@ -28,7 +28,7 @@ from deviceplugin.sharing import MpsPolicy
 from hook.limits import DeviceLimit, write_limits
 from nodeagent.records import ServedRecord
 from nodeagent.statedir import ContainerDir, StateDir, create_state_dir
-from tessera.contract import CONTAINER_COORDINATION_DIR, MIB, Allocation, QosClass, SharingMode, pod_ref
+from tessera.contract import CONTAINER_COORDINATION_DIR, Allocation, QosClass, SharingMode, pod_ref
 
 log = logging.getLogger(__name__)
 
@@ -271,13 +271,17 @@ class ServedContainers:
         wait_ms = round(self._config.shortfall_wait_seconds * 1000)
         limits = []
         for grant in record.gpus:
+            limit = DeviceLimit.from_grant(grant)
             plan = self._plans.get(grant.uuid)
-            memory = grant.memory_quota_mib * MIB
-            wait = 0
             if plan is not None:
-                memory = plan.quotas.get(where, memory)
-                wait = wait_ms if plan.oversubscribed and record.qos != QosClass.BEST_EFFORT else 0
-            limits.append(DeviceLimit(grant.uuid, memory, grant.cores, wait))
+                limit = replace(
+                    limit,
+                    memory_quota_bytes=plan.quotas.get(where, limit.memory_quota_bytes),
+                    shortfall_wait_ms=wait_ms
+                    if plan.oversubscribed and record.qos != QosClass.BEST_EFFORT
+                    else 0,
+                )
+            limits.append(limit)
         return tuple(limits)
 
     def _write_limits(self, where: ContainerDir, record: ServedRecord) -> None:

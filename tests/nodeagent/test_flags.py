@@ -16,8 +16,8 @@ from draplugin import main as dra_main
 from extender.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
-# The sources of the extender's and the node agents' command lines.
-SOURCES = ("tessera/cliargs.py", "extender", "nodeagent", "deviceplugin", "draplugin")
+# The sources of the extender's, the node agents' and `tessera status`'s command lines.
+SOURCES = ("tessera/cliargs.py", "tessera/cli", "extender", "nodeagent", "deviceplugin", "draplugin")
 ENV = {
     "NODE_NAME": "n1",
     "TESSERA_DOMAIN": "gpu.example.com",

@@ -10,19 +10,15 @@ from typing import Any
 
 from tessera.cli.status.gather import StatusError, collect
 from tessera.cli.status.table import render_json, render_table
-from tessera.cliargs import seconds
-from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV, ContractError, keys_for
+from tessera.cliargs import add_domain, add_kubeconfig, seconds
+from tessera.contract import ContractError, keys_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    add_kubeconfig(parser, None, "default: $KUBECONFIG or ~/.kube/config")
     parser.add_argument("--context", help="kubeconfig context (default: its current context)")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help="default: table")
-    parser.add_argument(
-        "--domain",
-        default=os.environ.get(DOMAIN_ENV, DEFAULT_DOMAIN),
-        help=f"domain of Tessera's annotations (default: ${DOMAIN_ENV} or {DEFAULT_DOMAIN})",
-    )
+    add_domain(parser, os.environ)
     parser.add_argument(
         "--metrics-timeout",
         type=seconds,

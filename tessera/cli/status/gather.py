@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,7 +33,7 @@ class StatusError(RuntimeError):
     """What stops `tessera status`, in words for the user (no traceback)."""
 
 
-def _api(kubeconfig: str | None, context: str | None) -> Any:
+def _api(kubeconfig: Path | None, context: str | None) -> Any:
     from kubernetes import client, config  # noqa: PLC0415 (imported when asked: `tessera --help` stays fast)
     from kubernetes.config.config_exception import ConfigException  # noqa: PLC0415
 
@@ -41,7 +42,9 @@ def _api(kubeconfig: str | None, context: str | None) -> Any:
     if kubeconfig is not None and not os.path.isfile(kubeconfig):
         raise StatusError(f"{shown}: no such file")
     try:
-        api = config.new_client_from_config(config_file=kubeconfig, context=context)
+        api = config.new_client_from_config(
+            config_file=None if kubeconfig is None else str(kubeconfig), context=context
+        )
     except ConfigException as e:
         raise StatusError(f"{shown}: {e}") from None
     except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError) as e:
@@ -93,7 +96,7 @@ def _agent_metrics(core: Any, agent: Json, timeout: float) -> str:
 
 
 def collect(
-    kubeconfig: str | None, context: str | None, keys: ContractKeys, metrics_timeout: float | None
+    kubeconfig: Path | None, context: str | None, keys: ContractKeys, metrics_timeout: float | None
 ) -> Status:
     from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
     from urllib3.exceptions import HTTPError  # noqa: PLC0415
