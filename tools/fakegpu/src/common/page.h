@@ -1,13 +1,19 @@
 /* The layout of a GPU's state file (`<state dir>/<uuid>.gpu`), private to the common code: shared.c
- * maps it and keeps the process slots and memory, sched.c runs the scheduler model over the work
- * queued in it, timeline.c keeps the record of when the GPU was busy. Every field is changed only
- * under the page lock, and every update leaves the fields usable (a holder may die mid-update). */
+ * maps it and keeps the process slots and memory, liveness.c tells whether a slot's process lives,
+ * sched.c runs the scheduler model over the work queued in it and writes the record of when the GPU
+ * was busy, which timeline.c reads. Every field is changed only under the page lock, and every
+ * update leaves the fields usable (a holder may die mid-update).
+ *
+ * The files depend on each other one way: shared.c drops a dead process's work through sched.c,
+ * which asks liveness.c; timeline.c and work.c run the model and use the slots. */
 #ifndef FAKEGPU_PAGE_H
 #define FAKEGPU_PAGE_H
 
 #include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "shared.h"
 
@@ -53,7 +59,7 @@ struct fg_run {
     uint64_t completed;   /* the number of its last completed item: the rest up to `submitted` wait */
     uint64_t left_ns;     /* work left of its first item, once started */
     uint64_t ready_ns;    /* when it was preempted with work left: its place in the round robin */
-    uint64_t piece_ns;    /* start of its open busy piece (timeline.c), 0 if none */
+    uint64_t piece_ns;    /* start of its open busy piece (struct fg_busy), 0 if none */
     uint64_t last_end_ns; /* when its previous item completed (MPS: how long its next one waited) */
     int32_t started;      /* its first item has started */
     int32_t sms;          /* MPS: the SMs its running kernel holds */
@@ -74,7 +80,8 @@ struct fg_sched {
     struct fg_run run[FG_MAX_PROCS];
 };
 
-/* A stretch of time the GPU, or one process on it, ran a kernel (timeline.c). */
+/* A stretch of time the GPU, or one process on it, ran a kernel (sched.c writes it, timeline.c
+ * reads it). */
 struct fg_busy {
     uint64_t start_ns;
     uint64_t end_ns;
@@ -99,6 +106,9 @@ struct fg_page {
     struct fg_item items[FG_MAX_PROCS][FG_QUEUE];
 };
 
+/* Byte `FG_LOCK_BASE + slot` of the state file: the lock that tells the slot's process lives. */
+#define FG_LOCK_BASE ((off_t)sizeof(struct fg_page))
+
 /* This process's view of one GPU's state. */
 struct fg_shared {
     struct fg_page *page;
@@ -118,9 +128,25 @@ struct fg_shared {
     uint64_t history_pulled;
 };
 
-/* shared.c, for sched.c: with the page lock held. */
+/* The owner id of the process in slot i now (its generation and the slot). */
+static inline int32_t fg_slot_owner(const struct fg_page *p, int i)
+{
+    return (int32_t)(p->procs[i].generation << FG_SLOT_BITS | (uint32_t)i);
+}
+
+/* This process's slot, -1 if it holds none (a forked child claims its own). */
+static inline int fg_own_slot_index(const struct fg_shared *s)
+{
+    return s->slot >= 0 && s->slot_pid == getpid() ? s->slot : -1;
+}
+
+/* liveness.c: with the page lock held. */
+/* This process's own open file description of the state file (-1 after a message on stderr). */
+int fg_lock_fd(struct fg_shared *s);
+/* 1 while the process in `slot` lives (or when it cannot be told), 0 once it died or exited. */
 int fg_slot_alive(struct fg_shared *s, int slot);
-int32_t fg_slot_owner(const struct fg_page *p, int slot);
+
+/* shared.c, for timeline.c and work.c (the owner functions with the page lock held). */
 int32_t fg_own_owner_locked(struct fg_shared *s);
 void fg_page_lock(struct fg_page *p);
 void fg_page_unlock(struct fg_page *p);
@@ -135,8 +161,5 @@ void fg_sched_drop(struct fg_shared *s, int slot, uint64_t now);
 uint64_t fg_sched_predict(struct fg_shared *s, int slot, uint64_t seq);
 /* Closes the open busy pieces at the model's now and opens them again there (before reading records). */
 void fg_sched_flush(struct fg_shared *s);
-
-/* timeline.c: with the page lock held. */
-void fg_busy_add(struct fg_page *p, uint64_t start_ns, uint64_t end_ns, int32_t owner, int32_t flags);
 
 #endif

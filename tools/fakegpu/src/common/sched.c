@@ -15,7 +15,8 @@
  * Completion times depend on what other processes queue later, so nothing is fixed at launch: the
  * page holds every process's queued kernels and this model's state as of some moment; each caller
  * runs it forward to the present under the page lock (fg_sched_advance), and one waiting for an item
- * runs a copy of it into the future to know how long to sleep (fg_sched_predict). */
+ * runs a copy of it into the future to know how long to sleep (fg_sched_predict). As each busy piece
+ * closes, the model writes its record: the ring timeline.c reads for NVML's utilization. */
 #include <string.h>
 
 #include "page.h"
@@ -134,10 +135,27 @@ static uint64_t item_ns(const struct fg_item *it, int sms)
     return FG_LAUNCH_OVERHEAD_NS + waves * it->ns;
 }
 
+/* Appends a busy piece to the ring of the most recent ones (timeline.c reads it). */
+static void busy_add(struct fg_page *p, uint64_t start_ns, uint64_t end_ns, int32_t owner, int32_t flags)
+{
+    if (end_ns <= start_ns)
+        return;
+    uint32_t last = (p->ring_next + FG_RING - 1) % FG_RING;
+    struct fg_busy *b = &p->ring[last];
+    if (p->ring_count > 0 && b->owner == owner && b->flags == flags && b->end_ns == start_ns) {
+        b->end_ns = end_ns; /* back-to-back work of one process: one record */
+        return;
+    }
+    p->ring[p->ring_next] = (struct fg_busy){.start_ns = start_ns, .end_ns = end_ns, .owner = owner, .flags = flags};
+    p->ring_next = (p->ring_next + 1) % FG_RING;
+    if (p->ring_count < FG_RING)
+        p->ring_count++;
+}
+
 static void record(struct model *m, uint64_t from, uint64_t to, int slot, int flags)
 {
     if (m->commit && from && to > from)
-        fg_busy_add(m->s->page, from, to, slot >= 0 ? fg_slot_owner(m->p, slot) : 0, flags);
+        busy_add(m->s->page, from, to, slot >= 0 ? fg_slot_owner(m->p, slot) : 0, flags);
 }
 
 static void complete(struct model *m, int i, uint64_t t)

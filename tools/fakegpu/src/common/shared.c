@@ -14,8 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FG_LOCK_BASE ((off_t)sizeof(struct fg_page))
-
 static struct fg_shared g_shared[FG_MAX_GPUS];
 static pthread_mutex_t g_shared_mutex = PTHREAD_MUTEX_INITIALIZER;
 
@@ -55,48 +53,11 @@ void fg_page_unlock(struct fg_page *p)
     pthread_mutex_unlock(&p->lock);
 }
 
-/* The OFD of this process (a forked child must not use its parent's: it would see the parent's
- * locks as its own). Caller holds the page lock. */
-static int lock_fd(struct fg_shared *s)
-{
-    pid_t pid = getpid();
-    if (s->lock_fd >= 0 && s->lock_pid == pid)
-        return s->lock_fd;
-    if (s->lock_fd >= 0)
-        close(s->lock_fd); /* the inherited copy: the parent's locks live on through its own */
-    s->lock_fd = open(s->path, O_RDWR | O_CLOEXEC);
-    s->lock_pid = pid;
-    if (s->lock_fd < 0)
-        fprintf(stderr, "fakegpu: cannot open %s: %s\n", s->path, strerror(errno));
-    return s->lock_fd;
-}
-
-static int own_slot_index(const struct fg_shared *s)
-{
-    return s->slot >= 0 && s->slot_pid == getpid() ? s->slot : -1;
-}
-
-int fg_slot_alive(struct fg_shared *s, int i)
-{
-    if (i == own_slot_index(s))
-        return 1;
-    int fd = lock_fd(s);
-    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = FG_LOCK_BASE + i, .l_len = 1};
-    if (fd < 0 || fcntl(fd, F_OFD_GETLK, &fl) != 0)
-        return 1; /* cannot tell: keep it */
-    return fl.l_type != F_UNLCK;
-}
-
-int32_t fg_slot_owner(const struct fg_page *p, int i)
-{
-    return (int32_t)(p->procs[i].generation << FG_SLOT_BITS | (uint32_t)i);
-}
-
 /* The pid of the process behind `owner`, while its slot still names it ({0, 0} once reused). */
 struct fg_pid fg_owner_pid(struct fg_shared *s, int32_t owner)
 {
     const struct fg_proc_slot *slot = &s->page->procs[owner & (FG_MAX_PROCS - 1)];
-    if (!slot->used || (int32_t)(slot->generation << FG_SLOT_BITS | (uint32_t)(owner & (FG_MAX_PROCS - 1))) != owner)
+    if (!slot->used || fg_slot_owner(s->page, owner & (FG_MAX_PROCS - 1)) != owner)
         return (struct fg_pid){0, 0};
     return (struct fg_pid){slot->pid, slot->pidns};
 }
@@ -124,10 +85,10 @@ static void reap_dead(struct fg_shared *s)
 /* Finds or claims this process's slot; caller holds the page lock. NULL if none can be had. */
 static struct fg_proc_slot *own_slot(struct fg_shared *s)
 {
-    int own = own_slot_index(s);
+    int own = fg_own_slot_index(s);
     if (own >= 0)
         return &s->page->procs[own];
-    int fd = lock_fd(s);
+    int fd = fg_lock_fd(s);
     if (fd < 0)
         return NULL;
     for (int pass = 0; pass < 2; pass++) {
@@ -164,7 +125,7 @@ static struct fg_proc_slot *own_slot(struct fg_shared *s)
 int32_t fg_own_owner_locked(struct fg_shared *s)
 {
     struct fg_proc_slot *slot = own_slot(s);
-    return slot ? (int32_t)(slot->generation << FG_SLOT_BITS | (uint32_t)s->slot) : 0;
+    return slot ? fg_slot_owner(s->page, s->slot) : 0;
 }
 
 static struct fg_page *map_page(const char *path)
@@ -301,7 +262,7 @@ __attribute__((destructor)) static void release_process(void)
 {
     for (int g = 0; g < FG_MAX_GPUS; g++) {
         struct fg_shared *s = &g_shared[g];
-        int own = s->page ? own_slot_index(s) : -1;
+        int own = s->page ? fg_own_slot_index(s) : -1;
         if (own < 0)
             continue;
         fg_page_lock(s->page);

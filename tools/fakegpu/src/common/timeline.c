@@ -1,24 +1,8 @@
-/* The record of when the GPU ran kernels, and for whom: what NVML's utilization reports. The
+/* Reading the record of when the GPU ran kernels, and for whom: what NVML's utilization reports. The
  * scheduler model (sched.c) writes a record as each busy piece closes, in the order of their ends,
  * into a ring of the most recent ones; a reader first brings the model up to now, so the pieces still
  * open are closed there too. */
 #include "page.h"
-
-void fg_busy_add(struct fg_page *p, uint64_t start_ns, uint64_t end_ns, int32_t owner, int32_t flags)
-{
-    if (end_ns <= start_ns)
-        return;
-    uint32_t last = (p->ring_next + FG_RING - 1) % FG_RING;
-    struct fg_busy *b = &p->ring[last];
-    if (p->ring_count > 0 && b->owner == owner && b->flags == flags && b->end_ns == start_ns) {
-        b->end_ns = end_ns; /* back-to-back work of one process: one record */
-        return;
-    }
-    p->ring[p->ring_next] = (struct fg_busy){.start_ns = start_ns, .end_ns = end_ns, .owner = owner, .flags = flags};
-    p->ring_next = (p->ring_next + 1) % FG_RING;
-    if (p->ring_count < FG_RING)
-        p->ring_count++;
-}
 
 /* The model brought up to now with its open pieces recorded; page lock held. */
 static void settle(struct fg_shared *s)
