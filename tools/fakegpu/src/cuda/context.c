@@ -1,6 +1,5 @@
 /* Contexts: created ones, per-device primary ones, and each thread's stack of current contexts. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "internal.h"
 
@@ -8,17 +7,6 @@
 
 static __thread CUcontext tls_stack[FG_CTX_STACK];
 static __thread int tls_depth;
-
-void fg_ctx_init(struct CUctx_st *ctx, CUdevice dev, unsigned flags, int primary)
-{
-    memset(ctx, 0, sizeof *ctx);
-    ctx->magic = FG_MAGIC_CTX;
-    ctx->dev = dev;
-    ctx->flags = flags;
-    ctx->primary = primary;
-    ctx->null_stream.magic = FG_MAGIC_STREAM;
-    ctx->null_stream.ctx = ctx;
-}
 
 static CUresult fg_check_ctx(CUcontext ctx)
 {
@@ -38,6 +26,15 @@ CUresult fg_current_ctx(struct CUctx_st **out)
         return CUDA_ERROR_INVALID_CONTEXT;
     *out = ctx;
     return CUDA_SUCCESS;
+}
+
+void fg_ctx_wait(struct CUctx_st *ctx)
+{
+    pthread_mutex_lock(&fg_lock);
+    struct fg_ref tail = ctx->tail;
+    struct fg_shared *shared = fg_devices[ctx->dev].shared;
+    pthread_mutex_unlock(&fg_lock);
+    fg_work_wait(shared, tail);
 }
 
 static void forget_in_this_thread(CUcontext ctx)

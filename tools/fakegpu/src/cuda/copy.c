@@ -33,7 +33,7 @@ static CUresult copy(CUdeviceptr dst, int dst_device, CUdeviceptr src, int src_d
 
 static CUresult copy_unified(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-    return copy(dst, fg_addr_known(dst), src, fg_addr_known(src), n);
+    return copy(dst, fg_addr_known(dst, NULL, NULL), src, fg_addr_known(src, NULL, NULL), n);
 }
 
 #define HOST(p) ((CUdeviceptr)(uintptr_t)(p))

@@ -17,21 +17,6 @@ struct CUgraphNode_st {
     struct fg_kernel kernel;
 };
 
-struct CUgraph_st {
-    uint32_t magic;
-    struct CUgraphNode_st **nodes;
-    size_t count, cap;
-    uint64_t capture_id; /* while a stream capture records into it: its id, else 0 */
-    int invalidated;     /* that capture was misused: it ends without a graph */
-};
-
-/* The captures in progress, so that misusing an event recorded in one (queried, synchronised,
- * timed: it is a node of a graph, not a point in time) invalidates it as the real driver does, also
- * from another thread, after the capture's stream was destroyed or its graph ended. fg_lock. */
-#define MAX_CAPTURES 256
-static struct CUgraph_st *captures[MAX_CAPTURES];
-static uint64_t last_capture_id;
-
 struct CUgraphExec_st {
     uint32_t magic;
     struct fg_kernel *kernels;
@@ -97,43 +82,6 @@ CUresult fg_graph_capture_kernel(struct CUgraph_st *g, CUfunction f, const unsig
     if (g->invalidated)
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     return add_node(g, NULL, 0, f, grid, NULL);
-}
-
-uint64_t fg_graph_capture_id(const struct CUgraph_st *g)
-{
-    return g->capture_id;
-}
-
-int fg_graph_capture_invalidated(const struct CUgraph_st *g)
-{
-    return g->invalidated;
-}
-
-void fg_graph_capture_misused(uint64_t capture_id)
-{
-    for (int i = 0; i < MAX_CAPTURES; i++)
-        if (captures[i] && captures[i]->capture_id == capture_id)
-            captures[i]->invalidated = 1;
-}
-
-/* Caller holds fg_lock. 0, or -1 when MAX_CAPTURES are in progress. */
-static int capture_started(struct CUgraph_st *g)
-{
-    for (int i = 0; i < MAX_CAPTURES; i++)
-        if (!captures[i]) {
-            captures[i] = g;
-            g->capture_id = ++last_capture_id;
-            return 0;
-        }
-    return -1;
-}
-
-static void capture_ended(struct CUgraph_st *g)
-{
-    for (int i = 0; i < MAX_CAPTURES; i++)
-        if (captures[i] == g)
-            captures[i] = NULL;
-    g->capture_id = 0;
 }
 
 static CUresult add_kernel_node(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
@@ -355,7 +303,7 @@ static CUresult begin_capture(CUstream hStream)
     pthread_mutex_lock(&fg_lock);
     if (s->capture)
         rc = CUDA_ERROR_ILLEGAL_STATE;
-    else if (capture_started(g) != 0)
+    else if (fg_graph_capture_started(g) != 0)
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     else
         s->capture = g;
@@ -397,7 +345,7 @@ FG_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     struct CUgraph_st *invalid = NULL;
     pthread_mutex_lock(&fg_lock);
     if (s->capture) {
-        capture_ended(s->capture);
+        fg_graph_capture_ended(s->capture);
         if (s->capture->invalidated) {
             invalid = s->capture;
             *phGraph = NULL;

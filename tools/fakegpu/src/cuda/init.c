@@ -83,27 +83,6 @@ static void init_once(void)
     __atomic_store_n(&g_initialized, 1, __ATOMIC_RELEASE);
 }
 
-static void fork_prepare(void)
-{
-    pthread_mutex_lock(&fg_lock);
-    fg_vmm_fork_lock(1);
-    fg_memory_fork_lock(1);
-    fg_shared_fork_lock(1);
-}
-
-static void fork_done(void)
-{
-    fg_shared_fork_lock(0);
-    fg_memory_fork_lock(0);
-    fg_vmm_fork_lock(0);
-    pthread_mutex_unlock(&fg_lock);
-}
-
-__attribute__((constructor)) static void register_fork_handlers(void)
-{
-    pthread_atfork(fork_prepare, fork_done, fork_done);
-}
-
 FG_API CUresult cuInit(unsigned int flags)
 {
     if (flags != 0)

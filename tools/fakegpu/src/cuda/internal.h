@@ -1,5 +1,11 @@
 /* Shared declarations of the fake libcuda. Built with __CUDA_API_VERSION_INTERNAL so that every
- * entry point is defined under its exact ABI name (cuMemAlloc_v2, cuCtxCreate_v4, ...). */
+ * entry point is defined under its exact ABI name (cuMemAlloc_v2, cuCtxCreate_v4, ...).
+ *
+ * The files depend on each other one way (tests/foundation/test_c_dependencies.py): init.c (the
+ * devices, fg_lock) and memory.c (the address map) at the bottom; contexts above them; streams and
+ * events (which misuse the captures capture.c keeps) above contexts; graphs and launches above
+ * streams; the allocating entry points (alloc.c, array.c, pool.c, vmm.c) above what they use; fork.c,
+ * which takes every file's lock, on top. */
 #ifndef FAKEGPU_CUDA_INTERNAL_H
 #define FAKEGPU_CUDA_INTERNAL_H
 
@@ -7,6 +13,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../common/config.h"
 #include "../common/shared.h"
@@ -50,6 +57,19 @@ struct CUctx_st {
     struct CUstream_st null_stream;
 };
 
+/* A fresh context, live, with its null stream: a created one, or a device's primary one (init.c sets
+ * each device's up, context.c again at each first retain). */
+static inline void fg_ctx_init(struct CUctx_st *ctx, CUdevice dev, unsigned flags, int primary)
+{
+    memset(ctx, 0, sizeof *ctx);
+    ctx->magic = FG_MAGIC_CTX;
+    ctx->dev = dev;
+    ctx->flags = flags;
+    ctx->primary = primary;
+    ctx->null_stream.magic = FG_MAGIC_STREAM;
+    ctx->null_stream.ctx = ctx;
+}
+
 struct CUmemPoolHandle_st {
     uint32_t magic;
     CUdevice dev;
@@ -78,7 +98,8 @@ const struct fg_gpu_spec *fg_spec(CUdevice dev);
 
 /* context.c */
 CUresult fg_current_ctx(struct CUctx_st **out);
-void fg_ctx_init(struct CUctx_st *ctx, CUdevice dev, unsigned flags, int primary);
+/* Sleeps until the context's queued work completed. */
+void fg_ctx_wait(struct CUctx_st *ctx);
 
 /* A kernel: a named placeholder of a module; its simulated duration comes from its name. */
 struct CUfunc_st {
@@ -90,6 +111,8 @@ struct CUfunc_st {
     struct CUfunc_st *next;
     char name[128];
 };
+/* module.c: the work a launch of f over `grid` queues. */
+struct fg_work fg_kernel_work(CUfunction f, const unsigned grid[3]);
 
 /* stream.c */
 CUresult fg_resolve_stream(CUstream s, struct CUstream_st **out);
@@ -98,8 +121,6 @@ void fg_stream_run(struct CUstream_st *s, const struct fg_work *work);
 /* Waits (fg_lock not held) until the stream may take another launch: the launch FG_QUEUE_DEPTH back
  * completed, and an event of another GPU it was told to wait for. */
 void fg_stream_wait_room(struct CUstream_st *s);
-/* Sleeps until the context's queued work completed. */
-void fg_ctx_wait(struct CUctx_st *ctx);
 
 /* memory.c: the address map of device allocations, host allocations and VMM mappings */
 enum fg_alloc_kind { FG_ALLOC_DEVICE, FG_ALLOC_MANAGED, FG_ALLOC_POOL, FG_ALLOC_HOST, FG_ALLOC_MAPPING };
@@ -116,27 +137,35 @@ CUresult fg_map_add(CUdeviceptr base, size_t size, CUdevice dev);
 void fg_map_remove(CUdeviceptr base, size_t size);
 /* 1 if [ptr, ptr+len) lies inside one allocation or mapping that is backed by host memory. */
 int fg_addr_valid(CUdeviceptr ptr, size_t len);
-/* 1 if ptr lies inside any allocation or mapping (device or host). */
-int fg_addr_known(CUdeviceptr ptr);
+/* 1 if ptr lies inside any allocation or mapping (device or host); then its base and size, where asked. */
+int fg_addr_known(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 CUresult fg_charge(CUdevice dev, size_t bytes);
-/* fork(): hold (lock != 0) or release the process-local locks, so a child never inherits one held by
- * a thread it does not have. Lock order: fg_lock, the VMM lock, the address map lock. */
-void fg_memory_fork_lock(int lock);
-void fg_vmm_fork_lock(int lock);
 void fg_uncharge(CUdevice dev, size_t bytes);
-
-/* launch.c */
-struct fg_work fg_kernel_work(CUfunction f, const unsigned grid[3]);
+/* fork(), for fork.c: hold (lock != 0) or release the process-local locks, so a child never inherits
+ * one held by a thread it does not have. Lock order: fg_lock, the VMM lock, the address map lock. */
+void fg_memory_fork_lock(int lock);
+/* vmm.c */
+void fg_vmm_fork_lock(int lock);
 
 /* mps.c: how this process's work shares the GPU (an MPS client or not), decided once. */
 const struct fg_client *fg_client(void);
 
-/* graph.c: stream capture records launches instead of running them */
+/* A graph: its nodes, and the stream capture recording into it, if any (capture.c). */
+struct CUgraph_st {
+    uint32_t magic;
+    struct CUgraphNode_st **nodes;
+    size_t count, cap;
+    uint64_t capture_id; /* while a stream capture records into it: its id, else 0 */
+    int invalidated;     /* that capture was misused: it ends without a graph */
+};
+
+/* graph.c: stream capture records launches instead of running them. fg_lock held. */
 CUresult fg_graph_capture_kernel(struct CUgraph_st *g, CUfunction f, const unsigned grid[3]);
-/* The capture recording into g (0 when none), whether it was invalidated, and invalidating the
- * capture of that id if still in progress (an event recorded in it was misused). fg_lock held. */
-uint64_t fg_graph_capture_id(const struct CUgraph_st *g);
-int fg_graph_capture_invalidated(const struct CUgraph_st *g);
+
+/* capture.c, fg_lock held: a capture begins (0, or -1 when too many are in progress), ends, and the
+ * capture of that id, if still in progress, is invalidated (an event recorded in it was misused). */
+int fg_graph_capture_started(struct CUgraph_st *g);
+void fg_graph_capture_ended(struct CUgraph_st *g);
 void fg_graph_capture_misused(uint64_t capture_id);
 
 #endif

@@ -2,14 +2,6 @@
  * scheduler model (common/sched.c) decides when it runs. */
 #include "internal.h"
 
-/* Its duration follows from its name and grid, and the SMs it will run on (sched.c). */
-struct fg_work fg_kernel_work(CUfunction f, const unsigned grid[3])
-{
-    if (f->fixed)
-        return (struct fg_work){.ns = f->fixed_ns, .blocks = 0};
-    return (struct fg_work){.ns = f->wave_ns, .blocks = (uint64_t)grid[0] * grid[1] * grid[2]};
-}
-
 static CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, CUstream stream)
 {

@@ -22,6 +22,14 @@ struct CUlib_st {
     struct CUmod_st module;
 };
 
+/* Its duration follows from its name and grid, and the SMs it will run on (sched.c). */
+struct fg_work fg_kernel_work(CUfunction f, const unsigned grid[3])
+{
+    if (f->fixed)
+        return (struct fg_work){.ns = f->fixed_ns, .blocks = 0};
+    return (struct fg_work){.ns = f->wave_ns, .blocks = (uint64_t)grid[0] * grid[1] * grid[2]};
+}
+
 static CUresult new_module(CUmodule *module, const void *image)
 {
     struct CUctx_st *ctx;

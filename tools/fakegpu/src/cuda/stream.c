@@ -99,15 +99,6 @@ static void fg_stream_wait(struct CUstream_st *s)
     fg_work_wait(shared, tail);
 }
 
-void fg_ctx_wait(struct CUctx_st *ctx)
-{
-    pthread_mutex_lock(&fg_lock);
-    struct fg_ref tail = ctx->tail;
-    struct fg_shared *shared = fg_devices[ctx->dev].shared;
-    pthread_mutex_unlock(&fg_lock);
-    fg_work_wait(shared, tail);
-}
-
 FG_API CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
 {
     struct CUctx_st *ctx;
@@ -163,7 +154,7 @@ FG_API CUresult cuStreamSynchronize(CUstream hStream)
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&fg_lock);
-    uint64_t capture = s->capture ? fg_graph_capture_id(s->capture) : 0;
+    uint64_t capture = s->capture ? s->capture->capture_id : 0;
     fg_graph_capture_misused(capture); /* synchronising a capturing stream invalidates the capture */
     pthread_mutex_unlock(&fg_lock);
     if (capture)
@@ -186,7 +177,7 @@ FG_API CUresult cuStreamQuery(CUstream hStream)
     pthread_mutex_lock(&fg_lock);
     struct fg_ref tail = s->tail;
     struct fg_shared *shared = shared_of(s);
-    uint64_t capture = s->capture ? fg_graph_capture_id(s->capture) : 0;
+    uint64_t capture = s->capture ? s->capture->capture_id : 0;
     fg_graph_capture_misused(capture); /* querying a capturing stream invalidates the capture */
     pthread_mutex_unlock(&fg_lock);
     if (capture)
@@ -300,7 +291,7 @@ FG_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
         return rc;
     uint64_t now = fg_now_ns();
     pthread_mutex_lock(&fg_lock);
-    hEvent->capture_id = s->capture ? fg_graph_capture_id(s->capture) : 0;
+    hEvent->capture_id = s->capture ? s->capture->capture_id : 0;
     hEvent->shared = shared_of(s);
     hEvent->ref = s->tail;
     hEvent->record_ns = now;
