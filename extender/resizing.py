@@ -54,6 +54,12 @@ log = logging.getLogger(__name__)
 RESIZE_ATTEMPTS = 3
 REFUSED_REASON = "TesseraResizeRefused"
 APPLIED_REASON = "TesseraResized"
+# A pod whose GPUs come from DRA claims: the API server keeps a claim's allocation (with the capacity
+# it consumes, which kube-scheduler sums) as it was first written, so no quota of it can change.
+DRA_REFUSAL = (
+    "the pod's GPUs come from DRA claims, whose allocated capacity cannot change once allocated "
+    '(docs/dra.md, "Live resize"): create the pod again with claims asking the new capacity'
+)
 
 
 class _Step(Enum):
@@ -205,6 +211,8 @@ class Resizer:
         if (pod.get("status") or {}).get("phase") in TERMINAL_POD_PHASES or metadata.get("deletionTimestamp"):
             return "the pod has finished or is being deleted"
         allocation_text = annotations.get(self.keys.allocation)
+        if allocation_text is None and (pod.get("spec") or {}).get("resourceClaims"):
+            return DRA_REFUSAL
         if allocation_text is None:
             return "the pod has no Tessera allocation"
         phase = annotations.get(self.keys.allocation_phase) or "without a phase"

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from sandbox.controlplane import ControlPlane
 from tessera.contract import KEYS
@@ -101,6 +102,33 @@ def test_the_extender_is_not_asked_about_dra_pods(
     finally:
         dra_cluster.stop_process(scheduler)
         extender.stop()
+
+
+def test_an_allocated_claims_capacity_cannot_change(cluster: Cluster, start_driver: Any) -> None:
+    """Why a DRA pod has no live resize (docs/dra.md, "Live resize"): the API server refuses any
+    change to a claim's allocation once written, so the capacity kube-scheduler counts for it stays
+    what it was allocated with (and its spec, the request, is immutable from the start)."""
+    wait_published(start_driver(), cluster.api)
+    cluster.create_claim("fixed", {"memory": "1Gi"}, A100)
+    cluster.create_pod("holder", "fixed")
+    assert cluster.allocated("fixed")["consumedCapacity"]["memory"] == str(GIB)
+    claim = cluster.claim("fixed")
+    claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]["memory"] = str(2 * GIB)
+    with pytest.raises(client.ApiException) as refused:
+        cluster.objects.replace_namespaced_custom_object_status(
+            "resource.k8s.io", "v1", cluster.namespace, "resourceclaims", "fixed", claim
+        )
+    assert refused.value.status == 422
+    assert "cannot be modified once set" in str(refused.value.body)
+    assert "status.allocation" in str(refused.value.body)
+    grown = cluster.claim("fixed")
+    grown["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "2Gi"
+    with pytest.raises(client.ApiException) as refused:
+        cluster.objects.replace_namespaced_custom_object(
+            "resource.k8s.io", "v1", cluster.namespace, "resourceclaims", "fixed", grown
+        )
+    assert refused.value.status == 422
+    assert cluster.allocated("fixed")["consumedCapacity"]["memory"] == str(GIB)
 
 
 def test_the_dra_manifests_are_accepted_by_the_api_server(dra_cluster: ControlPlane) -> None:

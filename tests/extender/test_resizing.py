@@ -14,7 +14,7 @@ from typing import Any
 
 from extender.kube import ApiError
 from extender.metrics import Metrics
-from extender.resizing import Resizer
+from extender.resizing import DRA_REFUSAL, Resizer
 from extender.state import ClusterState, PodAllocation
 from tessera.contract import (
     KEYS,
@@ -299,6 +299,27 @@ def test_a_refusal_writes_the_status_and_an_event_and_changes_nothing_else() -> 
             assert api.pods["p"]["metadata"]["annotations"][KEYS.allocation] == allocation
             assert api.events == [("p", "TesseraResizeRefused")] * 3
             assert metrics.resizes.labels("refused")._value.get() == 3
+        finally:
+            await resizer.stop()
+
+    asyncio.run(run())
+
+
+def test_a_request_on_a_pod_served_by_dra_claims_is_refused_with_the_reason() -> None:
+    async def run() -> None:
+        state, api, resizer, _ = setup(random.Random(4))
+        resizer.start()
+        try:
+            pod: dict[str, Any] = gpu_pod("claimed", memory=1024, cores=10, uid="uid-claimed")
+            pod["spec"]["nodeName"] = "n"
+            pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "share"}]
+            pod["metadata"]["annotations"][KEYS.resize] = "memory=2048"
+            api.write(pod)
+            await settle(api, state, resizer)
+            assert answer_of(api, "claimed") == (ResizeOutcome.REFUSED, DRA_REFUSAL)
+            assert KEYS.resize not in api.pods["claimed"]["metadata"]["annotations"]
+            assert KEYS.allocation not in api.pods["claimed"]["metadata"]["annotations"]
+            assert api.events == [("claimed", "TesseraResizeRefused")]
         finally:
             await resizer.stop()
 
