@@ -19,6 +19,7 @@ from draplugin.server import serve_driver
 from draplugin.slices import resource_slice
 from nodeagent.flags import add_hook_library_flag, add_node_flags, node_keys
 from nodeagent.kubeapi import load_api
+from nodeagent.nodelock import holding_node
 from nodeagent.nvml import discover_gpus
 from nodeagent.process import serve_until_signalled
 from nodeagent.statedir import StateDir
@@ -109,6 +110,13 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
 
 
 def run(config: Config, stop: threading.Event) -> None:
+    """Serve until ``stop``, once this node's GPUs are the DRA driver's alone (nodeagent/nodelock.py)."""
+    with holding_node(config.state_dir, "DRA driver", stop) as held:
+        if held:
+            _serve(config, stop)
+
+
+def _serve(config: Config, stop: threading.Event) -> None:
     state = StateDir(config.state_dir)
     state.prepare()
     nvml, gpus = discover_gpus(1)

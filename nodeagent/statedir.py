@@ -3,6 +3,8 @@ and records.
 
 Layout under ``--state-dir``::
 
+    agent.lock                                 held (flock) by the one node agent running, which
+                                               writes who it is (nodeagent/nodelock.py)
     ld.so.preload                              names the hook library; mounted read-only
     containers/<pod UID>/<container>/limits.d/limits
                                                the hook's limits, alone in a directory mounted
