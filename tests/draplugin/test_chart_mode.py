@@ -66,3 +66,57 @@ def test_dra_mode_follows_the_domain(repo_root: Path) -> None:
     )
     [daemonset] = [d for d in docs if d["kind"] == "DaemonSet"]
     assert f"--domain={keys.domain}" in daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def required_terms(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    affinity = workload["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    terms: list[dict[str, Any]] = affinity["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    return terms
+
+
+def test_mixed_mode_runs_each_agent_on_its_node_pool_and_never_both_on_a_node(repo_root: Path) -> None:
+    """mode=mixed: the DRA driver where the node's <domain>/mode label says dra, the device plugin on
+    every other node; in the single modes an agent keeps off nodes labelled for the other one, so two
+    releases of different modes do not meet on a node either (docs/dra.md, "One mode per node")."""
+    key = f"{KEYS.domain}/mode"
+    workloads = {
+        d["metadata"]["name"]: d for d in rendered(repo_root, "mode=mixed") if d["kind"] == "DaemonSet"
+    }
+    assert set(workloads) == {"tessera-device-plugin", "tessera-dra"}
+    assert required_terms(workloads["tessera-dra"]) == [
+        {"matchExpressions": [{"key": key, "operator": "In", "values": ["dra"]}]}
+    ]
+    assert required_terms(workloads["tessera-device-plugin"]) == [
+        {"matchExpressions": [{"key": key, "operator": "NotIn", "values": ["dra"]}]}
+    ]
+    [dra_only] = [d for d in rendered(repo_root, "mode=dra") if d["kind"] == "DaemonSet"]
+    assert required_terms(dra_only) == [
+        {"matchExpressions": [{"key": key, "operator": "NotIn", "values": ["deviceplugin"]}]}
+    ]
+
+
+def test_the_users_node_affinity_keeps_every_term_and_gains_the_mode(repo_root: Path) -> None:
+    prefix = (
+        "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    )
+    docs = rendered(
+        repo_root,
+        "mode=mixed",
+        "domain=gpu.example.com",
+        f"{prefix}[0].matchExpressions[0].key=pool",
+        f"{prefix}[0].matchExpressions[0].operator=Exists",
+        f"{prefix}[1].matchFields[0].key=metadata.name",
+        f"{prefix}[1].matchFields[0].operator=In",
+        f"{prefix}[1].matchFields[0].values[0]=gpu-7",
+    )
+    [dra] = [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "tessera-dra"]
+    mode = {"key": f"{keys_for('gpu.example.com').domain}/mode", "operator": "In", "values": ["dra"]}
+    assert required_terms(dra) == [
+        {"matchExpressions": [{"key": "pool", "operator": "Exists"}, mode]},
+        {
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}],
+            "matchExpressions": [mode],
+        },
+    ]

@@ -51,6 +51,35 @@ tolerations:
 {{- end }}
 {{- end -}}
 
+{{/* The node agent's scheduling: its values' (tessera.podScheduling), with a node affinity that keeps
+     it off nodes labelled <domain>/mode for the other agent, added to each of the user's required
+     terms (terms are ORed, so every one needs it). mode: mixed runs the DRA driver only where the
+     label says dra. A node never gets both agents from a release (docs/dra.md, "One mode per node").
+     include "tessera.agentScheduling" (list . "dra") */}}
+{{- define "tessera.agentScheduling" -}}
+{{- $root := index . 0 }}
+{{- $agent := index . 1 }}
+{{- $dp := $root.Values.devicePlugin }}
+{{- $key := printf "%s/mode" $root.Values.domain }}
+{{- $expression := dict "key" $key "operator" "NotIn" "values" (list (ternary "deviceplugin" "dra" (eq $agent "dra"))) }}
+{{- if and (eq $root.Values.mode "mixed") (eq $agent "dra") }}
+{{- $expression = dict "key" $key "operator" "In" "values" (list "dra") }}
+{{- end }}
+{{- $affinity := deepCopy ($dp.affinity | default dict) }}
+{{- $node := $affinity.nodeAffinity | default dict }}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict }}
+{{- $terms := list }}
+{{- range ($required.nodeSelectorTerms | default (list dict)) }}
+{{- $term := deepCopy . }}
+{{- $_ := set $term "matchExpressions" (append ($term.matchExpressions | default list) $expression) }}
+{{- $terms = append $terms $term }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $terms }}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ := set $affinity "nodeAffinity" $node }}
+{{- include "tessera.podScheduling" (merge (dict "affinity" $affinity) (deepCopy $dp)) }}
+{{- end -}}
+
 {{/* The service account the extender runs as: beside the chart's scheduler it shares that pod's
      account; standalone, its own. The placement-annotations policy trusts this name. */}}
 {{- define "tessera.extenderServiceAccount" -}}
