@@ -23,6 +23,7 @@ import pytest
 from kubernetes import client, config
 
 from sandbox.controlplane import ControlPlane, ManagedProcess, fake_node_body
+from tests import fuzzing
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -30,6 +31,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # every fixture's teardown, so the processes the tests started are stopped: by default SIGTERM
     # ends pytest at once and leaves them running.
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def pytest_report_header() -> str:
+    return fuzzing.header()
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
