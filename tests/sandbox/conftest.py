@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from sandbox import cluster, host
+from sandbox import cluster, host, kubeapi
 from sandbox.layout import BRIDGE, CGROUP_ROOT
 
 
@@ -95,7 +95,7 @@ class Sandbox:
     def wait_pod(self, name: str, phase: str, namespace: str = "default", timeout: float = 90) -> Any:
         deadline = time.monotonic() + timeout
         while True:
-            pod = self.core.read_namespaced_pod(name, namespace)
+            pod = kubeapi.retried(lambda: self.core.read_namespaced_pod(name, namespace))
             if pod.status.phase == phase:
                 return pod
             if time.monotonic() > deadline:
@@ -108,7 +108,7 @@ class Sandbox:
         """The pod's log through the apiserver and the kubelet; waits until ``until`` appears."""
         deadline = time.monotonic() + timeout
         while True:
-            text: str = self.core.read_namespaced_pod_log(name, namespace)
+            text: str = kubeapi.retried(lambda: self.core.read_namespaced_pod_log(name, namespace))
             if until in text or time.monotonic() > deadline:
                 return text
             time.sleep(0.5)
