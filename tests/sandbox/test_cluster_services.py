@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from sandbox import cluster, images
-from sandbox.layout import BRIDGE_ADDRESS, CLUSTER_DNS_IP
+from sandbox.layout import BRIDGE_ADDRESS, CLUSTER_DNS_IP, HOST_KUBELET_DIR
 from tests.sandbox.conftest import HostView, Sandbox, differences, kube_iptables_chains
 
 pytestmark = pytest.mark.sandbox
@@ -220,3 +220,4 @@ def test_controllers_services_dns_tokens_gc_restarts_and_a_clean_down(
     assert cluster.down(sandbox.root, report=lambda _: None) == []
     assert kube_iptables_chains() == []
     assert differences(host_before, sandbox.root) == []
+    assert not (HOST_KUBELET_DIR / "device-plugins").exists() or host_before.dirs[str(HOST_KUBELET_DIR)]
