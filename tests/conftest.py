@@ -37,6 +37,22 @@ def pytest_report_header() -> str:
     return fuzzing.header()
 
 
+# The fixtures that bring up what a marker names (pyproject.toml): a test using one carries the marker,
+# so that `make check` (which deselects the markers) never starts a control plane or a sandbox.
+NEEDS = {"control_plane": "k8s", "sandbox": "sandbox", "shared_sandbox": "sandbox"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [
+        f"{item.nodeid} (uses {fixture}, not marked {marker})"
+        for item in items
+        for fixture, marker in NEEDS.items()
+        if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests without the marker of what they need:\n" + "\n".join(unmarked))
+
+
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
