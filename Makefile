@@ -67,10 +67,11 @@ test:
 	hack/run-tests.sh $(DRA_K8S_VERSION)
 
 # The developer's lane while editing: every test that needs no root, no Kubernetes binaries, no images,
-# no valgrind and no Prometheus (pyproject.toml's markers), the fuzzers at 100 inputs per target.
+# no valgrind and no Prometheus (pyproject.toml's markers), the fuzzers at 100 inputs per target; not
+# the tests that must run alone (`make test` runs them).
 # Four worker processes on any machine: most of these tests wait on processes and timers, not a CPU;
 # a module stays on one worker (its fixtures are built once). PYTEST_ARGS narrows it (a directory, -k).
-CHECK_MARKERS := not sandbox and not k8s and not images and not valgrind and not prometheus
+CHECK_MARKERS := not sandbox and not k8s and not images and not valgrind and not prometheus and not alone
 CHECK_WORKERS ?= 4
 check: $(STAMP) native
 	TESSERA_FUZZ_EXAMPLES=$${TESSERA_FUZZ_EXAMPLES:-100} $(BIN)/pytest -m "$(CHECK_MARKERS)" \
