@@ -1,11 +1,12 @@
-# Tessera's build and test entry points. README.md names two of them: `make demo` and `make test`.
+# Tessera's build and test entry points. README.md names two of them for a fresh machine, `make demo`
+# and `make test`, and the lanes beside `make test`: `make check` and `make fuzz`.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo simulate test test-deps lint native proto k8s-binaries k8s-binaries-pinned k8s-binaries-dra \
+.PHONY: demo simulate test check fuzz test-deps lint native proto k8s-binaries k8s-binaries-pinned k8s-binaries-dra \
 	prometheus-binaries sandbox-deps images clean
 
 # A virtual environment with the project and its test tools, rebuilt when pyproject.toml changes.
@@ -64,6 +65,22 @@ test-deps: $(STAMP) native k8s-binaries-pinned prometheus-binaries sandbox-deps 
 test:
 	$(MAKE) --jobs=3 test-deps
 	hack/run-tests.sh $(DRA_K8S_VERSION)
+
+# The developer's lane while editing: every test that needs no root, no Kubernetes binaries, no images,
+# no valgrind and no Prometheus (pyproject.toml's markers), the fuzzers at 100 inputs per target; not
+# the tests that must run alone (`make test` runs them).
+# Four worker processes on any machine: most of these tests wait on processes and timers, not a CPU;
+# a module stays on one worker (its fixtures are built once). PYTEST_ARGS narrows it (a directory, -k).
+CHECK_MARKERS := not sandbox and not k8s and not images and not valgrind and not prometheus and not alone
+CHECK_WORKERS ?= 4
+check: $(STAMP) native
+	TESSERA_FUZZ_EXAMPLES=$${TESSERA_FUZZ_EXAMPLES:-100} $(BIN)/pytest -m "$(CHECK_MARKERS)" \
+	  --numprocesses=$(CHECK_WORKERS) --dist=loadfile $(PYTEST_ARGS)
+
+# The fuzzers' full run: 10,000 inputs per Hypothesis target (`make test` runs 1,000 from a new seed
+# each run: tests/fuzzing.py), and the hook's libFuzzer targets.
+fuzz: $(STAMP) native
+	TESSERA_FUZZ_EXAMPLES=$${TESSERA_FUZZ_EXAMPLES:-10000} $(BIN)/pytest tests/fuzz tests/hook/test_fuzz.py
 
 # The main job: the whole path on a local sandbox cluster (root) with Tessera installed by its Helm
 # chart from the images built here: pods share a fake GPU, quotas hold.

@@ -5,7 +5,11 @@
 #   1. every test that does not need that Kubernetes, while it builds in the background at the lowest
 #      CPU and I/O priority: those tests leave about a core idle (they wait on pods, processes and
 #      timers), and nice 19 gives the build only what they leave. Cold, that takes a whole
-#      Kubernetes build off the critical path; warm, the build finds its binaries and is done.
+#      Kubernetes build off the critical path; warm, the build finds its binaries and is done. First
+#      the tests that need no cluster (`make check`'s, and valgrind's and Prometheus's) in four
+#      worker processes, as `make check` runs them; then those that need a control plane, a sandbox
+#      or the images, or must run alone, one at a time: one control plane serves them all, and one
+#      sandbox at a time fits the host.
 #   2. the DRA path's tests (tests/draplugin), once the build is done;
 #   3. the device plugin path on the newest Kubernetes too: the node agent's integration tests
 #      against its kube-apiserver, and the extender behind its kube-scheduler.
@@ -30,7 +34,9 @@ run() {
   [ "$status" -ne 0 ] || status=$rc
 }
 
-run .venv/bin/pytest --ignore=tests/draplugin
+run .venv/bin/pytest --ignore=tests/draplugin -m "not sandbox and not k8s and not images and not alone" \
+  --numprocesses=4 --dist=loadfile
+run .venv/bin/pytest --ignore=tests/draplugin -m "sandbox or k8s or images or alone"
 echo "run-tests: waiting for Kubernetes $dra_version (log: $log)" >&2
 if ! wait "$build"; then
   echo "run-tests: building Kubernetes $dra_version failed:" >&2

@@ -23,6 +23,7 @@ import pytest
 from kubernetes import client, config
 
 from sandbox.controlplane import ControlPlane, ManagedProcess, fake_node_body
+from tests import fuzzing
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -30,6 +31,26 @@ def pytest_configure(config: pytest.Config) -> None:
     # every fixture's teardown, so the processes the tests started are stopped: by default SIGTERM
     # ends pytest at once and leaves them running.
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def pytest_report_header() -> str:
+    return fuzzing.header()
+
+
+# The fixtures that bring up what a marker names (pyproject.toml): a test using one carries the marker,
+# so that `make check` (which deselects the markers) never starts a control plane or a sandbox.
+NEEDS = {"control_plane": "k8s", "sandbox": "sandbox", "shared_sandbox": "sandbox"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [
+        f"{item.nodeid} (uses {fixture}, not marked {marker})"
+        for item in items
+        for fixture, marker in NEEDS.items()
+        if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests without the marker of what they need:\n" + "\n".join(unmarked))
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:

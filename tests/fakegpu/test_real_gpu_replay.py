@@ -29,6 +29,9 @@ import pytest
 
 import fakegpu
 
+# Its p99 bounds do not hold beside make check's other workers on 2 cores (a run failed so).
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parents[2]
 # The time slice and switch the fake's defaults use (docs/fakegpu.md), in ms.
 SLICE_MS = 1.2

@@ -1,8 +1,9 @@
 """The hook's parsers of external input under libFuzzer with AddressSanitizer and
 UndefinedBehaviorSanitizer: the limits file (``hook/src/limits.c``) and the shared region
-(``hook/src/snapshot.c``). Each target runs HOOK_FUZZ_RUNS inputs (default 50,000: a second or two; CI needs at least 10,000),
-seeded from ``hook/fuzz/seeds``; a crash, a sanitizer report, a leak or an input slower than
-FUZZ_TIMEOUT fails the test with libFuzzer's report. A longer run: ``HOOK_FUZZ_RUNS=10000000``, or
+(``hook/src/snapshot.c``). Each target runs HOOK_FUZZ_RUNS inputs (default 50,000: a second or two;
+CI needs at least 10,000), seeded from ``hook/fuzz/seeds`` and from the run's seed
+(tests/fuzzing.py); a crash, a sanitizer report, a leak or an input slower than FUZZ_TIMEOUT fails
+the test with libFuzzer's report. A longer run: ``HOOK_FUZZ_RUNS=10000000``, or
 ``make -C hook fuzz FUZZ_RUNS=-1`` (until stopped). Needs clang and its runtime libraries
 (``hack/install-sandbox-deps.sh`` installs them).
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fuzzing import SEED
 from tests.hook.conftest import ROOT
 
 HOOK = ROOT / "hook"
@@ -53,7 +55,7 @@ def test_fuzzer_finds_nothing(target: str, fuzzers: Path, tmp_path: Path) -> Non
             f"-timeout={FUZZ_TIMEOUT}",
             f"-max_len={MAX_LEN}",
             "-rss_limit_mb=2048",
-            "-seed=1",
+            f"-seed={SEED}",
             f"-artifact_prefix={tmp_path}/",
             str(corpus),
             str(seeds),

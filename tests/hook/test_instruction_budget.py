@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.valgrind
+
 ROOT = Path(__file__).resolve().parents[2]
 # Instructions the hook may add per call: issue #15's targets, with QoS classes active. Measured
 # (docs/benchmarks.md): 25, 212, 391, and 277-287 for the launches of the classes on the FIFO fake

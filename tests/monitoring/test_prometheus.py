@@ -32,6 +32,8 @@ from sandbox.controlplane import free_port
 from tessera.contract import GpuGrant, GpuInfo
 from tests.monitoring.dashboard_queries import Prometheus, panel_queries, variable_values
 
+pytestmark = pytest.mark.prometheus
+
 NODE = "node-1"
 MODEL = "NVIDIA A100-SXM4-40GB"
 GPUS = ("GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000")

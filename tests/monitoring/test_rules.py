@@ -33,6 +33,7 @@ def alerts(repo_root: Path) -> list[dict[str, object]]:
     return [rule for group in groups for rule in group["rules"]]
 
 
+@pytest.mark.prometheus
 def test_promtool_accepts_the_rule_file(repo_root: Path) -> None:
     result = subprocess.run(
         [promtool(), "check", "rules", str(rule_file(repo_root))], capture_output=True, text=True, check=False
@@ -57,6 +58,7 @@ def test_every_alert_has_a_unit_test_and_every_test_an_alert(repo_root: Path) ->
         assert tested == {path.stem}, path.name
 
 
+@pytest.mark.prometheus
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=[p.stem for p in RULE_TESTS])
 def test_alert_unit_test(test_file: Path) -> None:
     result = subprocess.run(
@@ -90,6 +92,7 @@ def check_config(path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.prometheus
 def test_promtool_accepts_the_plain_scrape_config_and_the_sandboxs(tmp_path: Path) -> None:
     # promtool wants the token file to exist: a pod's service account token, here a file of ours.
     token = tmp_path / "token"
@@ -118,6 +121,7 @@ def test_plain_prometheus_config_honors_the_workload_labels(repo_root: Path) -> 
     assert 'job="tessera-device-plugin"' in expressions
 
 
+@pytest.mark.prometheus
 def test_promtool_is_the_pinned_build_with_kubernetes_discovery(repo_root: Path) -> None:
     script = (repo_root / "hack" / "prometheus-binaries.sh").read_text()
     pinned = monitoring.PROMETHEUS_VERSION

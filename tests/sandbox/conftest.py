@@ -1,5 +1,12 @@
 """Fixtures for the sandbox tests: a sandbox brought up in a temporary directory and always brought
-down again, and a snapshot of the host to compare with afterwards."""
+down again, and a snapshot of the host to compare with afterwards.
+
+Only one sandbox runs on a host at a time. A module that needs the default sandbox, neither brings
+it up or down nor changes its configuration, and leaves the cluster as it found it but for pods
+takes ``shared_sandbox``: those modules run one after another (``pytest_collection_modifyitems``)
+on one sandbox, brought down after the last of them (``pytest_runtest_teardown``), and each module's
+pods in ``default`` are deleted after it. A module that tests up, down, restarts or other values
+brings up its own (``running_sandbox``)."""
 
 from __future__ import annotations
 
@@ -17,8 +24,9 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from sandbox import cluster, host
+from sandbox import cluster, host, kubeapi
 from sandbox.layout import BRIDGE, CGROUP_ROOT
+from tests.waiting import wait_for
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ class Sandbox:
     def wait_pod(self, name: str, phase: str, namespace: str = "default", timeout: float = 90) -> Any:
         deadline = time.monotonic() + timeout
         while True:
-            pod = self.core.read_namespaced_pod(name, namespace)
+            pod = kubeapi.retried(lambda: self.core.read_namespaced_pod(name, namespace))
             if pod.status.phase == phase:
                 return pod
             if time.monotonic() > deadline:
@@ -108,7 +116,7 @@ class Sandbox:
         """The pod's log through the apiserver and the kubelet; waits until ``until`` appears."""
         deadline = time.monotonic() + timeout
         while True:
-            text: str = self.core.read_namespaced_pod_log(name, namespace)
+            text: str = kubeapi.retried(lambda: self.core.read_namespaced_pod_log(name, namespace))
             if until in text or time.monotonic() > deadline:
                 return text
             time.sleep(0.5)
@@ -162,3 +170,54 @@ def running_sandbox(
     finally:
         cluster.down(root, report=lambda _: None)
         shutil.rmtree(root, ignore_errors=True)
+
+
+_shared = contextlib.ExitStack()
+
+
+@pytest.fixture(scope="session")
+def _shared_running() -> Iterator[Sandbox]:
+    sandbox, _ = _shared.enter_context(running_sandbox("shared"))
+    try:
+        yield sandbox
+    finally:
+        _shared.close()
+
+
+@pytest.fixture(scope="module")
+def shared_sandbox(_shared_running: Sandbox) -> Iterator[Sandbox]:
+    """The default sandbox, shared; the pods the module made in ``default`` are gone after it."""
+    sbx = _shared_running
+    core = sbx.core
+    before = {p.metadata.name for p in kubeapi.retried(lambda: core.list_namespaced_pod("default").items)}
+    yield sbx
+    made = {
+        p.metadata.name for p in kubeapi.retried(lambda: core.list_namespaced_pod("default").items)
+    } - before
+    for name in made:
+        kubeapi.delete_pod(core, name)
+    wait_for(
+        lambda: not made & {p.metadata.name for p in core.list_namespaced_pod("default").items},
+        timeout=120,
+        what=f"the module's pods gone: {sorted(made)}",
+    )
+
+
+def _shares(item: pytest.Item) -> bool:
+    return "shared_sandbox" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The sharing modules' tests moved together, where the first of them was.
+    sharing = [item for item in items if _shares(item)]
+    if sharing:
+        first = items.index(sharing[0])
+        rest = [item for item in items if not _shares(item)]
+        items[:] = rest[:first] + sharing + rest[first:]
+
+
+@pytest.hookimpl(trylast=True)  # after the modules' own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # Down after the last sharing test, before the next module brings up its own sandbox.
+    if _shares(item) and (nextitem is None or not _shares(nextitem)):
+        _shared.close()

@@ -22,10 +22,10 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import urllib3
@@ -34,7 +34,7 @@ from kubernetes.stream import stream
 
 from hook.region import RegionError, read_region
 from nodeagent.statedir import StateDir
-from sandbox import cluster, host, install
+from sandbox import cluster, host, install, kubeapi
 from sandbox.layout import Layout
 from tessera.contract import CONTAINER_LIMITS_FILE, KEYS, MIB, parse_allocation, parse_inventory
 from tests.sandbox.conftest import Sandbox, running_sandbox
@@ -50,24 +50,6 @@ KILL_GAP = (4.0, 12.0)
 COMPONENTS = ("extender", "device-plugin", "kubelet", "containerd", "kube-apiserver", "etcd")
 SHAPES_MIB = (256, 512, 1024, 2048, 3072)
 SHAPES_CORES = (5, 10, 20, 30)
-T = TypeVar("T")
-
-
-def retried(call: Callable[[], T], timeout: float = 180.0) -> T:
-    """``call`` retried while the API server (or etcd behind it) is down or restarting."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return call()
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            error: Exception = e
-        except client.ApiException as e:
-            if e.status not in (0, 429, 500, 502, 503, 504):
-                raise
-            error = e
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the API server did not answer for {timeout:.0f}s: {error}")
-        time.sleep(0.5)
 
 
 def processes_named(name: str) -> list[int]:
@@ -141,7 +123,7 @@ class Invariants:
         self.api = config.new_client_from_config(config_file=self.sbx.state.kubeconfig)
 
     def check(self) -> None:
-        pods = retried(lambda: client.CoreV1Api(self.api).list_namespaced_pod("default").items)
+        pods = kubeapi.retried(lambda: client.CoreV1Api(self.api).list_namespaced_pod("default").items)
         memory: dict[str, int] = defaultdict(int)
         cores: dict[str, int] = defaultdict(int)
         held: dict[str, int] = defaultdict(int)
@@ -185,7 +167,7 @@ class Invariants:
         while not stop.wait(2.0):
             try:
                 self.check()
-            except AssertionError as e:  # the API down past retried()'s patience
+            except AssertionError as e:  # the API down past kubeapi.retried()'s patience
                 self.violations.append(str(e))
 
 
@@ -294,30 +276,12 @@ class Waves:
     reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def pods(self) -> list[Any]:
-        return list(retried(lambda: self.core.list_namespaced_pod("default").items))
-
-    def create(self, pod: dict[str, Any]) -> None:
-        """Create the pod; there already is done: a create whose answer was lost with a killed API
-        server, retried by the client, finds the pod it made (HTTP 409 AlreadyExists)."""
-        try:
-            self.core.create_namespaced_pod("default", pod)
-        except client.ApiException as e:
-            if e.status != 409:
-                raise
-
-    def delete(self, name: str) -> None:
-        """Delete the pod; gone already is done: a delete whose answer was lost with a killed API
-        server, retried by the client, finds the pod gone (HTTP 404)."""
-        try:
-            self.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
-        except client.ApiException as e:
-            if e.status != 404:
-                raise
+        return list(kubeapi.retried(lambda: self.core.list_namespaced_pod("default").items))
 
     def states(self, names: list[str]) -> dict[str, tuple[str, str] | None]:
         pods = {p.metadata.name: p for p in self.pods() if p.metadata.name in names}
         events: dict[str, list[str]] = defaultdict(list)
-        for e in retried(lambda: self.core.list_namespaced_event("default").items):
+        for e in kubeapi.retried(lambda: self.core.list_namespaced_event("default").items):
             if e.type == "Warning" and e.involved_object.kind == "Pod":
                 events[e.involved_object.name].append(e.message or "")
         return {name: settled(pods[name], events) if name in pods else None for name in names}
@@ -332,7 +296,7 @@ class Waves:
                 "-c",
                 "trap 'exit 0' TERM; vgpu-probe 256 100000",
             ]
-            retried(lambda pod=pod: self.create(pod))
+            kubeapi.create_pod(self.core, pod)
         deadline = time.monotonic() + 420
         while None in (now := self.states(names)).values():
             waiting = [n for n, s in now.items() if s is None]
@@ -359,7 +323,7 @@ class Waves:
                 self.reasons[f"{outcome}: {reason[:90]}"] += 1
         time.sleep(hold)  # kills land on running containers too
         for name in names:
-            retried(lambda name=name: self.delete(name))
+            kubeapi.delete_pod(self.core, name)
         deadline = time.monotonic() + 180
         while any(p.metadata.name in names for p in self.pods()):
             assert time.monotonic() < deadline, f"{label}: pods not gone after 180 s"

@@ -1,6 +1,7 @@
-"""The sandbox as a cluster a chart can be installed into: kube-controller-manager runs Deployments,
-DaemonSets, service account tokens and garbage collection; kube-proxy routes ClusterIP Services;
-CoreDNS resolves Service names; each survives a restart; `down` leaves no KUBE-* iptables chain."""
+"""The sandbox as a cluster a chart can be installed into: the pinned kubelet on containerd runs pods
+of the project's own image; kube-controller-manager runs Deployments, DaemonSets, service account
+tokens and garbage collection; kube-proxy routes ClusterIP Services; CoreDNS resolves Service names;
+each survives a restart; `down` leaves nothing behind, no KUBE-* iptables chain either."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from sandbox import cluster, images
-from sandbox.layout import BRIDGE_ADDRESS, CLUSTER_DNS_IP
+from sandbox.layout import BRIDGE_ADDRESS, CLUSTER_DNS_IP, HOST_KUBELET_DIR
 from tests.sandbox.conftest import HostView, Sandbox, differences, kube_iptables_chains
 
 pytestmark = pytest.mark.sandbox
@@ -115,10 +116,15 @@ def test_controllers_services_dns_tokens_gc_restarts_and_a_clean_down(
     for name in ("kube-controller-manager", "kube-proxy", "coredns"):
         assert status[name] == "running"
     assert kube_iptables_chains() != []  # kube-proxy's rules are in place
+    # The pinned kubelet, on the containerd hack/install-sandbox-deps.sh installs.
+    info = core.read_node(sandbox.state.node).status.node_info
+    assert info.kubelet_version == "v1.34.10"
+    assert info.container_runtime_version.startswith("containerd://1.6")
 
     # A Deployment of 2 becomes Ready; a deleted pod is replaced.
     apps.create_namespaced_deployment(NS, _web_deployment())
     first = _until("2 ready web pods", lambda: _two_ready(core))
+    assert all(core.read_namespaced_pod(name, NS).status.pod_ip.startswith("10.244.77.") for name in first)
     [replica_set] = apps.list_namespaced_replica_set(NS, label_selector="app=web").items
     victim = sorted(first)[0]
     core.delete_namespaced_pod(victim, NS, grace_period_seconds=0)
@@ -214,3 +220,4 @@ def test_controllers_services_dns_tokens_gc_restarts_and_a_clean_down(
     assert cluster.down(sandbox.root, report=lambda _: None) == []
     assert kube_iptables_chains() == []
     assert differences(host_before, sandbox.root) == []
+    assert not (HOST_KUBELET_DIR / "device-plugins").exists() or host_before.dirs[str(HOST_KUBELET_DIR)]

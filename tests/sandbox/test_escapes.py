@@ -24,7 +24,7 @@ from extender.service import QOS_LOWERED_REASON
 from sandbox import install
 from sandbox.images import PROBE_IMAGE
 from tessera.contract import CONTAINER_LIMITS_FILE, KEYS, MIB, QosClass, parse_allocation
-from tests.sandbox.conftest import Sandbox, running_sandbox
+from tests.sandbox.conftest import Sandbox
 from tests.scraping import service_account_token
 from tests.waiting import wait_for
 
@@ -71,9 +71,8 @@ def _results(text: str) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def sbx() -> Iterator[Sandbox]:
-    with running_sandbox("escapes") as (sandbox, _):
-        yield sandbox
+def sbx(shared_sandbox: Sandbox) -> Sandbox:
+    return shared_sandbox
 
 
 def _start(sbx: Sandbox, name: str, command: list[str], seccomp: str = "RuntimeDefault") -> None:

@@ -2,14 +2,15 @@
 by kube-scheduler through the extender, admitted by the real kubelet after the device plugin's
 Allocate, and the hook holds their quotas over the fake driver inside the containers; every Tessera
 component is a pod installed by the chart. Then the kubelet is restarted and the node agent's pod
-replaced under running pods, and `down` leaves nothing."""
+replaced under running pods, and a node added for a pod only it fits, then removed. On the shared
+sandbox (tests/sandbox/conftest.py); a clean `down` after a sandbox like this one:
+test_cluster_services.py."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,9 @@ from kubernetes.stream import stream
 
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
 from sandbox import cluster, gpu, install
-from sandbox.layout import HOST_KUBELET_DIR, Layout
+from sandbox.layout import Layout
 from tessera.contract import KEYS, Phase, parse_allocation, parse_inventory, slice_gpu
-from tests.sandbox.conftest import HostView, Sandbox, differences, running_sandbox
+from tests.sandbox.conftest import Sandbox
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -52,14 +53,8 @@ def _probe_output(text: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def gpu_sandbox() -> Iterator[tuple[Sandbox, HostView]]:
-    with running_sandbox("gpu") as running:
-        yield running
-
-
-@pytest.fixture
-def sbx(gpu_sandbox: tuple[Sandbox, HostView]) -> Sandbox:
-    return gpu_sandbox[0]
+def sbx(shared_sandbox: Sandbox) -> Sandbox:
+    return shared_sandbox
 
 
 def _exec_probe(sandbox: Sandbox, pod: str, timeout: float = 30) -> str:
@@ -237,24 +232,23 @@ def test_added_node_without_kubelet_takes_what_fits_only_there(sbx: Sandbox) -> 
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    deadline = time.monotonic() + 60
-    while (
-        not sbx.core.read_namespaced_pod("needs-80g", "default").spec.node_name
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.5)
-    pod = sbx.core.read_namespaced_pod("needs-80g", "default")
-    events = sbx.core.list_namespaced_event("default", field_selector="involvedObject.name=needs-80g").items
-    assert pod.spec.node_name == "edge-1", [f"{e.reason}: {e.message}" for e in events]
-    assert parse_allocation(pod.metadata.annotations[KEYS.allocation]).node == "edge-1"
-    nodes = {n["name"]: n for n in cluster.status(sbx.root)["nodes"]}
-    assert nodes["edge-1"]["slices"] == 10
-    assert [g["model"] for g in nodes["edge-1"]["gpus"]] == ["NVIDIA A100-SXM4-80GB"]
-    sbx.core.delete_namespaced_pod("needs-80g", "default", grace_period_seconds=0)
+    try:
+        deadline = time.monotonic() + 60
+        while (
+            not sbx.core.read_namespaced_pod("needs-80g", "default").spec.node_name
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.5)
+        pod = sbx.core.read_namespaced_pod("needs-80g", "default")
+        events = sbx.core.list_namespaced_event(
+            "default", field_selector="involvedObject.name=needs-80g"
+        ).items
+        assert pod.spec.node_name == "edge-1", [f"{e.reason}: {e.message}" for e in events]
+        assert parse_allocation(pod.metadata.annotations[KEYS.allocation]).node == "edge-1"
+        nodes = {n["name"]: n for n in cluster.status(sbx.root)["nodes"]}
+        assert nodes["edge-1"]["slices"] == 10
+        assert [g["model"] for g in nodes["edge-1"]["gpus"]] == ["NVIDIA A100-SXM4-80GB"]
+        sbx.core.delete_namespaced_pod("needs-80g", "default", grace_period_seconds=0)
 
-
-def test_down_leaves_nothing_behind(gpu_sandbox: tuple[Sandbox, HostView]) -> None:
-    sbx, before = gpu_sandbox
-    assert cluster.down(sbx.root, report=lambda _: None) == []
-    assert differences(before, sbx.root) == []
-    assert not (HOST_KUBELET_DIR / "device-plugins").exists() or before.dirs[str(HOST_KUBELET_DIR)]
+    finally:
+        cluster.remove_node(sbx.root, "edge-1")

@@ -1,5 +1,6 @@
-"""The sandbox's infrastructure on a real host: containerd and a real kubelet run a pod from the
-project's own image; `down` leaves nothing behind, also when the kubelet died first."""
+"""The sandbox's infrastructure on a real host: `down` leaves nothing behind also when the kubelet
+died first; `up` refuses what it cannot run and cleans up after a failed start; the demo. A pod from
+the project's own image on the real kubelet and a clean `down` after it: test_cluster_services.py."""
 
 from __future__ import annotations
 
@@ -37,24 +38,6 @@ def _pod(name: str, node: str, script: str) -> dict[str, object]:
             ],
         },
     }
-
-
-def test_real_kubelet_runs_a_pod_from_the_project_image_and_down_leaves_nothing(
-    sandbox: Sandbox, host_before: HostView
-) -> None:
-    node = sandbox.core.read_node(sandbox.state.node)
-    assert node.status.node_info.kubelet_version == "v1.34.10"
-    assert node.status.node_info.container_runtime_version.startswith("containerd://1.6")
-    sandbox.core.create_namespaced_pod(
-        "default", _pod("hello", sandbox.state.node, "echo hello-$((6*7)); sleep 3600")
-    )
-    pod = sandbox.wait_pod("hello", "Running")
-    assert pod.status.pod_ip.startswith("10.244.77.")
-    # Through the apiserver to the kubelet's own server, as `kubectl logs` does.
-    assert "hello-42" in sandbox.logs("hello", until="hello-42")
-
-    assert cluster.down(sandbox.root, report=lambda _: None) == []
-    assert differences(host_before, sandbox.root) == []
 
 
 def test_down_cleans_up_after_a_dead_kubelet(sandbox: Sandbox, host_before: HostView) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import yaml
 from kubernetes.stream import stream
 
 from tessera.contract import KEYS, ResizeOutcome, ResizeStatus, parse_allocation, parse_resize_status
-from tests.sandbox.conftest import HostView, Sandbox, running_sandbox
+from tests.sandbox.conftest import Sandbox
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -25,10 +24,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
 
 
 @pytest.fixture(scope="module")
-def sbx() -> Iterator[Sandbox]:
-    running: tuple[Sandbox, HostView]
-    with running_sandbox("resize") as running:
-        yield running[0]
+def sbx(shared_sandbox: Sandbox) -> Sandbox:
+    return shared_sandbox
 
 
 def holder(name: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import yaml
 from kubernetes import client, config
 from pydantic import BaseModel, ConfigDict
 
-from sandbox import addons, containerd, fakenode, gpu, host, images, install, kubelet, monitoring
+from sandbox import addons, containerd, fakenode, gpu, host, images, install, kubeapi, kubelet, monitoring
 from sandbox.controlplane import (
     CONTROLLERS,
     DRA_CONTROLLERS,
@@ -544,6 +544,20 @@ def add_node(root: Path, name: str, models: Sequence[str], timeout: float = 60.0
     state.processes.append(process)
     save_state(layout, state)
     return process
+
+
+def remove_node(root: Path, name: str) -> None:
+    """Undoes :func:`add_node`: its process stopped, the node deleted (with it the pods bound there,
+    which no kubelet runs), so that the sandbox is as it was for whatever runs next on it."""
+    layout, state = _running_state(root)
+    process = next((p for p in state.processes if p.name == f"fake-node-{name}"), None)
+    if process is None:
+        raise StartError(f"no node {name!r} was added to the sandbox")
+    stop(process)
+    state.processes.remove(process)
+    save_state(layout, state)
+    with contextlib.closing(api_client(state)) as api:
+        kubeapi.delete(lambda: client.CoreV1Api(api).delete_node(name))
 
 
 # Graceful first: deleting the pods lets the kubelet stop their containers and tear down their
