@@ -136,13 +136,13 @@ class Cluster:
         )
         return found
 
-    def create_pod(self, name: str, claim: str, scheduler: str = "default-scheduler") -> None:
-        self._create_pod(
-            name,
-            {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
-            {"claims": [{"name": "gpu"}]},
-            scheduler,
-        )
+    def create_pod(
+        self, name: str, claim: str, scheduler: str = "default-scheduler", priority_class: str | None = None
+    ) -> None:
+        spec: dict[str, Any] = {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]}
+        if priority_class is not None:
+            spec["priorityClassName"] = priority_class
+        self._create_pod(name, spec, {"claims": [{"name": "gpu"}]}, scheduler)
 
     def create_plain_pod(self, name: str, limits: dict[str, str], scheduler: str) -> None:
         """A pod without claims, with these resource limits."""
