@@ -237,6 +237,11 @@ class DriverProcess:
     """``tessera-dra`` for the node."""
 
     process: ManagedProcess
+    kubelet_dir: Path  # where it serves its sockets
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.kubelet_dir / "plugins_registry" / f"{KEYS.dra_driver}-reg.sock"
 
     def slice(self, api: client.ApiClient) -> dict[str, Any] | None:
         with contextlib.suppress(client.ApiException):
@@ -289,7 +294,7 @@ def start_driver(
             tmp_path / f"tessera-dra-{n}.log",
             env=fake_gpus.env(),
         )
-        driver = DriverProcess(process)
+        driver = DriverProcess(process, kubelet_dir)
         started.append(driver)
         process.start()
         return driver
