@@ -13,18 +13,18 @@ import threading
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import urllib3
 from kubernetes import client
 
 from deviceplugin.matching import PodView
+from nodeagent.kubeapi import EventTarget, warning_event
 from tessera.contract import (
     ContainerRequest,
     ContractError,
     ContractKeys,
     Phase,
-    format_time,
     now,
     parse_container_requests,
     parse_time,
@@ -44,17 +44,6 @@ HTTP_CONFLICT = 409
 
 class KubeUnavailableError(RuntimeError):
     """The API server did not answer; the message says what was asked."""
-
-
-class EventTarget(Protocol):
-    """A pod an event is about (a PodView, a pod found over its quota)."""
-
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def uid(self) -> str: ...
 
 
 def pod_view(pod: Mapping[str, Any], keys: ContractKeys) -> PodView:
@@ -209,28 +198,8 @@ class Kube:
 
     def warn(self, pod: EventTarget, reason: str, message: str) -> None:
         """A Warning event on the pod, as ``kubectl describe pod`` shows it."""
-        moment = format_time(now())
         self._core.create_namespaced_event(
-            pod.namespace,
-            {
-                "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-                "involvedObject": {
-                    "kind": "Pod",
-                    "apiVersion": "v1",
-                    "namespace": pod.namespace,
-                    "name": pod.name,
-                    "uid": pod.uid,
-                },
-                "type": "Warning",
-                "reason": reason,
-                "message": message[:1024],
-                "source": {"component": COMPONENT, "host": self.node},
-                "reportingComponent": COMPONENT,
-                "reportingInstance": self.node,
-                "firstTimestamp": moment,
-                "lastTimestamp": moment,
-                "count": 1,
-            },
+            pod.namespace, warning_event(pod, reason, message, component=COMPONENT, node=self.node)
         )
 
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> None:

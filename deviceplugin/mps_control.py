@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deviceplugin.config import add_sharing_flags
-from deviceplugin.kube import EventTarget, Kube
+from deviceplugin.kube import Kube
 from deviceplugin.mps_daemon import (
     WATCH_SECONDS,
     MpsDaemon,
@@ -34,7 +34,7 @@ from deviceplugin.mps_daemon import (
 from deviceplugin.served import PodTarget
 from deviceplugin.sharing import node_sharing_mode
 from nodeagent.flags import add_node_flags, node_keys
-from nodeagent.kubeapi import load_api
+from nodeagent.kubeapi import EventTarget, load_api
 from nodeagent.nvml import Nvml, NvmlUnavailableError
 from nodeagent.process import serve_until_signalled
 from nodeagent.statedir import StateDir

@@ -9,15 +9,13 @@ from pathlib import Path
 
 from deviceplugin.matching import InFlight
 from deviceplugin.mps_daemon import MpsPaths
-from nodeagent.mounts import VISIBLE_DEVICES_ENV, MountSpec, hook_mounts
+from nodeagent.mounts import VISIBLE_DEVICES_ENV, MountSpec, coordination_mounts, hook_mounts
 from nodeagent.records import ServedRecord
 from nodeagent.statedir import ContainerDir, StateDir
 from tessera.contract import (
-    CONTAINER_COORDINATION_DIR,
     CONTAINER_DEVICE_LIST_DIR,
     CONTAINER_MPS_PIPE_DIR,
     CONTAINER_MPS_SHM_DIR,
-    COORDINATION_SLOT_SUFFIX,
     Allocation,
     DeviceListStrategy,
     GpuGrant,
@@ -79,26 +77,12 @@ def answer_for(
     slots = tuple(
         state.coordination_slot(uuid, container.qos, container.pod.uid, where.root.name) for uuid in uuids
     )
-    # Each GPU's coordination area read-only (every container's slot on it, by class: no container
-    # can move its own to another class), and the container's own slot writable.
-    coordination = [
-        mount
-        for uuid, slot in zip(uuids, slots, strict=True)
-        for mount in (
-            MountSpec(
-                f"{CONTAINER_COORDINATION_DIR}/{uuid}", str(state.coordination_area(uuid)), read_only=True
-            ),
-            MountSpec(
-                f"{CONTAINER_COORDINATION_DIR}/{uuid}{COORDINATION_SLOT_SUFFIX}", str(slot), read_only=False
-            ),
-        )
-    ]
     return ContainerAnswer(
         envs=envs,
         mounts=(
             *device_mounts,
             *hook_mounts(where, state, hook_library),
-            *coordination,
+            *coordination_mounts(state, list(zip(uuids, slots, strict=True))),
             *(mps_mounts(mps) if mps is not None else ()),
         ),
         where=where,

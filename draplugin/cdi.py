@@ -2,7 +2,8 @@
 
 The kubelet passes the CDI device names the driver returns to the container runtime, which applies
 the spec's edits to every container using the claim: the GPUs' visibility variable and the mounts
-the hook needs (the same ones the device plugin path answers Allocate with).
+the hook needs, its GPUs' coordination areas included (the same ones the device plugin path answers
+Allocate with).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from nodeagent.mounts import VISIBLE_DEVICES_ENV, hook_mounts
+from nodeagent.mounts import VISIBLE_DEVICES_ENV, coordination_mounts, hook_mounts
 from nodeagent.statedir import ContainerDir, StateDir
 from tessera.contract import ContractKeys, JsonObject
 
@@ -34,11 +35,12 @@ def render_spec(
     keys: ContractKeys,
     claim_uid: str,
     *,
-    uuids: Sequence[str],
+    slots: Sequence[tuple[str, Path]],
     where: ContainerDir,
     state: StateDir,
     hook_library: Path,
 ) -> JsonObject:
+    """``slots``: each GPU's UUID and the claim's slot in its coordination area."""
     return {
         "cdiVersion": CDI_VERSION,
         "kind": keys.cdi_kind,
@@ -46,14 +48,17 @@ def render_spec(
             {
                 "name": claim_uid,
                 "containerEdits": {
-                    "env": [f"{VISIBLE_DEVICES_ENV}={','.join(uuids)}"],
+                    "env": [f"{VISIBLE_DEVICES_ENV}={','.join(uuid for uuid, _ in slots)}"],
                     "mounts": [
                         {
                             "hostPath": m.host_path,
                             "containerPath": m.container_path,
                             "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"],
                         }
-                        for m in hook_mounts(where, state, hook_library)
+                        for m in (
+                            *hook_mounts(where, state, hook_library),
+                            *coordination_mounts(state, slots),
+                        )
                     ],
                 },
             }

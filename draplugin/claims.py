@@ -5,6 +5,10 @@ chose and, with consumable capacity, how much of its ``memory`` and ``cores`` th
 A result without ``consumedCapacity`` (consumable capacity off) consumes what the request policy's
 defaults say. The opaque config entries for this driver (``GpuShareConfig``) apply to the whole
 claim: its containers share one limits file.
+
+A claim's QoS class follows the pods' rule (docs/placement.md, "QoS class of a pod",
+:mod:`tessera.placement.qos`): its config's ``qos`` plays the pod annotation's part, and the priority
+that grants a class is the lowest of the pods the claim is reserved for (``status.reservedFor``).
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from tessera.contract import (
     ContractError,
     ContractKeys,
     GpuInfo,
+    GpuShareConfig,
+    QosClass,
     parse_gpu_share_config,
     parse_integer_quantity,
 )
+from tessera.placement.qos import QosThresholds, qos_class, qos_lowered
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +58,22 @@ class AllocatedDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class ReservedPod:
+    """A pod the claim is reserved for (in the claim's namespace, as the API server requires)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimPlan:
     ref: ClaimRef
     devices: tuple[AllocatedDevice, ...]
     limits: tuple[DeviceLimit, ...]
     elastic: bool
+    qos: QosClass | None  # the class its config asks for; None: the class its pods' priority grants
+    reserved_for: tuple[ReservedPod, ...]
 
 
 def _object(value: object, field: str) -> Mapping[str, object]:
@@ -87,10 +105,10 @@ def _consumed(result: Mapping[str, object], gpu: GpuInfo, where: str) -> tuple[i
     return memory, cores
 
 
-def _elastic(allocation: Mapping[str, object], keys: ContractKeys) -> bool:
-    """The claim's GpuShareConfig; entries later in the list (the claim's own, after its class's)
-    override earlier ones."""
-    elastic = False
+def _share_config(allocation: Mapping[str, object], keys: ContractKeys) -> GpuShareConfig | None:
+    """The claim's GpuShareConfig: each entry is checked, the last one holds (the claim's own come
+    after its class's)."""
+    found = None
     for n, entry in enumerate(_list(allocation.get("config"), "status.allocation.devices.config")):
         where = f"status.allocation.devices.config[{n}]"
         opaque = _object(entry, where).get("opaque")
@@ -99,8 +117,31 @@ def _elastic(allocation: Mapping[str, object], keys: ContractKeys) -> bool:
         opaque = _object(opaque, f"{where}.opaque")
         if opaque.get("driver") != keys.dra_driver:
             continue
-        elastic = parse_gpu_share_config(opaque.get("parameters"), where=f"{where}.opaque.parameters").elastic
-    return elastic
+        found = parse_gpu_share_config(opaque.get("parameters"), where=f"{where}.opaque.parameters")
+    return found
+
+
+def _reserved_pods(status: Mapping[str, object], ref: ClaimRef) -> tuple[ReservedPod, ...]:
+    """The pods in ``status.reservedFor`` (other consumers, any API group's, grant no class)."""
+    pods = []
+    for n, raw in enumerate(_list(status.get("reservedFor"), f"{ref}: status.reservedFor")):
+        consumer = _object(raw, f"{ref}: status.reservedFor[{n}]")
+        if consumer.get("resource") == "pods" and not consumer.get("apiGroup"):
+            pods.append(ReservedPod(ref.namespace, str(consumer.get("name")), str(consumer.get("uid"))))
+    return tuple(pods)
+
+
+def claim_class(
+    asked: QosClass | None, priorities: Sequence[int], thresholds: QosThresholds, namespace: str
+) -> tuple[QosClass, str]:
+    """The claim's class, and why it is lower than asked ("" when it is not): the pods' rule, with
+    the lowest priority among the claim's pods (``priorities``, at least one), as a class granted to
+    all of them is the least any of them is granted."""
+    priority = min(priorities)
+    return (
+        qos_class(asked, priority, thresholds, namespace),
+        qos_lowered(asked, priority, thresholds, namespace),
+    )
 
 
 def plan_claim(
@@ -146,8 +187,12 @@ def plan_claim(
         )
     if not devices:
         raise ContractError(f"{ref}: no device of driver {keys.dra_driver!r} is allocated to it")
+    reserved_for = _reserved_pods(status, ref)
+    if not reserved_for:
+        # The kubelet prepares a claim only for a pod it is reserved for: this one is not in use.
+        raise ContractError(f"{ref}: status.reservedFor names no pod: the claim is not in use")
     try:
-        elastic = _elastic(allocation, keys)
+        config = _share_config(allocation, keys)
     except ContractError as e:
         raise ContractError(f"{ref}: {e}") from None
     # Two requests of the claim on one GPU: its containers share one limits entry for that GPU.
@@ -163,4 +208,11 @@ def plan_claim(
             limit.validate()
         except ContractError as e:
             raise ContractError(f"{ref}: {e}") from None
-    return ClaimPlan(ref=ref, devices=tuple(devices), limits=limits, elastic=elastic)
+    return ClaimPlan(
+        ref=ref,
+        devices=tuple(devices),
+        limits=limits,
+        elastic=config is not None and config.elastic,
+        qos=None if config is None else config.qos_class,
+        reserved_for=reserved_for,
+    )

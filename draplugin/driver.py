@@ -5,8 +5,12 @@ Per prepared claim, under the state dir (:class:`nodeagent.statedir.StateDir`)::
     claims/<claim UID>/limits          the hook's limits, read-only in the claim's containers
     claims/<claim UID>/state/          the hook's accounting region, shared by those containers
     claims/<claim UID>/prepared.json   what NodePrepareResources answered; written last
+    coordination/<GPU UUID>/<class>/<claim UID>
+                                       the claim's slot in each of its GPUs' coordination areas
 
-and the claim's CDI spec in the CDI dir. A claim with a record is prepared: a repeated call (the
+and the claim's CDI spec in the CDI dir. The claim's QoS class is decided at prepare from the pods it
+is reserved for then (draplugin/claims.py) and written into its limits file, as the device plugin
+writes a container's. A claim with a record is prepared: a repeated call (the
 kubelet retries, or the driver restarted) answers from the record without asking the API server.
 A claim without one is prepared from scratch, overwriting whatever a call cut short left (every file
 is written through a rename). Nothing is written before the claim is checked; a write that fails
@@ -25,13 +29,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+import urllib3
+from kubernetes import client
+
 from draplugin.cdi import cdi_device_id, render_spec, spec_file
-from draplugin.claims import ClaimRef, plan_claim
+from draplugin.claims import ClaimRef, ReservedPod, claim_class, plan_claim
 from hook.limits import write_limits
+from nodeagent.kubeapi import EventTarget
 from nodeagent.records import PreparedDevice, PreparedRecord, RecordError, dump_record, load_record
 from nodeagent.statedir import ContainerDir, StateDir, create_state_dir
-from tessera.contract import ContractError, ContractKeys, GpuInfo
+from tessera.contract import CONTAINER_COORDINATION_DIR, ContractError, ContractKeys, GpuInfo, pod_priority
 from tessera.files import write_atomically
+from tessera.placement.qos import QOS_LOWERED_REASON, QosThresholds
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +50,14 @@ RECORD_FILE = "prepared.json"
 class ClaimReader(Protocol):
     def read_claim(self, namespace: str, name: str) -> Mapping[str, object] | None:
         """The ResourceClaim as JSON; None when it does not exist."""
+
+
+class PodReader(Protocol):
+    def read_pod(self, namespace: str, name: str) -> Mapping[str, object] | None:
+        """The Pod as JSON; None when it does not exist."""
+
+    def warn(self, pod: EventTarget, reason: str, message: str) -> None:
+        """A Warning event on the pod."""
 
 
 class Driver:
@@ -54,6 +71,8 @@ class Driver:
         cdi_dir: Path,
         hook_library: Path,
         claims: ClaimReader,
+        pods: PodReader,
+        qos: QosThresholds,
     ) -> None:
         self.keys = keys
         self.node = node
@@ -62,6 +81,8 @@ class Driver:
         self.cdi_dir = cdi_dir
         self.hook_library = hook_library
         self._claims = claims
+        self._pods = pods
+        self.qos = qos
         # The kubelet may prepare a claim for a second pod while the first call is under way.
         self._lock = threading.Lock()
 
@@ -95,6 +116,8 @@ class Driver:
             if claim is None:
                 raise ContractError(f"{ref}: not found in the API server")
             plan = plan_claim(claim, ref, self.node, self.gpus, self.keys)
+            pods = self._read_pods(ref, plan.reserved_for)
+            qos, lowered = claim_class(plan.qos, [priority for _, priority in pods], self.qos, ref.namespace)
             cdi_id = cdi_device_id(self.keys, ref.uid)
             devices = tuple(
                 PreparedDevice(
@@ -107,14 +130,24 @@ class Driver:
                 for d in plan.devices
             )
             spec = spec_file(self.cdi_dir, self.keys, ref.uid)
+            slots = [(limit.uuid, self.state.claim_slot(limit.uuid, qos, ref.uid)) for limit in plan.limits]
             try:
                 create_state_dir(where)
-                write_limits(where.limits, plan.limits, elastic=plan.elastic)
-                uuids = [limit.uuid for limit in plan.limits]
+                for stale in self.state.claim_slots(ref.uid):  # of a prepare cut short
+                    stale.unlink()
+                for _, slot in slots:
+                    self.state.create_slot(slot)
+                write_limits(
+                    where.limits,
+                    plan.limits,
+                    elastic=plan.elastic,
+                    qos=qos,
+                    coordination=CONTAINER_COORDINATION_DIR,
+                )
                 rendered = render_spec(
                     self.keys,
                     ref.uid,
-                    uuids=uuids,
+                    slots=slots,
                     where=where,
                     state=self.state,
                     hook_library=self.hook_library,
@@ -126,11 +159,40 @@ class Driver:
                 self._remove(ref)
                 raise
             log.info(
-                "%s prepared: %s",
+                "%s prepared (%s): %s",
                 ref,
+                qos.value,
                 ", ".join(f"{lim.uuid} {lim.memory_quota_bytes} B {lim.cores}% cores" for lim in plan.limits),
             )
+            if lowered:
+                self._tell_lowered(ref, [pod for pod, _ in pods], lowered)
             return devices
+
+    def _read_pods(self, ref: ClaimRef, reserved: Sequence[ReservedPod]) -> list[tuple[ReservedPod, int]]:
+        """The claim's pods that still exist, with their priorities; a :class:`ContractError` when
+        none does (a pod deleted and created again under its name is another pod)."""
+        found = []
+        for pod in reserved:
+            body = self._pods.read_pod(pod.namespace, pod.name)
+            metadata = None if body is None else body.get("metadata")
+            if body is None or not isinstance(metadata, Mapping) or metadata.get("uid") != pod.uid:
+                continue
+            try:
+                found.append((pod, pod_priority(body)))
+            except ContractError as e:
+                raise ContractError(f"{ref}: pod {pod.name}: {e}") from None
+        if not found:
+            raise ContractError(f"{ref}: none of the pods in status.reservedFor exists any more")
+        return found
+
+    def _tell_lowered(self, ref: ClaimRef, pods: Sequence[ReservedPod], why: str) -> None:
+        """A Warning event on each pod of a claim whose class is lower than it asked for; one that
+        cannot be recorded is logged (the claim is prepared: the pods run, with their granted class)."""
+        for pod in pods:
+            try:
+                self._pods.warn(pod, QOS_LOWERED_REASON, f"{ref}: {why}")
+            except (client.ApiException, OSError, urllib3.exceptions.HTTPError) as e:
+                log.warning("%s: cannot tell pod %s that its class was lowered: %s", ref, pod.name, e)
 
     def unprepare(self, ref: ClaimRef) -> None:
         with self._lock:
@@ -140,6 +202,8 @@ class Driver:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             spec_file(self.cdi_dir, self.keys, ref.uid).unlink()
         root = self._claim_dir(ref).root
+        for slot in self.state.claim_slots(ref.uid):
+            slot.unlink(missing_ok=True)
         if root.exists():
             shutil.rmtree(root)
             log.info("%s unprepared", ref)

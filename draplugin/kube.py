@@ -1,4 +1,5 @@
-"""Kubernetes API adapter of the DRA driver: reads ResourceClaims, publishes the node's ResourceSlice.
+"""Kubernetes API adapter of the DRA driver: reads ResourceClaims and the pods they are reserved
+for, records Warning events on those pods, publishes the node's ResourceSlice.
 
 Plain JSON through the client's generic object calls (resource.k8s.io/v1 has no client models in
 the Python client this project pins).
@@ -16,9 +17,12 @@ from typing import Any
 import urllib3
 from kubernetes import client
 
+from nodeagent.kubeapi import EventTarget, warning_event
 from tessera.contract import ContractError, ContractKeys, JsonObject
 
 log = logging.getLogger(__name__)
+
+COMPONENT = "tessera-dra"
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 HTTP_NOT_FOUND = 404
@@ -81,6 +85,33 @@ class ResourceApi:
     def replace_slice(self, body: JsonObject) -> None:
         self._objects.replace_cluster_custom_object(
             GROUP, VERSION, "resourceslices", body["metadata"]["name"], body, _request_timeout=TIMEOUT
+        )
+
+
+class PodApi:
+    """The pods a claim is reserved for: read for their priority, warned when their class is lowered."""
+
+    def __init__(self, api: client.ApiClient, node: str) -> None:
+        self._core = client.CoreV1Api(api)
+        self._node = node
+
+    def read_pod(self, namespace: str, name: str) -> Mapping[str, object] | None:
+        try:
+            response = self._core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=TIMEOUT
+            )
+        except client.ApiException as e:
+            if e.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        pod: dict[str, Any] = decode(response.data, f"pod {namespace}/{name}")
+        return pod
+
+    def warn(self, pod: EventTarget, reason: str, message: str) -> None:
+        self._core.create_namespaced_event(
+            pod.namespace,
+            warning_event(pod, reason, message, component=COMPONENT, node=self._node),
+            _request_timeout=TIMEOUT,
         )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draplugin.driver import Driver
-from draplugin.kube import ResourceApi, SlicePublisher
+from draplugin.kube import PodApi, ResourceApi, SlicePublisher
 from draplugin.server import serve_driver
 from draplugin.slices import resource_slice
 from nodeagent.flags import add_hook_library_flag, add_node_flags, node_keys
@@ -23,8 +23,9 @@ from nodeagent.nodelock import holding_node
 from nodeagent.nvml import discover_gpus
 from nodeagent.process import serve_until_signalled
 from nodeagent.statedir import StateDir
-from tessera.cliargs import add_speed_profiles, seconds
+from tessera.cliargs import add_qos_class_flags, add_speed_profiles, qos_thresholds, seconds
 from tessera.contract import ContractError, ContractKeys
+from tessera.placement.qos import QosThresholds
 from tessera.placement.speed import SpeedProfiles
 
 log = logging.getLogger("tessera-dra")
@@ -44,6 +45,7 @@ class Config:
     kubeconfig: Path | None
     profiles: SpeedProfiles
     resync_seconds: float
+    qos: QosThresholds
 
     @property
     def dra_socket(self) -> Path:
@@ -76,6 +78,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="where the container runtime reads CDI specs (env TESSERA_CDI_DIR, default /var/run/cdi)",
     )
     add_speed_profiles(p, environ)
+    add_qos_class_flags(p)
     p.add_argument(
         "--resync-seconds",
         type=seconds,
@@ -96,6 +99,10 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             profiles = SpeedProfiles.from_yaml(args.speed_profiles.read_text())
         except (OSError, ContractError) as e:
             p.error(f"--speed-profiles: {e}")
+    try:
+        qos = qos_thresholds(args)
+    except ValueError as e:
+        p.error(str(e))
     return Config(
         node_name=args.node_name,
         keys=keys,
@@ -106,6 +113,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         kubeconfig=args.kubeconfig,
         profiles=profiles,
         resync_seconds=args.resync_seconds,
+        qos=qos,
     )
 
 
@@ -122,7 +130,8 @@ def _serve(config: Config, stop: threading.Event) -> None:
     nvml, gpus = discover_gpus(1)
     if nvml is not None:
         nvml.close()  # the inventory is read once; health monitoring is the device plugin path's
-    resources = ResourceApi(load_api(config.kubeconfig))
+    api = load_api(config.kubeconfig)
+    resources = ResourceApi(api)
     driver = Driver(
         keys=config.keys,
         node=config.node_name,
@@ -131,6 +140,8 @@ def _serve(config: Config, stop: threading.Event) -> None:
         cdi_dir=config.cdi_dir,
         hook_library=config.hook_library,
         claims=resources,
+        pods=PodApi(api, config.node_name),
+        qos=config.qos,
     )
     publisher = SlicePublisher(
         resources,

@@ -31,15 +31,16 @@ from tessera.cliargs import (
     add_inflight_timeout,
     add_kubeconfig,
     add_metrics_authorization,
+    add_qos_class_flags,
     add_speed_profiles,
     non_negative_int,
     percent,
     positive_int,
+    qos_thresholds,
     seconds,
 )
 from tessera.contract import ContractError, Policy, keys_for, now
-from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles, UsageRule
-from tessera.placement.qos import BEST_EFFORT_PRIORITY, LATENCY_CRITICAL_PRIORITY
+from tessera.placement import PlacementEngine, SpeedProfiles, UsageRule
 from tessera.placement.usage import MARGIN_MIB, MARGIN_PERCENT, MAX_AGE
 from tessera.scrapeauth import AccessCache
 
@@ -137,29 +138,7 @@ def _add_placement_flags(parser: argparse.ArgumentParser, environ: Mapping[str, 
 
 def _add_qos_flags(parser: argparse.ArgumentParser) -> None:
     """Which class a pod is in, and how best-effort pods may be placed against measured use."""
-    parser.add_argument(
-        "--qos-latency-critical-priority",
-        type=int,
-        default=LATENCY_CRITICAL_PRIORITY,
-        metavar="PRIORITY",
-        help="a pod without a tessera.io/qos annotation whose priority is at least this is "
-        "latency-critical (default %(default)d)",
-    )
-    parser.add_argument(
-        "--qos-latency-critical-namespaces",
-        default="",
-        metavar="NAMESPACE,...",
-        help="namespaces whose pods may ask for any QoS class by the tessera.io/qos annotation; elsewhere "
-        "it may only lower the class the pod's priority grants (default: none)",
-    )
-    parser.add_argument(
-        "--qos-best-effort-priority",
-        type=int,
-        default=BEST_EFFORT_PRIORITY,
-        metavar="PRIORITY",
-        help="a pod without a tessera.io/qos annotation whose priority is below this is best-effort "
-        "(default %(default)d: a negative PriorityClass)",
-    )
+    add_qos_class_flags(parser)
     parser.add_argument(
         "--best-effort-oversubscription",
         action="store_true",
@@ -286,11 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.client_ca_file and not args.tls_cert_file:
         parser.error("--client-ca-file needs --tls-cert-file")
     try:
-        qos_thresholds = QosThresholds(
-            args.qos_latency_critical_priority,
-            args.qos_best_effort_priority,
-            frozenset(n.strip() for n in args.qos_latency_critical_namespaces.split(",") if n.strip()),
-        )
+        thresholds = qos_thresholds(args)
         usage_rule = UsageRule(
             margin_mib=args.best_effort_margin_mib,
             margin_percent=args.best_effort_margin_percent,
@@ -343,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inflight_wait=timedelta(seconds=args.inflight_wait),
         filter_keeps_best=args.filter_keeps == "best",
         scheduler_names=frozenset(args.scheduler_names or [DEFAULT_SCHEDULER_NAME]),
-        qos_thresholds=qos_thresholds,
+        qos_thresholds=thresholds,
         leader=leader,
     )
     limits = Limits(

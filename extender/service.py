@@ -52,6 +52,7 @@ from tessera.placement import (
     shape_of,
     to_allocation,
 )
+from tessera.placement.qos import QOS_LOWERED_REASON
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,6 @@ class NotSyncedError(RuntimeError):
 
 # The scheduler profile whose pods the extender binds (the chart's scheduler.name).
 DEFAULT_SCHEDULER_NAME = "tessera-scheduler"
-# The reason of the Warning event on a pod whose annotation asked for a class it was not granted.
-QOS_LOWERED_REASON = "QosClassLowered"
 # Names of nodes the extender does not know answered per request with a reason; more are rejected
 # by leaving them out (a filter body can carry millions of made-up names).
 UNKNOWN_NAMES_ANSWERED = 100

@@ -1,12 +1,15 @@
-"""The API server's client of a node agent, from a kubeconfig or the pod's service account."""
+"""The API server's client of a node agent, from a kubeconfig or the pod's service account, and the
+Warning events either agent records on pods."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Protocol
 
 from kubernetes import client, config
 
 from nodeagent.process import SetupError
+from tessera.contract import format_time, now
 
 # Connections kept to the API server: the device plugin's kubelet calls (up to 16 at once), the
 # watch, the phase writer and the publisher each hold one while they wait; a connection beyond the
@@ -32,3 +35,41 @@ def load_api(kubeconfig: Path | None) -> client.ApiClient:
         raise KubeConfigError(f"{where}: {e}") from None
     configuration.connection_pool_maxsize = CONNECTION_POOL
     return client.ApiClient(configuration)
+
+
+class EventTarget(Protocol):
+    """A pod an event is about."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+
+
+def warning_event(
+    pod: EventTarget, reason: str, message: str, *, component: str, node: str
+) -> dict[str, Any]:
+    """A Warning event on the pod, as ``kubectl describe pod`` shows it, reported by ``component``
+    from ``node`` (the device plugin's admission policy checks the node)."""
+    moment = format_time(now())
+    return {
+        "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+        "involvedObject": {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid,
+        },
+        "type": "Warning",
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": component, "host": node},
+        "reportingComponent": component,
+        "reportingInstance": node,
+        "firstTimestamp": moment,
+        "lastTimestamp": moment,
+        "count": 1,
+    }

@@ -21,6 +21,9 @@ Layout under ``--state-dir``::
                                                (docs/hook.md, "QoS classes on the GPU"); the GPU's
                                                directory is mounted read-only in each container on it,
                                                the container's own slot writable
+    coordination/<GPU UUID>/<QoS class>/<claim UID>
+                                               a prepared DRA claim's slot, its containers' one (a
+                                               UID has no underscore: never a container's name)
     claims/<claim UID>/                        a prepared DRA claim's files, laid out as a
                                                container's (draplugin/driver.py)
 
@@ -170,10 +173,20 @@ class StateDir:
         _check_names(("pod UID", pod_uid), ("container name", container))
         return self.coordination_area(gpu_uuid) / qos.value / f"{pod_uid}{_SLOT_SEPARATOR}{container}"
 
+    def claim_slot(self, gpu_uuid: str, qos: QosClass, claim_uid: str) -> Path:
+        """A prepared claim's slot: one for all its containers, as they share its limits."""
+        _check_names(("claim UID", claim_uid))
+        return self.coordination_area(gpu_uuid) / qos.value / claim_uid
+
+    def claim_slots(self, claim_uid: str) -> list[Path]:
+        """The claim's slots on every GPU, whatever their class."""
+        _check_names(("claim UID", claim_uid))
+        return sorted(self.coordination.glob(f"*/*/{claim_uid}"))
+
     @staticmethod
     def create_slot(slot: Path) -> None:
         """A zeroed slot (idle), writable by the container's user through its own mount; the
-        directories above it are the device plugin's alone."""
+        directories above it are the node agent's alone."""
         slot.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         write_atomically(slot, bytes(COORDINATION_SLOT_BYTES), mode=SLOT_MODE)
 

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from tessera.contract import DEFAULT_DOMAIN, DOMAIN_ENV
 from tessera.inflight import DEFAULT_INFLIGHT_TIMEOUT
+from tessera.placement.qos import BEST_EFFORT_PRIORITY, LATENCY_CRITICAL_PRIORITY, QosThresholds
 
 Number = TypeVar("Number", int, float)
 
@@ -141,4 +142,41 @@ def add_speed_profiles(parser: argparse.ArgumentParser, environ: Mapping[str, st
         help="speed profiles YAML (deploy/speed-profiles.yaml): each GPU model's speed, which the extender "
         "scores by and the DRA driver publishes as its devices' model and speedMilli attributes; "
         f"without it every GPU counts 1.0{env_note}",
+    )
+
+
+def add_qos_class_flags(parser: argparse.ArgumentParser) -> None:
+    """Which QoS class a pod's priority grants, as the extender (at bind) and the DRA driver (at
+    prepare, for the pods a claim is reserved for) both decide it; read with :func:`qos_thresholds`."""
+    parser.add_argument(
+        "--qos-latency-critical-priority",
+        type=int,
+        default=LATENCY_CRITICAL_PRIORITY,
+        metavar="PRIORITY",
+        help="a pod whose priority is at least this is granted latency-critical (default %(default)d)",
+    )
+    parser.add_argument(
+        "--qos-latency-critical-namespaces",
+        default="",
+        metavar="NAMESPACE,...",
+        help="namespaces whose pods (by the tessera.io/qos annotation) and claims (by qos in their "
+        "GpuShareConfig) may ask for any QoS class; elsewhere they may only lower the class the "
+        "priority grants (default: none)",
+    )
+    parser.add_argument(
+        "--qos-best-effort-priority",
+        type=int,
+        default=BEST_EFFORT_PRIORITY,
+        metavar="PRIORITY",
+        help="a pod whose priority is below this is granted best-effort only "
+        "(default %(default)d: a negative PriorityClass)",
+    )
+
+
+def qos_thresholds(args: argparse.Namespace) -> QosThresholds:
+    """The flags of :func:`add_qos_class_flags`; a ValueError when the priorities are in the wrong order."""
+    return QosThresholds(
+        args.qos_latency_critical_priority,
+        args.qos_best_effort_priority,
+        frozenset(n.strip() for n in args.qos_latency_critical_namespaces.split(",") if n.strip()),
     )

@@ -341,6 +341,14 @@ class GpuShareConfig(BaseModel):
     kind: Literal["GpuShareConfig"]
     # The hook lets the claim's containers use idle GPU time beyond their cores (docs/hook.md).
     elastic: bool = False
+    # The QoS class the claim asks for, spelled as a pod's annotation spells it (QosClass's values;
+    # strict validation takes no enum from JSON text); absent, the class its pods' priority grants
+    # (docs/dra.md, "QoS classes of a claim").
+    qos: Literal["latency-critical", "standard", "best-effort"] | None = None
+
+    @property
+    def qos_class(self) -> QosClass | None:
+        return None if self.qos is None else QosClass(self.qos)
 
 
 def parse_gpu_share_config(parameters: object, *, where: str, keys: ContractKeys = KEYS) -> GpuShareConfig:

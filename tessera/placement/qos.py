@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 
 from tessera.contract import QosClass
 
-# The defaults of the extender's --qos-latency-critical-priority and --qos-best-effort-priority.
+# The reason of the Warning event on a pod that runs with a lower class than it asked for: the
+# extender's at bind, the DRA driver's at prepare (its claim asked).
+QOS_LOWERED_REASON = "QosClassLowered"
+
+# The defaults of --qos-latency-critical-priority and --qos-best-effort-priority (tessera/cliargs.py).
 LATENCY_CRITICAL_PRIORITY = 1_000_000
 BEST_EFFORT_PRIORITY = 0
 
@@ -70,7 +74,7 @@ def qos_class(
 
 def qos_lowered(annotated: QosClass | None, priority: int, thresholds: QosThresholds, namespace: str) -> str:
     """Why the pod does not get the class its annotation asks for ("" when it does): the event the
-    extender records on it at bind."""
+    extender records on it at bind (and the DRA driver at prepare, for the class a claim asks for)."""
     given = qos_class(annotated, priority, thresholds, namespace)
     if annotated is None or given == annotated:
         return ""

@@ -136,13 +136,13 @@ class Cluster:
         )
         return found
 
-    def create_pod(self, name: str, claim: str, scheduler: str = "default-scheduler") -> None:
-        self._create_pod(
-            name,
-            {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
-            {"claims": [{"name": "gpu"}]},
-            scheduler,
-        )
+    def create_pod(
+        self, name: str, claim: str, scheduler: str = "default-scheduler", priority_class: str | None = None
+    ) -> None:
+        spec: dict[str, Any] = {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]}
+        if priority_class is not None:
+            spec["priorityClassName"] = priority_class
+        self._create_pod(name, spec, {"claims": [{"name": "gpu"}]}, scheduler)
 
     def create_plain_pod(self, name: str, limits: dict[str, str], scheduler: str) -> None:
         """A pod without claims, with these resource limits."""
@@ -237,6 +237,11 @@ class DriverProcess:
     """``tessera-dra`` for the node."""
 
     process: ManagedProcess
+    kubelet_dir: Path  # where it serves its sockets
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.kubelet_dir / "plugins_registry" / f"{KEYS.dra_driver}-reg.sock"
 
     def slice(self, api: client.ApiClient) -> dict[str, Any] | None:
         with contextlib.suppress(client.ApiException):
@@ -289,7 +294,7 @@ def start_driver(
             tmp_path / f"tessera-dra-{n}.log",
             env=fake_gpus.env(),
         )
-        driver = DriverProcess(process)
+        driver = DriverProcess(process, kubelet_dir)
         started.append(driver)
         process.start()
         return driver

@@ -35,6 +35,7 @@ def test_dra_mode_runs_the_driver_instead_of_the_device_plugin(repo_root: Path) 
     assert "--cdi-dir=/var/run/cdi" in driver["args"]
     assert "--state-dir=/var/lib/tessera" in driver["args"]
     assert "--hook-library=/usr/local/tessera/libvgpu.so" in driver["args"]
+    assert {"--qos-latency-critical-priority=1000000", "--qos-best-effort-priority=0"} <= set(driver["args"])
     assert [c["name"] for c in pod["initContainers"]] == ["install-hook"]
     mounts = {m["mountPath"] for m in driver["volumeMounts"]}
     assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"} <= mounts
@@ -45,6 +46,10 @@ def test_dra_mode_runs_the_driver_instead_of_the_device_plugin(repo_root: Path) 
     ]
     [role] = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "t-dra"]
     assert role["rules"] == [
+        # The pods a claim is reserved for: their priority grants its QoS class; a Warning event on
+        # them when the class it asked for is lowered.
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {
             "apiGroups": ["resource.k8s.io"],
@@ -120,3 +125,27 @@ def test_the_users_node_affinity_keeps_every_term_and_gains_the_mode(repo_root: 
             "matchExpressions": [mode],
         },
     ]
+
+
+def test_the_driver_takes_the_extenders_qos_values(repo_root: Path) -> None:
+    """One rule for pods and claims: extender.qos sets both binaries' flags alike."""
+    values = (
+        "mode=mixed",
+        "extender.qos.latencyCriticalPriority=5000",
+        "extender.qos.bestEffortPriority=-1",
+        "extender.qos.latencyCriticalNamespaces={serving,infra}",
+    )
+    docs = rendered(repo_root, *values)
+    [dra] = [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "tessera-dra"]
+    [scheduler] = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "tessera-scheduler"
+    ]
+    qos_args = [
+        "--qos-latency-critical-priority=5000",
+        "--qos-best-effort-priority=-1",
+        "--qos-latency-critical-namespaces=serving,infra",
+    ]
+    [driver] = dra["spec"]["template"]["spec"]["containers"]
+    [extender] = [c for c in scheduler["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"]
+    for args in (driver["args"], extender["args"]):
+        assert [a for a in args if a.startswith("--qos-")] == qos_args

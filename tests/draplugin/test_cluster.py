@@ -9,6 +9,7 @@ import json
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,10 @@ from kubernetes import client
 
 from sandbox.controlplane import ControlPlane
 from tessera.contract import KEYS
+from tessera.placement.qos import QOS_LOWERED_REASON
 from tests.draplugin.conftest import NODE, ROOT, Cluster, wait_published
+from tests.draplugin.kubelet_standin import claim as claim_message
+from tests.draplugin.kubelet_standin import register
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
@@ -151,3 +155,61 @@ def test_the_dra_manifests_are_accepted_by_the_api_server(dra_cluster: ControlPl
     )
     assert applied.returncode == 0, applied.stderr
     assert "daemonset.apps/tessera-dra serverside-applied (server dry run)" in applied.stdout
+
+
+def test_a_claim_asking_more_than_its_pods_priority_grants_is_lowered_with_an_event(
+    cluster: Cluster, start_driver: Any, tmp_path: Path
+) -> None:
+    """Prepare on the real API server (a kubelet stand-in calls it): the driver reads the pod in the
+    claim's status.reservedFor, its priority (from a -10 PriorityClass) grants best-effort only, so the
+    claim asking for latency-critical is prepared best-effort and the pod gets QosClassLowered."""
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    scheduling = client.SchedulingV1Api(cluster.api)
+    priority_class = f"scavenger-{cluster.namespace}"
+    scheduling.create_priority_class({"metadata": {"name": priority_class}, "value": -10})
+    kubelet = None
+    try:
+        parameters = {
+            "apiVersion": KEYS.dra_config_api_version,
+            "kind": "GpuShareConfig",
+            "qos": "latency-critical",
+        }
+        cluster.create_claim("asks", {"memory": "1Gi"}, A100, parameters)
+        cluster.create_pod("scavenger", "asks", priority_class=priority_class)
+        cluster.allocated("asks")
+        reserved = wait_for(
+            lambda: (cluster.claim("asks").get("status") or {}).get("reservedFor"), 60.0, "the claim reserved"
+        )
+        pod = cluster.core.read_namespaced_pod("scavenger", cluster.namespace)
+        assert reserved == [{"resource": "pods", "name": "scavenger", "uid": pod.metadata.uid}]
+        uid = cluster.claim("asks")["metadata"]["uid"]
+        kubelet = register(driver.registration_socket, KEYS.dra_driver)
+        answer = kubelet.prepare(claim_message(cluster.namespace, "asks", uid))
+        assert answer.claims[uid].error == ""
+        limits = (tmp_path / "state" / "claims" / uid / "limits.d" / "limits").read_text().splitlines()
+        assert "qos best-effort" in limits
+        assert len(list((tmp_path / "state" / "coordination").glob(f"*/best-effort/{uid}"))) == 1
+        events = wait_for(
+            lambda: [
+                e
+                for e in cluster.core.list_namespaced_event(
+                    cluster.namespace, field_selector="involvedObject.name=scavenger"
+                ).items
+                if e.reason == QOS_LOWERED_REASON
+            ],
+            30.0,
+            "the QosClassLowered event",
+        )
+        [event] = events
+        assert event.type == "Warning"
+        assert event.involved_object.uid == pod.metadata.uid
+        assert (event.source.component, event.source.host) == ("tessera-dra", NODE)
+        assert event.message.startswith(
+            f"claim {cluster.namespace}/asks ({uid}): asked for QoS class latency-critical"
+        )
+        assert "runs as best-effort: priority -10" in event.message
+    finally:
+        if kubelet is not None:
+            kubelet.close()
+        scheduling.delete_priority_class(priority_class)

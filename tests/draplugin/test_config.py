@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from draplugin.main import parse_config
+from tessera.placement.qos import QosThresholds
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,5 +61,30 @@ def test_bad_speed_profiles_are_named(tmp_path: Path, capsys: pytest.CaptureFixt
         parse_config(["--node-name=n", f"--speed-profiles={profiles}"], environ={})
     assert (
         "--speed-profiles: speed profiles: models.A100: 'fast' is not a positive number"
+        in capsys.readouterr().err
+    )
+
+
+def test_the_qos_flags_are_the_extenders() -> None:
+    """The priorities that grant a claim's class, and the namespaces that may ask for any: the same
+    flags as the extender's (tessera/cliargs.py), which the chart sets from extender.qos."""
+    assert parse_config(["--node-name=n"], environ={}).qos == QosThresholds()
+    config = parse_config(
+        [
+            "--node-name=n",
+            "--qos-latency-critical-priority=1000",
+            "--qos-best-effort-priority=-5",
+            "--qos-latency-critical-namespaces=serving, infra",
+        ],
+        environ={},
+    )
+    assert config.qos == QosThresholds(1000, -5, frozenset({"serving", "infra"}))
+
+
+def test_qos_priorities_in_the_wrong_order_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["--node-name=n", "--qos-best-effort-priority=2000000"], environ={})
+    assert (
+        "the best-effort priority (2000000) must be below the latency-critical priority"
         in capsys.readouterr().err
     )

@@ -1,10 +1,12 @@
 """The DRA path on a real node: the sandbox with Kubernetes 1.37's kubelet and the containerd 2 that
 hack/k8s-binaries.sh builds (CDI on), Tessera installed by its chart in DRA mode. kube-scheduler
 allocates the claims, the kubelet has ``tessera-dra`` prepare them and containerd applies the claim's
-CDI device; inside each container the hook, over the fake driver, holds the claim's share."""
+CDI device; inside each container the hook, over the fake driver, holds the claim's share and its
+QoS class."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,23 @@ from sandbox import cluster as sandbox_cluster
 from sandbox import gpu, install
 from sandbox.controlplane import DRA_K8S_VERSION
 from sandbox.layout import Layout
-from tessera.contract import KEYS
+from tessera.contract import (
+    CONTAINER_COORDINATION_DIR,
+    CONTAINER_LIMITS_FILE,
+    COORDINATION_SLOT_BYTES,
+    COORDINATION_SLOT_SUFFIX,
+    KEYS,
+)
+from tessera.placement.qos import QOS_LOWERED_REASON
 from tests.draplugin.conftest import Cluster, namespace_view
+from tests.hook.test_qos import (
+    BEST_EFFORT_KERNEL,
+    CRITICAL_KERNEL,
+    CRITICAL_PERIOD_US,
+    NOISE_US,
+    SLICE_US,
+    Paced,
+)
 from tests.sandbox.conftest import Sandbox, running_sandbox
 from tests.waiting import wait_for
 
@@ -79,25 +96,33 @@ def probe_report(cluster: Cluster, pod: str, timeout: float = 120.0) -> dict[str
     return found
 
 
-def exec_probe(cluster: Cluster, pod: str) -> dict[str, str]:
-    """`kubectl exec POD -- vgpu-probe 256`: a new process in the running container."""
+def exec_in(cluster: Cluster, pod: str, *command: str) -> str:
+    """`kubectl exec POD -- COMMAND...`: its output, stdout and stderr together."""
     out: str = stream(
         cluster.core.connect_get_namespaced_pod_exec,
         pod,
         cluster.namespace,
-        command=["vgpu-probe", "256"],
+        command=list(command),
         stderr=True,
         stdin=False,
         stdout=True,
         tty=False,
     )
+    return out
+
+
+def exec_probe(cluster: Cluster, pod: str) -> dict[str, str]:
+    """`kubectl exec POD -- vgpu-probe 256`: a new process in the running container."""
+    out = exec_in(cluster, pod, "vgpu-probe", "256")
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
 def claim_files(node: Sandbox) -> list[str]:
-    """Every file the driver wrote on the host for claims: their dirs and their CDI specs."""
+    """Every file the driver wrote on the host for claims: their dirs, their coordination slots and
+    their CDI specs."""
     layout = Layout(node.root)
-    roots = (install.host_dirs(layout).state / "claims", layout.cdi_dir)
+    state = install.host_dirs(layout).state
+    roots = (state / "claims", state / "coordination", layout.cdi_dir)
     return sorted(str(p) for root in roots if root.exists() for p in root.rglob("*") if p.is_file())
 
 
@@ -140,6 +165,128 @@ def test_two_claims_share_the_a100_each_held_to_its_own_share(node: Sandbox, clu
     ):
         uid = cluster.claim(name)["metadata"]["uid"]
         assert line in (state / uid / "limits.d" / "limits").read_text().splitlines()
+
+
+def share_config(qos: str) -> dict[str, str]:
+    return {"apiVersion": KEYS.dra_config_api_version, "kind": "GpuShareConfig", "qos": qos}
+
+
+@pytest.fixture
+def high_priority(node: Sandbox) -> Iterator[str]:
+    """A PriorityClass of 1,000,000, which grants latency-critical (the chart's extender.qos)."""
+    scheduling = client.SchedulingV1Api(node.api)
+    name = "tessera-dra-high"
+    scheduling.create_priority_class({"metadata": {"name": name}, "value": 1_000_000})
+    try:
+        yield name
+    finally:
+        scheduling.delete_priority_class(name)
+
+
+def test_a_latency_critical_and_a_best_effort_claim_on_one_gpu_are_classed_as_pods_are(
+    node: Sandbox, cluster: Cluster, high_priority: str
+) -> None:
+    """The device plugin path's classes through claims: each container's limits file carries the
+    class the pods' rule gives its claim and the coordination line; both containers see the A100's
+    coordination area, one slot per claim under its class (what one claim's slot says the other
+    reads), read-only but for their own slot. A claim asking for more than its pod's priority grants
+    runs with the granted class and its pod gets a QosClassLowered event, as a pod asking by
+    annotation does (tests/sandbox/test_escapes.py). The yield itself: the next test."""
+    cluster.create_claim(
+        "critical", {"memory": "2Gi", "cores": "40"}, A100_ONLY, share_config("latency-critical")
+    )
+    cluster.create_claim("batch", {"memory": "2Gi"}, A100_ONLY, share_config("best-effort"))
+    cluster.create_claim("greedy", {"memory": "1Gi"}, A100_ONLY, share_config("latency-critical"))
+    cluster.create_pod("critical", "critical", priority_class=high_priority)
+    cluster.create_pod("batch", "batch")
+    cluster.create_pod("greedy", "greedy")  # priority 0: standard at most
+    for name in ("critical", "batch", "greedy"):
+        assert cluster.allocated(name)["device"] == "gpu-0"
+        probe_report(cluster, name)  # Running, and the hook holds its share
+    uids = {name: cluster.claim(name)["metadata"]["uid"] for name in ("critical", "batch", "greedy")}
+
+    classes = {"critical": "latency-critical", "batch": "best-effort", "greedy": "standard"}
+    for name, qos in classes.items():
+        limits = exec_in(cluster, name, "cat", CONTAINER_LIMITS_FILE).splitlines()
+        assert f"qos {qos}" in limits, limits
+        assert f"coordination {CONTAINER_COORDINATION_DIR}" in limits, limits
+
+    area = f"{CONTAINER_COORDINATION_DIR}/{A100.uuid}"
+    for name, own in classes.items():
+        # Each container sees every claim's slot on the GPU, by class.
+        for peer, qos in classes.items():
+            assert uids[peer] in exec_in(cluster, name, "ls", f"{area}/{qos}").split(), (name, peer)
+        # Its own slot, zeroed (no kernel launched), is the one under its class.
+        slot = f"{area}{COORDINATION_SLOT_SUFFIX}"
+        assert exec_in(cluster, name, "ls", "-l", slot).split()[4] == str(COORDINATION_SLOT_BYTES)
+        # The area is read-only: no container moves or forges a slot.
+        refused = exec_in(cluster, name, "sh", "-c", f"echo x > {area}/{own}/forged || echo refused")
+        assert "refused" in refused, refused
+
+    # What the latency-critical claim writes in its own slot, the best-effort one reads under
+    # latency-critical: the hook's yield reads exactly that.
+    exec_in(cluster, "critical", "sh", "-c", f"echo busy > {area}{COORDINATION_SLOT_SUFFIX}")
+    seen = exec_in(cluster, "batch", "cat", f"{area}/latency-critical/{uids['critical']}")
+    assert seen.strip() == "busy", seen
+
+    lowered = wait_for(
+        lambda: events(cluster, "greedy", QOS_LOWERED_REASON), 60.0, "the QosClassLowered event"
+    )
+    assert "asked for QoS class latency-critical, runs as standard" in lowered[0], lowered
+    assert not events(cluster, "critical", QOS_LOWERED_REASON)
+
+    # The pod goes: its claim's slot goes with the claim's other files.
+    cluster.delete_pod("batch", grace_seconds=None)
+    wait_for(lambda: not files_of(node, uids["batch"]), 90.0, "claim batch unprepared with its slot")
+    assert uids["batch"] not in exec_in(cluster, "critical", "ls", f"{area}/best-effort").split()
+
+
+def paced(cluster: Cluster, pod: str, seconds: float) -> Paced:
+    """`vgpu-probe paced`: the latency-critical client of tests/hook/test_qos.py, in the pod."""
+    command = ["vgpu-probe", "paced", CRITICAL_KERNEL, str(CRITICAL_PERIOD_US), str(seconds)]
+    out = exec_in(cluster, pod, *command)
+    line = next((line for line in out.splitlines() if line.startswith("paced=")), None)
+    assert line is not None, out
+    count, p50, p99, most, took = line.removeprefix("paced=").split()
+    return Paced(int(count), float(p50), float(p99), float(most), float(took))
+
+
+def test_a_latency_critical_claim_keeps_its_latency_beside_a_best_effort_one(
+    cluster: Cluster, high_priority: str
+) -> None:
+    """The fake GPU's QoS check (tests/hook/test_qos.py) through claims: the latency-critical claim's
+    1 ms kernels, paced at 30% of the GPU, wait at most about one time slice longer beside a
+    best-effort claim launching 5 ms kernels flat out than alone (without the classes they wait for
+    the best-effort kernels: p99 about 7 ms instead of 2.3 ms on the fake GPU), and the best-effort
+    claim still runs."""
+    cluster.create_claim(
+        "critical", {"memory": "1Gi", "cores": "40"}, A100_ONLY, share_config("latency-critical")
+    )
+    cluster.create_claim("batch", {"memory": "1Gi"}, A100_ONLY, share_config("best-effort"))
+    cluster.create_pod("critical", "critical", priority_class=high_priority)
+    cluster.create_pod("batch", "batch")
+    probe_report(cluster, "critical")
+    probe_report(cluster, "batch")
+
+    alone = paced(cluster, "critical", 4)
+    # The best-effort client in its own exec, on its own client: the Kubernetes client's exec swaps
+    # its ApiClient's request method while a call is under way.
+    launched: dict[str, str] = {}
+    batch_api = Cluster(client.ApiClient(cluster.api.configuration), cluster.namespace)
+    flat_out = threading.Thread(
+        target=lambda: launched.setdefault(
+            "out", exec_in(batch_api, "batch", "vgpu-probe", "launch", BEST_EFFORT_KERNEL, "7")
+        )
+    )
+    flat_out.start()
+    try:
+        beside = paced(cluster, "critical", 6)
+    finally:
+        flat_out.join(60)
+        batch_api.api.close()
+    numbers = f"alone {alone}, beside best-effort {beside}; best-effort: {launched.get('out')!r}"
+    assert beside.p99_us <= alone.p99_us + SLICE_US + NOISE_US, numbers
+    assert int(launched["out"].split("launched=")[1].split()[0]) > 0, numbers
 
 
 def test_a_claim_no_gpu_fits_stays_pending_with_the_schedulers_reason(cluster: Cluster) -> None:

@@ -16,8 +16,9 @@ from draplugin.driver import Driver
 from draplugin.server import Servers, serve_driver
 from nodeagent.statedir import StateDir
 from tessera.contract import KEYS
+from tessera.placement.qos import QosThresholds
 from tests.draplugin.kubelet_standin import RegisteredDriver, claim, register
-from tests.draplugin.test_driver import A100, NODE, REF, T4, Claims
+from tests.draplugin.test_driver import A100, NODE, REF, T4, Claims, share_config
 from tests.draplugin.test_driver import claim as claim_object
 
 
@@ -37,6 +38,8 @@ def serving(tmp_path: Path, sockets: Path, claims: object) -> Servers:
         cdi_dir=tmp_path / "cdi",
         hook_library=tmp_path / "libvgpu.so",
         claims=claims,  # type: ignore[arg-type]
+        pods=claims,  # type: ignore[arg-type]
+        qos=QosThresholds(),
     )
     return serve_driver(driver, sockets / "plugins" / "dra.sock", sockets / "plugins_registry" / "reg.sock")
 
@@ -89,6 +92,25 @@ def test_an_api_server_that_cannot_answer_fails_the_claim_not_the_call(tmp_path:
     try:
         answer = kubelet.prepare(claim(REF.namespace, REF.name, REF.uid))
         assert answer.claims[REF.uid].error == f"{REF}: the API server answered HTTP 503 Service Unavailable"
+    finally:
+        kubelet.close()
+        servers.stop()
+
+
+def test_a_claim_asking_for_an_unknown_class_fails_with_the_field_named(
+    tmp_path: Path, sockets: Path
+) -> None:
+    config = share_config(qos="urgent")
+    servers = serving(tmp_path, sockets, Claims(claim_object(config=config)))
+    kubelet = registered(servers, sockets)
+    try:
+        answer = kubelet.prepare(claim(REF.namespace, REF.name, REF.uid))
+        assert answer.claims[REF.uid].error == (
+            f"{REF}: status.allocation.devices.config[0].opaque.parameters: qos: Input should be "
+            "'latency-critical', 'standard' or 'best-effort' (got \"urgent\")"
+        )
+        assert not (tmp_path / "state" / "claims" / REF.uid).exists()
+        assert not list((tmp_path / "state" / "coordination").rglob(REF.uid))
     finally:
         kubelet.close()
         servers.stop()

@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox import images
 from tests.hook.conftest import Clients, FakeGpus, Processes
 from tests.hook.test_compute import finish, share_between, share_of, ticks
 
@@ -179,3 +180,30 @@ def test_elastic_standard_keeps_its_share_while_latency_critical_kernels_are_in_
     # otherwise, plus 15 points for a loaded machine.
     in_flight = min(1.0, critical_run.count * (kernel_us + SPAN_SLACK_US) * 1e-6 / critical_run.seconds)
     assert beside_critical <= 10 * in_flight + 100 * (1 - in_flight) + 15, numbers
+
+
+def test_the_probe_images_kernel_modes_show_the_same(
+    gpu: FakeGpus, processes: Processes, tmp_path: Path
+) -> None:
+    """vgpu-probe's ``paced`` and ``launch`` (the same clients, in the sandbox's probe image, that
+    tests/draplugin/test_node.py runs in two claims' containers): the latency-critical one keeps its
+    latency beside the best-effort one, as above."""
+    probe = str(images.compile_program(images.PROBE_SOURCE, tmp_path / "vgpu-probe"))
+    coordination = tmp_path / "coordination"
+    critical_env = classed(gpu, coordination, "critical", "latency-critical", TESSERA_CORES="40")
+    batch_env = classed(gpu, coordination, "batch", "best-effort")
+
+    def paced(seconds: float) -> Paced:
+        out = finish(
+            processes.start(
+                [probe, "paced", CRITICAL_KERNEL, str(CRITICAL_PERIOD_US), str(seconds)], critical_env
+            )
+        )
+        return Paced.parse(out.replace("paced=", "paced "))
+
+    alone = paced(2)
+    best_effort = processes.start([probe, "launch", BEST_EFFORT_KERNEL, "4"], batch_env)
+    beside = paced(3)
+    launched = finish(best_effort)
+    assert beside.p99_us <= alone.p99_us + SLICE_US + NOISE_US, f"alone {alone}, beside {beside}"
+    assert int(launched.removeprefix("launched=").split()[0]) > 0, launched

@@ -22,6 +22,8 @@ from nodeagent.records import (
 )
 from nodeagent.statedir import StateDir
 from tessera.contract import KEYS, GpuGrant, QosClass
+from tessera.placement.qos import QosThresholds
+from tests.draplugin.test_driver import Claims
 
 POD_UID = "0f9c2a6e-5d43-4c1e-9a7b-2f3e4d5c6b7a"
 CLAIM_UID = "5b1e7c3d-2a4f-4e6b-8c9d-0a1b2c3d4e5f"
@@ -140,11 +142,7 @@ def test_a_prepared_record_of_a_newer_version_is_named_and_the_claim_prepared_ag
     record = state.claim(CLAIM_UID).root / RECORD_FILE
     record.parent.mkdir(parents=True)
     record.write_text('{"version": "v2"}')
-
-    class NoClaims:
-        def read_claim(self, namespace: str, name: str) -> None:
-            return None
-
+    nothing = Claims(pods=())
     driver = Driver(
         keys=KEYS,
         node="node-1",
@@ -152,7 +150,9 @@ def test_a_prepared_record_of_a_newer_version_is_named_and_the_claim_prepared_ag
         state=state,
         cdi_dir=tmp_path / "cdi",
         hook_library=tmp_path / "libvgpu.so",
-        claims=NoClaims(),
+        claims=nothing,
+        pods=nothing,
+        qos=QosThresholds(),
     )
     with caplog.at_level(logging.WARNING):
         assert driver.recorded(ref) is None

@@ -20,10 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deviceplugin.driveruse import OVER_QUOTA_REASON, UNMANAGED_REASON
 from extender.resizing import REFUSED_REASON as RESIZE_REFUSED_REASON
-from extender.service import QOS_LOWERED_REASON
 from sandbox import install
 from sandbox.images import PROBE_IMAGE
 from tessera.contract import CONTAINER_LIMITS_FILE, KEYS, MIB, QosClass, parse_allocation
+from tessera.placement.qos import QOS_LOWERED_REASON
 from tests.sandbox.conftest import Sandbox
 from tests.scraping import service_account_token
 from tests.waiting import wait_for

@@ -86,6 +86,17 @@ tolerations:
 {{- if .Values.scheduler.enabled -}}{{ .Values.scheduler.name }}{{- else -}}tessera-extender{{- end -}}
 {{- end -}}
 
+{{/* The QoS class rule's flags (tessera/cliargs.py add_qos_class_flags), from extender.qos: the
+     extender grants pods their class by them, the DRA driver claims. include "tessera.qosArgs" . */}}
+{{- define "tessera.qosArgs" -}}
+{{- $qos := .Values.extender.qos -}}
+- --qos-latency-critical-priority={{ int64 $qos.latencyCriticalPriority }}
+- --qos-best-effort-priority={{ int64 $qos.bestEffortPriority }}
+{{- with $qos.latencyCriticalNamespaces }}
+- --qos-latency-critical-namespaces={{ join "," . }}
+{{- end }}
+{{- end -}}
+
 {{/* The extender's container, the same in both of its homes: beside the chart's kube-scheduler in
      one pod (verbs on the pod's loopback only, where no other pod can reach them) or standalone
      behind its Service for the cluster's own scheduler (verbs on every address; TLS as configured).
@@ -105,11 +116,7 @@ tolerations:
     - --heartbeat-timeout={{ $ext.heartbeatTimeoutSeconds }}
     - --inflight-timeout={{ $root.Values.inflightTimeout }}
     - --filter-keeps={{ $ext.filterKeeps }}
-    - --qos-latency-critical-priority={{ int64 $ext.qos.latencyCriticalPriority }}
-    - --qos-best-effort-priority={{ int64 $ext.qos.bestEffortPriority }}
-    {{- with $ext.qos.latencyCriticalNamespaces }}
-    - --qos-latency-critical-namespaces={{ join "," . }}
-    {{- end }}
+    {{- include "tessera.qosArgs" $root | nindent 4 }}
     {{- with $ext.bestEffortOversubscription }}
     {{- if .enabled }}
     - --best-effort-oversubscription
