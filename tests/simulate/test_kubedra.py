@@ -99,9 +99,16 @@ def test_least_allocated_and_balanced_allocation_scores() -> None:
     empty = node(gpu(0), cpu=64000, memory=65536)
     # LeastAllocated: CPU (64 - 8) / 64 -> 87, memory (64 - 1) / 64 GiB -> 98; mean 92 (integers).
     assert kubedra.least_allocated(empty, (0, 0), shape) == (87 + 98) // 2 == 92
-    # BalancedAllocation: fractions 0.125 and 1/64, deviation their half difference.
-    assert kubedra.balanced_allocation(empty, shape) == int((1 - (0.125 - 1 / 64) / 2) * 100) == 94
-    assert kubedra.node_score(empty, (0, 0), shape) == 92 + 94
+    # BalancedAllocation scores the change in balance: with the pod the fractions are 0.125 and
+    # 1/64 (1 - their half difference: 94), without it 0 and 0 (100); 50 + (50 + 94 - 100) / 2.
+    assert int((1 - (0.125 - 1 / 64) / 2) * 100) == 94
+    assert kubedra.balanced_allocation(empty, shape) == 50 + (50 + 94 - 100) // 2 == 72
+    assert kubedra.node_score(empty, (0, 0), shape) == 92 + 72
+    # A pod that evens a CPU-heavy node out scores above 75: fractions 0.5 / 0 (75) become
+    # 33/64 / 0.25 (86).
+    cpu_heavy = node(gpu(0), cpu=64000, used_cpu=32000, memory=65536)
+    memory_heavy = PodShape((ContainerShape(1, 1024, 10),), PodPreferences(), 1000, 16384)
+    assert kubedra.balanced_allocation(cpu_heavy, memory_heavy) == 50 + (50 + 86 - 75) // 2 == 80
     # A pod without requests counts at 100m CPU and 200 MiB for LeastAllocated and is not balanced.
     nothing = PodShape((ContainerShape(1, 1024, 10),))
     assert kubedra.nonzero_request(nothing) == (100, 200)

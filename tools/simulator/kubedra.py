@@ -12,14 +12,13 @@ states and pod shapes in, placements and scores out.
   Tessera's driver publishes one slice per node, ``gpu-<index>`` in index order, each device with
   ``allowMultipleAllocations`` and the consumable capacities ``memory`` (default: all of it) and
   ``cores`` (default 0); kube-scheduler keeps the sums of what the claims on a device consumed.
-  A request for N GPUs asks N distinct devices (Tessera's N GPUs; a claim states it with a
-  ``distinctAttribute`` constraint on the GPU's UUID).
+  A request for N devices gets N distinct ones.
 * **Which nodes**: filtering stops once ``nodes_to_find`` feasible nodes are found
   (``percentageOfNodesToScore``, default adaptive), starting where the previous pod's search
   stopped (``pkg/scheduler/schedule_one.go``).
 * **Score**: the default profile's plugins that tell these nodes apart are NodeResourcesFit
   (LeastAllocated over CPU and memory, weights 1 and 1, pods without a request counted at 100m CPU
-  and 200 MiB) and NodeResourcesBalancedAllocation (1 - the standard deviation of the CPU and
+  and 200 MiB) and NodeResourcesBalancedAllocation (how much the pod evens out the node's CPU and
   memory fractions requested), weight 1 each. Devices are not scored: DynamicResources' Score only
   ranks the subrequests of ``firstAvailable`` lists, so it gives every node 0 for ``exactly``
   requests; the rest (taints, affinities, topology spread, image locality) are equal for the
@@ -56,9 +55,11 @@ def allocate(node: NodeState, shape: PodShape) -> Placement | None:
     """The structured allocator's answer for the pod's claim on ``node``: per container, its GPUs
     taken first-fit in slice order; None when a request finds no device.
 
-    Only the first fit is tried: with one selector per request and distinct devices, a device
-    that fits a later GPU of a request also fits an earlier one, so backtracking finds nothing the
-    first fit misses."""
+    The allocator searches a request's next device after the one it took (so a request's devices
+    are distinct) and each request from the slice's start (so two containers may share a device).
+    Its backtracking is left out: within one request a device that fits a later GPU also fits an
+    earlier one, so it finds nothing first fit misses; across the containers of one pod (the
+    simulator's pods have one) it could."""
     models = shape.preferences.models
     memory_taken = [0] * len(node.gpus)
     cores_taken = [0] * len(node.gpus)
@@ -114,22 +115,29 @@ def least_allocated(node: NodeState, nonzero_used: tuple[int, int], shape: PodSh
     return (cpu_score + memory_score) // 2
 
 
-def balanced_allocation(node: NodeState, shape: PodShape) -> int:
-    """NodeResourcesBalancedAllocation's score (0..100) of ``node`` with the pod on it: 1 minus the
-    standard deviation of its CPU and memory fractions requested (each at most 1). A pod that
-    requests neither is not scored by the plugin (0 everywhere)."""
-    if not shape.cpu_milli and not shape.host_memory_mib:
-        return 0
+def _balance(cpu_milli: int, memory_mib: int, node: NodeState) -> int:
+    """1 minus the standard deviation of the CPU and memory fractions requested (each at most 1),
+    x 100; a resource the node has none of is left out."""
     fractions = [
-        min(1.0, (used + asked) / capacity)
-        for used, asked, capacity in (
-            (node.used_cpu_milli, shape.cpu_milli, node.cpu_milli or 0),
-            (node.used_host_memory_mib, shape.host_memory_mib, node.host_memory_mib or 0),
-        )
+        min(1.0, used / capacity)
+        for used, capacity in ((cpu_milli, node.cpu_milli or 0), (memory_mib, node.host_memory_mib or 0))
         if capacity
     ]
     deviation = abs(fractions[0] - fractions[1]) / 2 if len(fractions) == 2 else 0.0
     return int((1 - deviation) * MAX_NODE_SCORE)
+
+
+def balanced_allocation(node: NodeState, shape: PodShape) -> int:
+    """NodeResourcesBalancedAllocation's score (50..100) of ``node`` for the pod: how much placing it
+    improves the node's balance of CPU and memory requested (1.37 scores the change: 75 when the
+    pod changes nothing, towards 100 as it evens the node out, towards 50 as it skews it). A pod
+    that requests neither is not scored by the plugin (0 everywhere)."""
+    if not shape.cpu_milli and not shape.host_memory_mib:
+        return 0
+    cpu, memory = node.used_cpu_milli, node.used_host_memory_mib
+    with_pod = _balance(cpu + shape.cpu_milli, memory + shape.host_memory_mib, node)
+    without_pod = _balance(cpu, memory, node)
+    return MAX_NODE_SCORE // 2 + (MAX_NODE_SCORE // 2 + with_pod - without_pod) // 2
 
 
 def node_score(node: NodeState, nonzero_used: tuple[int, int], shape: PodShape) -> int:

@@ -250,8 +250,11 @@ class KubeDraScheduler:
         self._rng = random.Random(f"{seed}/ties")
         # Per node: the pods' CPU and memory requests as LeastAllocated counts them (0 -> default).
         self._nonzero_used = dict.fromkeys(self._order, (0, 0))
-        # Per node: its state when the answers were made, and the allocator's answer per shape.
-        self._answers: dict[str, tuple[NodeState, dict[PodShape, Placement | None]]] = {}
+        # Per node: its state when the outcomes were made, and per shape (by number: hashing a
+        # shape per node costs more than the search) the allocator's placement and the node's
+        # score, or None when the pod does not fit.
+        self._outcomes: dict[str, tuple[NodeState, dict[int, tuple[Placement, int] | None]]] = {}
+        self._shape_numbers: dict[PodShape, int] = {}
 
     def shape(self, pod: SimPod) -> PodShape:
         shape = self._shapes.get(pod)
@@ -259,35 +262,43 @@ class KubeDraScheduler:
             shape = self._shapes[pod] = pod_shape(pod, self.cluster, self.system.request)
         return shape
 
-    def _placement(self, name: str, shape: PodShape) -> Placement | None:
+    def _outcome(self, name: str, shape: PodShape, number: int) -> tuple[Placement, int] | None:
         node = self._nodes[name]
-        kept = self._answers.get(name)
+        kept = self._outcomes.get(name)
         if kept is None or kept[0] is not node:
-            kept = self._answers[name] = (node, {})
-        answers = kept[1]
-        if shape not in answers:
-            answers[shape] = kubedra.allocate(node, shape) if kubedra.host_fits(node, shape) else None
-        return answers[shape]
+            kept = self._outcomes[name] = (node, {})
+        outcomes = kept[1]
+        if number not in outcomes:
+            placement = kubedra.allocate(node, shape) if kubedra.host_fits(node, shape) else None
+            outcomes[number] = (
+                None
+                if placement is None
+                else (placement, kubedra.node_score(node, self._nonzero_used[name], shape))
+            )
+        return outcomes[number]
+
+    def _number(self, shape: PodShape) -> int:
+        return self._shape_numbers.setdefault(shape, len(self._shape_numbers))
 
     def place(self, pod: SimPod) -> NodeFit | None:
         """Schedule ``pod`` now as kube-scheduler would; the fit made, or None when no node takes it."""
         shape = self.shape(pod)
+        number = self._number(shape)
         total = len(self._order)
-        feasible: list[tuple[str, Placement]] = []
+        feasible: list[tuple[str, Placement, int]] = []
         checked = 0
         while checked < total and len(feasible) < self._to_find:
             name = self._order[(self._start + checked) % total]
             checked += 1
-            placement = self._placement(name, shape)
-            if placement is not None:
-                feasible.append((name, placement))
+            outcome = self._outcome(name, shape, number)
+            if outcome is not None:
+                feasible.append((name, *outcome))
         self._start = (self._start + checked) % total
         if not feasible:
             return None
-        scores = [kubedra.node_score(self._nodes[n], self._nonzero_used[n], shape) for n, _ in feasible]
-        best = max(scores)
-        tied = [i for i, score in enumerate(scores) if score == best]
-        name, placement = feasible[tied[self._rng.randrange(len(tied))] if len(tied) > 1 else tied[0]]
+        best = max(score for _, _, score in feasible)
+        tied = [f for f in feasible if f[2] == best]
+        name, placement, _ = tied[self._rng.randrange(len(tied))] if len(tied) > 1 else tied[0]
         fit = NodeFit(self._nodes[name], placement, best / (2 * kubedra.MAX_NODE_SCORE), 1.0)
         self._nodes[name] = apply(self._nodes[name], placement, shape)
         cpu, memory = kubedra.nonzero_request(shape)
@@ -305,7 +316,7 @@ class KubeDraScheduler:
 
     def fits(self, shape: PodShape, name: str) -> bool:
         """Whether a pod of ``shape`` fits on node ``name`` now."""
-        return self._placement(name, shape) is not None
+        return self._outcome(name, shape, self._number(shape)) is not None
 
     def node(self, name: str) -> NodeState:
         return self._nodes[name]
