@@ -7,8 +7,9 @@ states and pod shapes in, placements and scores out.
 
 * **Filter**, per node: NodeResourcesFit's CPU and memory check, then DynamicResources' structured
   allocator over the node's ResourceSlice (``staging/src/k8s.io/dynamic-resource-allocation/
-  structured``): for each device a request asks, the devices in slice order, the first one whose
-  model the request's selector accepts and whose capacity left covers the request takes it.
+  structured``, its incubating implementation, the one used with consumable capacity): for each
+  device a request asks, the devices in slice order, the first one whose model the request's
+  selector accepts and whose capacity left covers the request takes it.
   Tessera's driver publishes one slice per node, ``gpu-<index>`` in index order, each device with
   ``allowMultipleAllocations`` and the consumable capacities ``memory`` (default: all of it) and
   ``cores`` (default 0); kube-scheduler keeps the sums of what the claims on a device consumed.
@@ -23,8 +24,8 @@ states and pod shapes in, placements and scores out.
   ranks the subrequests of ``firstAvailable`` lists, so it gives every node 0 for ``exactly``
   requests; the rest (taints, affinities, topology spread, image locality) are equal for the
   simulator's pods.
-* **Ties** between the highest totals go to a uniformly random node (``selectHost``'s reservoir
-  sampling); the caller draws it from its seeded generator.
+* **Ties** between the highest totals go to a uniformly random node (``framework/sorted_nodes.go``:
+  a random key per node breaks them); the caller draws it from its seeded generator.
 """
 
 from __future__ import annotations
