@@ -174,7 +174,7 @@ def without_timings(value: Any) -> Any:
 
 def test_deterministic_for_a_seed_and_the_same_in_worker_processes(tmp_path: Path) -> None:
     inputs = small_inputs(tmp_path)
-    names = ("exclusive", "gpushare", "hami", "binpack", "spread", "fragmentation", "speed-aware")
+    names = ("exclusive", "gpushare", "hami", "binpack", "spread", "fragmentation", "speed-aware", "dra")
     options = Options(names, seed=5)
     serial = report.to_json(inputs, options, run_all(inputs, options, PROFILES, jobs=1))
     again = report.to_json(inputs, options, run_all(inputs, options, PROFILES, jobs=1))

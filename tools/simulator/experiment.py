@@ -16,7 +16,7 @@ import rich.progress
 from simulator.inputs import Inputs
 from simulator.model import Progress
 from simulator.packing import PackingResult, arrival_order, run_packing
-from simulator.scheduler import SimScheduler, System, system_named
+from simulator.scheduler import System, make_scheduler, system_named
 from simulator.timeline import GAVEL_COLOCATION_THROUGHPUT, TimeResult, run_time
 from tessera.placement import SpeedProfiles
 
@@ -54,7 +54,7 @@ def run_system(
     started, cpu_started = time.perf_counter(), time.process_time()
     packing = timed = None
     if Experiment.PACKING in options.experiments:
-        scheduler = SimScheduler(inputs.cluster, system, profiles, inputs.workload.pods, options.seed)
+        scheduler = make_scheduler(inputs.cluster, system, profiles, inputs.workload.pods, options.seed)
         order = arrival_order(inputs.workload, inputs.cluster, options.seed, options.inflation)
         packing = run_packing(
             inputs.cluster,
@@ -65,7 +65,7 @@ def run_system(
             progress=progress,
         )
     if Experiment.TIME in options.experiments:
-        scheduler = SimScheduler(inputs.cluster, system, profiles, inputs.workload.pods, options.seed)
+        scheduler = make_scheduler(inputs.cluster, system, profiles, inputs.workload.pods, options.seed)
         timed = run_time(
             inputs.cluster,
             workload=inputs.workload,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from simulator.model import MILLI_PER_GPU, Cluster, Progress, SimPod, Workload
-from simulator.scheduler import Request, SimScheduler, System, pod_shape, shape_mix
+from simulator.scheduler import Request, Scheduler, System, pod_shape, shape_mix
 from tessera.placement import ClusterContext, NodeState
 from tessera.placement.fragmentation import Fragmentation, free_share
 
@@ -98,7 +98,7 @@ def run_packing(
     *,
     workload: Workload,
     system: System,
-    scheduler: SimScheduler,
+    scheduler: Scheduler,
     order: Sequence[SimPod],
     progress: Progress | None = None,
 ) -> PackingResult:

@@ -15,6 +15,9 @@ The compared systems differ in the request they make of the core and in the poli
 * ``binpack``, ``spread``, ``fragmentation``: Tessera's policies, memory and compute shares, no speed
   profiles (speed-blind); ``fgd-paper``: FGD as published (ties to a random node), on request only.
 * ``speed-aware``: Tessera's ``binpack`` with the speed profiles.
+* ``dra``: the DRA path: the same shares as claims, placed by kube-scheduler's default profile and
+  its DRA allocator (:class:`KubeDraScheduler`, the model in :mod:`simulator.kubedra`), not by the
+  placement core; on request only.
 
 The research baselines ``hami-like`` and ``fgd-paper`` are policies of the simulator's own
 (:data:`SIM_POLICIES`: the product's ``POLICIES`` and these); the product never offers them.
@@ -29,7 +32,9 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
+from simulator import kubedra
 from simulator.model import MILLI_PER_GPU, Cluster, SimPod, derived_memory_mib
 from tessera.contract import MAX_CORES, PodPreferences
 from tessera.placement import (
@@ -39,11 +44,13 @@ from tessera.placement import (
     GpuState,
     NodeFit,
     NodeState,
+    Placement,
     PlacementEngine,
     PlacementPolicy,
     PodShape,
     ShapeMix,
     SpeedProfiles,
+    apply,
     choose,
     release,
 )
@@ -80,6 +87,9 @@ class PaperFgd(Fragmentation):
     breaks_ties = False
 
 
+# The DRA path's placement: kube-scheduler's, modelled in simulator.kubedra (no core policy).
+KUBE_SCHEDULER_DRA = "kube-scheduler-dra"
+
 # Every policy a system may use, by name: the product's and the research baselines.
 SIM_POLICIES: Mapping[str, PlacementPolicy] = {
     **{policy.value: placement for policy, placement in POLICIES.items()},
@@ -109,6 +119,13 @@ SYSTEMS: tuple[System, ...] = (
     # Not compared by default: FGD with the paper's ties to a random node, to measure the tie-break.
     System("fgd-paper", "FGD as published (ties to a random node)", "fgd-paper", Request.SHARES),
     System("speed-aware", "Tessera binpack + speed profiles", "binpack", Request.SHARES, speed_aware=True),
+    # Not compared by default: the DRA path, to measure what Tessera's placement adds over it.
+    System(
+        "dra",
+        "DRA claims, kube-scheduler's default profile and allocator",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+    ),
 )
 
 
@@ -133,8 +150,11 @@ def pod_shape(pod: SimPod, cluster: Cluster, request: Request) -> PodShape:
     return PodShape(containers, preferences, pod.cpu_milli, pod.host_memory_mib)
 
 
-def node_states(cluster: Cluster, seed: int) -> list[NodeState]:
-    """The cluster's nodes, empty, named ``%04d-<name>`` by a seeded permutation."""
+def node_states(cluster: Cluster, seed: int, *, dra: bool = False) -> list[NodeState]:
+    """The cluster's nodes, empty, named ``%04d-<name>`` by a seeded permutation.
+
+    ``dra``: the DRA driver's devices, which have no slices (the device plugin's ``--split``): a
+    claim takes at least 1 MiB, so a GPU's memory in MiB bounds how many it holds."""
     order = list(range(len(cluster.nodes)))
     random.Random(seed).shuffle(order)
     states = []
@@ -142,7 +162,7 @@ def node_states(cluster: Cluster, seed: int) -> list[NodeState]:
         name = f"{rank:04d}-{node.name}"
         gpus = tuple(
             GpuState(uuid=f"{name}/gpu{i}", index=i, model=node.model, total_memory_mib=node.gpu_memory_mib,
-                     slices=SLICES_PER_GPU)
+                     slices=node.gpu_memory_mib if dra else SLICES_PER_GPU)
             for i in range(node.gpus)
         )  # fmt: skip
         states.append(NodeState(name, gpus, cpu_milli=node.cpu_milli, host_memory_mib=node.host_memory_mib))
@@ -199,6 +219,137 @@ class SimScheduler:
         node = self.engine.nodes[fit.name]
         self.engine.set_node(release(node, fit.placement, self.shape(pod)))
 
+    def fits(self, shape: PodShape, name: str) -> bool:
+        """Whether a pod of ``shape`` fits on node ``name`` now."""
+        return bool(self.engine.evaluate(shape, [name]).fits)
+
+    def node(self, name: str) -> NodeState:
+        return self.engine.nodes[name]
+
     @property
     def nodes(self) -> list[NodeState]:
         return list(self.engine.nodes.values())
+
+
+class KubeDraScheduler:
+    """The DRA path's scheduler over one simulated cluster: kube-scheduler's default profile and
+    DRA allocator (:mod:`simulator.kubedra`) placing the pods' shares as claims.
+
+    Nodes are searched in the order of their seeded names, from where the previous search stopped;
+    ties go to a node drawn from a generator seeded by ``seed``."""
+
+    def __init__(self, cluster: Cluster, system: System, seed: int, percentage_of_nodes: int = 0) -> None:
+        self.cluster = cluster
+        self.system = system
+        self._shapes: dict[SimPod, PodShape] = {}
+        self._nodes = {n.name: n for n in sorted(node_states(cluster, seed, dra=True), key=lambda n: n.name)}
+        self._order = list(self._nodes)
+        self._to_find = kubedra.nodes_to_find(len(self._order), percentage_of_nodes)
+        self._start = 0
+        # Its own stream: one seeded as the node names' permutation would repeat its draws.
+        self._rng = random.Random(f"{seed}/ties")
+        # Per node: the pods' CPU and memory requests as LeastAllocated counts them (0 -> default).
+        self._nonzero_used = dict.fromkeys(self._order, (0, 0))
+        # Per node: its state when the outcomes were made, and per shape (by number: hashing a
+        # shape per node costs more than the search) the allocator's placement and the node's
+        # score, or None when the pod does not fit.
+        self._outcomes: dict[str, tuple[NodeState, dict[int, tuple[Placement, int] | None]]] = {}
+        self._shape_numbers: dict[PodShape, int] = {}
+
+    def shape(self, pod: SimPod) -> PodShape:
+        shape = self._shapes.get(pod)
+        if shape is None:
+            shape = self._shapes[pod] = pod_shape(pod, self.cluster, self.system.request)
+        return shape
+
+    def _outcome(self, name: str, shape: PodShape, number: int) -> tuple[Placement, int] | None:
+        node = self._nodes[name]
+        kept = self._outcomes.get(name)
+        if kept is None or kept[0] is not node:
+            kept = self._outcomes[name] = (node, {})
+        outcomes = kept[1]
+        if number not in outcomes:
+            placement = kubedra.allocate(node, shape) if kubedra.host_fits(node, shape) else None
+            outcomes[number] = (
+                None
+                if placement is None
+                else (placement, kubedra.node_score(node, self._nonzero_used[name], shape))
+            )
+        return outcomes[number]
+
+    def _number(self, shape: PodShape) -> int:
+        return self._shape_numbers.setdefault(shape, len(self._shape_numbers))
+
+    def place(self, pod: SimPod) -> NodeFit | None:
+        """Schedule ``pod`` now as kube-scheduler would; the fit made, or None when no node takes it."""
+        shape = self.shape(pod)
+        number = self._number(shape)
+        total = len(self._order)
+        feasible: list[tuple[str, Placement, int]] = []
+        checked = 0
+        while checked < total and len(feasible) < self._to_find:
+            name = self._order[(self._start + checked) % total]
+            checked += 1
+            outcome = self._outcome(name, shape, number)
+            if outcome is not None:
+                feasible.append((name, *outcome))
+        self._start = (self._start + checked) % total
+        if not feasible:
+            return None
+        best = max(score for _, _, score in feasible)
+        tied = [f for f in feasible if f[2] == best]
+        name, placement, _ = tied[self._rng.randrange(len(tied))] if len(tied) > 1 else tied[0]
+        fit = NodeFit(self._nodes[name], placement, best / (2 * kubedra.MAX_NODE_SCORE), 1.0)
+        self._nodes[name] = apply(self._nodes[name], placement, shape)
+        cpu, memory = kubedra.nonzero_request(shape)
+        used_cpu, used_memory = self._nonzero_used[name]
+        self._nonzero_used[name] = (used_cpu + cpu, used_memory + memory)
+        return fit
+
+    def remove(self, pod: SimPod, fit: NodeFit) -> None:
+        """``pod``, placed as ``fit``, ends and gives its resources back."""
+        shape = self.shape(pod)
+        self._nodes[fit.name] = release(self._nodes[fit.name], fit.placement, shape)
+        cpu, memory = kubedra.nonzero_request(shape)
+        used_cpu, used_memory = self._nonzero_used[fit.name]
+        self._nonzero_used[fit.name] = (used_cpu - cpu, used_memory - memory)
+
+    def fits(self, shape: PodShape, name: str) -> bool:
+        """Whether a pod of ``shape`` fits on node ``name`` now."""
+        return self._outcome(name, shape, self._number(shape)) is not None
+
+    def node(self, name: str) -> NodeState:
+        return self._nodes[name]
+
+    @property
+    def nodes(self) -> list[NodeState]:
+        return list(self._nodes.values())
+
+
+class Scheduler(Protocol):
+    """What the experiments ask of a system's scheduler."""
+
+    @property
+    def system(self) -> System: ...
+
+    def shape(self, pod: SimPod) -> PodShape: ...
+
+    def place(self, pod: SimPod) -> NodeFit | None: ...
+
+    def remove(self, pod: SimPod, fit: NodeFit) -> None: ...
+
+    def fits(self, shape: PodShape, name: str) -> bool: ...
+
+    def node(self, name: str) -> NodeState: ...
+
+    @property
+    def nodes(self) -> list[NodeState]: ...
+
+
+def make_scheduler(
+    cluster: Cluster, system: System, profiles: SpeedProfiles, target: Iterable[SimPod], seed: int
+) -> Scheduler:
+    """The scheduler of ``system``: the placement core's, or kube-scheduler's for the DRA path."""
+    if system.policy == KUBE_SCHEDULER_DRA:
+        return KubeDraScheduler(cluster, system, seed)
+    return SimScheduler(cluster, system, profiles, target, seed)

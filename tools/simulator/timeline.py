@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from simulator.model import MILLI_PER_GPU, Cluster, Progress, SimPod, Workload
-from simulator.scheduler import MILLI_PER_CORE, SimScheduler
+from simulator.scheduler import MILLI_PER_CORE, Scheduler
 from tessera.contract import MAX_CORES
 from tessera.placement import NodeFit, PodShape, SpeedProfiles
 
@@ -103,7 +103,7 @@ class _Simulation:
     def __init__(
         self,
         cluster: Cluster,
-        scheduler: SimScheduler,
+        scheduler: Scheduler,
         profiles: SpeedProfiles,
         colocation: float,
         result: TimeResult,
@@ -138,7 +138,7 @@ class _Simulation:
         return True
 
     def start_job(self, pod: SimPod, fit: NodeFit) -> None:
-        node = self.scheduler.engine.nodes[fit.name]
+        node = self.scheduler.node(fit.name)
         gpus = tuple((fit.name, g.gpu) for g in fit.placement.grants())
         speed = min(
             (self.profiles.speed(node.gpus[g.gpu].model, pod.workload) for g in fit.placement.grants()),
@@ -209,10 +209,9 @@ class _Simulation:
 
     def retry_waiting(self, node_name: str) -> None:
         """Waiting pods, oldest shape first, that now fit on the node that just freed room."""
-        engine = self.scheduler.engine
         for shape, queue in sorted(self.waiting.items(), key=lambda item: item[1][0].arrival):
             while queue:
-                if not engine.evaluate(shape, [node_name]).fits or not self.try_place(queue[0]):
+                if not self.scheduler.fits(shape, node_name) or not self.try_place(queue[0]):
                     break
                 queue.popleft()
             if not queue:
@@ -226,7 +225,7 @@ def run_time(
     cluster: Cluster,
     *,
     workload: Workload,
-    scheduler: SimScheduler,
+    scheduler: Scheduler,
     profiles: SpeedProfiles,
     colocation: float = GAVEL_COLOCATION_THROUGHPUT,
     progress: Progress | None = None,
