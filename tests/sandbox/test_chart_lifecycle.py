@@ -134,7 +134,7 @@ def overcommitted(sbx: Sandbox) -> list[str]:
         if text and pod.status.phase not in ("Succeeded", "Failed"):
             for container in parse_allocation(text).containers:
                 for g in container.gpus:
-                    memory[g.uuid] += g.total_memory_mib
+                    memory[g.uuid] += g.memory_quota_mib
                     cores[g.uuid] += g.cores
     return [
         f"{uuid}: {memory[uuid]}/{capacity.get(uuid)} MiB, {cores[uuid]}% cores"
