@@ -34,9 +34,8 @@ from deviceplugin.sharing import node_sharing_mode
 from deviceplugin.usage import UsageChecks
 from hook._library import LIBRARY_ENV
 from nodeagent.kubeapi import load_api
-from nodeagent.nodelock import holding_node
+from nodeagent.nodelock import serve_holding_node
 from nodeagent.nvml import GpuReading, discover_gpus
-from nodeagent.process import serve_until_signalled
 from nodeagent.statedir import StateDir
 from tessera.contract import GpuInfo, SharingMode
 from tessera.scrapeauth import AccessCache, drive, review_scrape
@@ -107,13 +106,6 @@ def compose(
 
 
 def run(config: Config, stop: threading.Event) -> None:
-    """Serve until ``stop``, once this node's GPUs are the device plugin's alone (nodeagent/nodelock.py)."""
-    with holding_node(config.state_dir, "device plugin", stop) as held:
-        if held:
-            _serve(config, stop)
-
-
-def _serve(config: Config, stop: threading.Event) -> None:
     # The hook's Python module finds libvgpu.so (to read accounting regions) through this variable.
     os.environ.setdefault(LIBRARY_ENV, str(config.hook_library))
     kube = Kube(load_api(config.kubeconfig), config.node_name, config.keys)
@@ -235,7 +227,7 @@ def _scrape_authorizer(kube: Kube) -> Authorize:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
-    return serve_until_signalled(lambda stop: run(config, stop))
+    return serve_holding_node(config.state_dir, "device plugin", lambda stop: run(config, stop))
 
 
 if __name__ == "__main__":

@@ -19,9 +19,8 @@ from draplugin.server import serve_driver
 from draplugin.slices import resource_slice
 from nodeagent.flags import add_hook_library_flag, add_node_flags, node_keys
 from nodeagent.kubeapi import load_api
-from nodeagent.nodelock import holding_node
+from nodeagent.nodelock import serve_holding_node
 from nodeagent.nvml import discover_gpus
-from nodeagent.process import serve_until_signalled
 from nodeagent.statedir import StateDir
 from tessera.cliargs import add_qos_class_flags, add_speed_profiles, qos_thresholds, seconds
 from tessera.contract import ContractError, ContractKeys
@@ -118,13 +117,6 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
 
 
 def run(config: Config, stop: threading.Event) -> None:
-    """Serve until ``stop``, once this node's GPUs are the DRA driver's alone (nodeagent/nodelock.py)."""
-    with holding_node(config.state_dir, "DRA driver", stop) as held:
-        if held:
-            _serve(config, stop)
-
-
-def _serve(config: Config, stop: threading.Event) -> None:
     state = StateDir(config.state_dir)
     state.prepare()
     nvml, gpus = discover_gpus(1)
@@ -168,7 +160,7 @@ def _serve(config: Config, stop: threading.Event) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
-    return serve_until_signalled(lambda stop: run(config, stop))
+    return serve_holding_node(config.state_dir, "DRA driver", lambda stop: run(config, stop))
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nodeagent.process import SetupError
+from nodeagent.process import SetupError, serve_until_signalled
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,18 @@ WAIT_POLL_SECONDS = 1.0
 
 class AgentConflictError(SetupError):
     """The node's GPUs are held by the other kind of node agent."""
+
+
+def serve_holding_node(state_dir: Path, agent: str, run: Callable[[threading.Event], None]) -> int:
+    """:func:`~nodeagent.process.serve_until_signalled` for a node agent: ``run(stop)`` once this
+    node is ``agent``'s alone, held until it returns."""
+
+    def holding(stop: threading.Event) -> None:
+        with holding_node(state_dir, agent, stop) as held:
+            if held:
+                run(stop)
+
+    return serve_until_signalled(holding)
 
 
 @contextlib.contextmanager
