@@ -1,31 +1,33 @@
 #!/usr/bin/env bash
 # The test run of `make test`, once `make test-deps` has built everything but the DRA path's
-# Kubernetes (the Makefile passes its version, DRA_K8S_VERSION):
+# Kubernetes (the Makefile passes its version, DRA_K8S_VERSION). Two lanes run at once, because the
+# sandbox tests mostly wait (on pods, processes, timers) and leave a core idle:
 #
-#   1. every test that does not need that Kubernetes, while it builds in the background at the lowest
-#      CPU and I/O priority: those tests leave about a core idle (they wait on pods, processes and
-#      timers), and nice 19 gives the build only what they leave. Cold, that takes a whole
-#      Kubernetes build off the critical path; warm, the build finds its binaries and is done. First
-#      the tests that need no cluster (`make check`'s, and valgrind's and Prometheus's) in four
-#      worker processes, as `make check` runs them; then those that need a control plane, a sandbox
-#      or the images, or must run alone, one at a time: one control plane serves them all, and one
-#      sandbox at a time fits the host.
-#   2. the DRA path's tests (tests/draplugin), once the build is done;
-#   3. the device plugin path on the newest Kubernetes too: the node agent's integration tests
-#      against its kube-apiserver, and the extender behind its kube-scheduler.
+#   the sandbox lane, at normal priority (the longest, so it sets the run's time): the tests that bring
+#     up a sandbox, one at a time (one sandbox fits a host: its bridge and the kubelet's host paths
+#     are fixed), then the DRA path's sandbox tests;
+#   the other lane, at nice 10, so that it takes only what the sandbox lane leaves: the tests that
+#     need no cluster, in three worker processes as `make check` runs them (valgrind's and
+#     Prometheus's too); those that need a control plane (each its own, on loopback ports) or look
+#     into the images (buildah, and a containerd of their own), in two;
+#     then the DRA path's control-plane tests, and the device plugin path on the newest Kubernetes
+#     (the node agent's integration tests against its kube-apiserver, the extender behind its
+#     kube-scheduler).
 #
-# Every step runs even when an earlier one failed; the exit status is the first failure's.
+# The DRA path's Kubernetes builds meanwhile at the lowest CPU and I/O priority (cold, that takes a
+# whole build off the critical path; warm, it finds its binaries and is done); each lane waits for it
+# only before its DRA tests. Last, alone, the tests that hold host latencies to tight bounds.
+#
+# Every step runs even when an earlier one failed; the exit status is the first failure's. The
+# sandbox lane's output goes to build/test-logs/sandbox.log, printed when the lane ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-dra_version="${1:?usage: hack/run-tests.sh DRA_K8S_VERSION}"
-log=build/k8s-binaries-dra.log
-mkdir -p build
-# Its own session, so that the trap stops the whole build (the script, go, the compilers) when the
-# run ends early: a failure here, Ctrl-C, CI's timeout.
-setsid nice -n 19 ionice -c 3 env K8S_VERSION="$dra_version" hack/k8s-binaries.sh >"$log" 2>&1 &
-build=$!
-trap 'kill -- -"$build" 2>/dev/null' EXIT
+usage="usage: hack/run-tests.sh DRA_K8S_VERSION"
+logs=build/test-logs
+build_log="$logs/k8s-binaries-dra.log"
+build_rc="$logs/k8s-binaries-dra.rc"
+pytest=.venv/bin/pytest
 
 status=0
 run() {
@@ -34,16 +36,64 @@ run() {
   [ "$status" -ne 0 ] || status=$rc
 }
 
-run .venv/bin/pytest --ignore=tests/draplugin -m "not sandbox and not k8s and not images and not alone" \
-  --numprocesses=4 --dist=loadfile
-run .venv/bin/pytest --ignore=tests/draplugin -m "sandbox or k8s or images or alone"
-echo "run-tests: waiting for Kubernetes $dra_version (log: $log)" >&2
-if ! wait "$build"; then
-  echo "run-tests: building Kubernetes $dra_version failed:" >&2
-  tail -n 40 "$log" >&2
-  exit 1
+# The DRA path's Kubernetes bin directory, once its build has ended; fails if the build failed.
+dra_bin() {
+  while [ ! -s "$build_rc" ]; do sleep 2; done
+  if [ "$(cat "$build_rc")" != 0 ]; then
+    echo "run-tests: building Kubernetes $dra_version failed:" >&2
+    tail -n 40 "$build_log" >&2
+    return 1
+  fi
+  K8S_VERSION="$dra_version" hack/k8s-binaries.sh
+}
+
+dra_tests() {
+  dra_bin >/dev/null && $pytest tests/draplugin "$@"
+}
+
+newest_device_plugin_tests() {
+  local bin
+  bin="$(dra_bin)" && TESSERA_K8S_BIN="$bin" $pytest tests/deviceplugin/test_plugin.py tests/extender/test_k8s.py
+}
+
+# A lane, run by this script itself: `hack/run-tests.sh --lane sandbox|other DRA_K8S_VERSION`.
+if [ "${1:-}" = --lane ]; then
+  dra_version="${3:?$usage}"
+  case "$2" in
+    sandbox)
+      run $pytest --ignore=tests/draplugin -m sandbox
+      run dra_tests -m sandbox
+      ;;
+    other)
+      run $pytest --ignore=tests/draplugin -m "not sandbox and not k8s and not images and not alone" \
+        --numprocesses=3 --dist=loadfile
+      run $pytest --ignore=tests/draplugin -m "(k8s or images) and not sandbox" --numprocesses=2 --dist=loadfile
+      run dra_tests -m "not sandbox"
+      run newest_device_plugin_tests
+      ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+  exit "$status"
 fi
-bin="$(K8S_VERSION="$dra_version" hack/k8s-binaries.sh)"
-run .venv/bin/pytest tests/draplugin
-run env TESSERA_K8S_BIN="$bin" .venv/bin/pytest tests/deviceplugin/test_plugin.py tests/extender/test_k8s.py
+
+dra_version="${1:?$usage}"
+mkdir -p "$logs"
+rm -f "$build_rc"
+# Each in its own session, so that the trap stops the whole of it (go and the compilers; pytest and
+# its clusters) when the run ends early: a failure here, Ctrl-C, CI's timeout.
+setsid nice -n 19 ionice -c 3 bash -c 'K8S_VERSION="$1" hack/k8s-binaries.sh >"$2" 2>&1; echo $? >"$3"' \
+  _ "$dra_version" "$build_log" "$build_rc" &
+build=$!
+setsid "$0" --lane sandbox "$dra_version" >"$logs/sandbox.log" 2>&1 &
+sandbox=$!
+trap 'kill -- -"$build" -"$sandbox" 2>/dev/null' EXIT
+echo "run-tests: the sandbox lane runs beside this one (log: $logs/sandbox.log)" >&2
+
+run nice -n 10 "$0" --lane other "$dra_version"
+wait "$sandbox"
+sandbox_status=$?
+echo "run-tests: the sandbox lane ended ($sandbox_status); its output:" >&2
+cat "$logs/sandbox.log"
+[ "$status" -ne 0 ] || status=$sandbox_status
+run $pytest -m alone
 exit "$status"
