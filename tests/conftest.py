@@ -39,7 +39,7 @@ def pytest_report_header() -> str:
 
 # The fixtures that bring up what a marker names (pyproject.toml): a test using one carries the marker,
 # so that `make check` (which deselects the markers) never starts a control plane or a sandbox.
-NEEDS = {"control_plane": "k8s", "sandbox": "sandbox", "shared_sandbox": "sandbox"}
+NEEDS = {"control_plane": "k8s", "sandbox_root": "sandbox", "shared_sandbox": "sandbox"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

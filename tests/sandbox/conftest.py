@@ -1,11 +1,14 @@
-"""Fixtures for the sandbox tests: a sandbox brought up in a temporary directory and always brought
-down again, and a snapshot of the host to compare with afterwards.
+"""Fixtures for the sandbox tests: sandboxes always brought down again, and a snapshot of the host to
+compare with afterwards.
 
-Only one sandbox runs on a host at a time. A module that needs the default sandbox, neither brings
-it up or down nor changes its configuration, and leaves the cluster as it found it but for pods
-takes ``shared_sandbox``: those modules run one after another (``pytest_collection_modifyitems``)
-on one sandbox, brought down after the last of them (``pytest_runtest_teardown``), and each module's
-pods in ``default`` are deleted after it. A module that tests up, down, restarts or other values
+Only one sandbox runs on a host at a time. A module that needs the default sandbox (with its
+Prometheus) and does not change its configuration takes ``shared_sandbox``: those modules run one
+after another (``pytest_collection_modifyitems``) on one sandbox, and each module's pods in
+``default`` are deleted after it. A module's ``SHARED_SANDBOX_TURN`` says where among them it runs
+when its place matters: ``FIRST`` for one that reads the cluster's history since `up` (metrics),
+``LAST`` for the one that kills components and at its end brings the sandbox down, checking the host
+is clean; it is brought down anyway after the last sharing test
+(``pytest_runtest_teardown``). A module that tests up, restarts of the whole sandbox or other values
 brings up its own (``running_sandbox``)."""
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ import pytest
 from kubernetes import client, config
 
 from sandbox import cluster, host, kubeapi
-from sandbox.layout import BRIDGE, CGROUP_ROOT
+from sandbox.layout import BRIDGE, CGROUP_ROOT, Layout
 from tests.waiting import wait_for
 
 
@@ -138,16 +140,6 @@ def sandbox_root() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def sandbox(sandbox_root: Path, host_before: HostView) -> Iterator[Sandbox]:
-    state = cluster.up(cluster.Options(root=sandbox_root), report=lambda m: print(m, file=sys.stderr))
-    api = config.new_client_from_config(config_file=state.kubeconfig)
-    try:
-        yield Sandbox(sandbox_root, state, api)
-    finally:
-        api.close()
-
-
 @contextlib.contextmanager
 def running_sandbox(
     name: str, values: tuple[str, ...] = (), *, monitoring: bool = False, dra: bool = False
@@ -174,23 +166,28 @@ def running_sandbox(
 
 _shared = contextlib.ExitStack()
 
+# Turns among the modules sharing the sandbox (a module's SHARED_SANDBOX_TURN; 0 when it has none).
+FIRST, LAST = -1, 1
+
 
 @pytest.fixture(scope="session")
-def _shared_running() -> Iterator[Sandbox]:
-    sandbox, _ = _shared.enter_context(running_sandbox("shared"))
+def _shared_running() -> Iterator[tuple[Sandbox, HostView]]:
+    running = _shared.enter_context(running_sandbox("shared", monitoring=True))
     try:
-        yield sandbox
+        yield running
     finally:
         _shared.close()
 
 
 @pytest.fixture(scope="module")
-def shared_sandbox(_shared_running: Sandbox) -> Iterator[Sandbox]:
+def shared_sandbox(_shared_running: tuple[Sandbox, HostView]) -> Iterator[Sandbox]:
     """The default sandbox, shared; the pods the module made in ``default`` are gone after it."""
-    sbx = _shared_running
+    sbx = _shared_running[0]
     core = sbx.core
     before = {p.metadata.name for p in kubeapi.retried(lambda: core.list_namespaced_pod("default").items)}
     yield sbx
+    if cluster.load_state(Layout(sbx.root)) is None:
+        return  # the LAST module brought it down
     made = {
         p.metadata.name for p in kubeapi.retried(lambda: core.list_namespaced_pod("default").items)
     } - before
@@ -203,8 +200,19 @@ def shared_sandbox(_shared_running: Sandbox) -> Iterator[Sandbox]:
     )
 
 
+@pytest.fixture(scope="session")
+def shared_host_before(_shared_running: tuple[Sandbox, HostView]) -> HostView:
+    """The host as it was before the shared sandbox came up."""
+    return _shared_running[1]
+
+
 def _shares(item: pytest.Item) -> bool:
     return "shared_sandbox" in getattr(item, "fixturenames", ())
+
+
+def _turn(item: pytest.Item) -> int:
+    module = getattr(item, "module", None)
+    return int(getattr(module, "SHARED_SANDBOX_TURN", 0))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -213,7 +221,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if sharing:
         first = items.index(sharing[0])
         rest = [item for item in items if not _shares(item)]
-        items[:] = rest[:first] + sharing + rest[first:]
+        items[:] = rest[:first] + sorted(sharing, key=_turn) + rest[first:]
 
 
 @pytest.hookimpl(trylast=True)  # after the modules' own fixtures are torn down

@@ -35,9 +35,9 @@ from kubernetes.stream import stream
 from hook.region import RegionError, read_region
 from nodeagent.statedir import StateDir
 from sandbox import cluster, host, install, kubeapi
-from sandbox.layout import Layout
+from sandbox.layout import HOST_KUBELET_DIR, Layout
 from tessera.contract import CONTAINER_LIMITS_FILE, KEYS, MIB, parse_allocation, parse_inventory
-from tests.sandbox.conftest import Sandbox, running_sandbox
+from tests.sandbox.conftest import LAST, HostView, Sandbox, differences, kube_iptables_chains
 from tests.sandbox.test_chart_lifecycle import probe_pod
 
 pytestmark = pytest.mark.sandbox
@@ -242,10 +242,14 @@ def describe(pod: Any) -> str:
     )
 
 
+# Last on the shared sandbox: the kills leave restarted components behind, and its last test brings
+# the sandbox down.
+SHARED_SANDBOX_TURN = LAST
+
+
 @pytest.fixture(scope="module")
-def chaos_sandbox() -> Iterator[Sandbox]:
-    with running_sandbox("chaos") as (sbx, _):
-        yield sbx
+def chaos_sandbox(shared_sandbox: Sandbox) -> Sandbox:
+    return shared_sandbox
 
 
 def test_down_where_no_sandbox_began_leaves_the_running_one_alone(
@@ -384,3 +388,22 @@ def test_waves_of_gpu_pods_survive_components_killed_at_random(chaos_sandbox: Sa
     assert calm.get("running", 0) >= 5 and "failed" not in calm, (calm, dict(waves.reasons))
     assert invariants.violations == [], invariants.violations[:20]
     invariants.api.close()
+
+
+def test_down_after_a_dead_kubelet_leaves_nothing_behind(
+    shared_sandbox: Sandbox, shared_host_before: HostView
+) -> None:
+    """Last on the shared sandbox, after the kills: the kubelet dies with a GPU pod running, and
+    `down` still leaves nothing behind (no KUBE-* iptables chain, no Prometheus either)."""
+    sandbox, host_before = shared_sandbox, shared_host_before
+    sandbox.core.create_namespaced_pod("default", probe_pod("orphan", 256, 5, idle=True))
+    sandbox.wait_pod("orphan", "Running")
+    os.killpg(sandbox.state.process("kubelet").pid, signal.SIGKILL)
+    # The container, its shim, its network namespace and its cgroups outlive the kubelet.
+    assert differences(host_before, sandbox.root) != []
+
+    # down: no process, mount, cgroup, network device or KUBE-* chain left.
+    assert cluster.down(sandbox.root, report=lambda _: None) == []
+    assert kube_iptables_chains() == []
+    assert differences(host_before, sandbox.root) == []
+    assert not (HOST_KUBELET_DIR / "device-plugins").exists() or host_before.dirs[str(HOST_KUBELET_DIR)]

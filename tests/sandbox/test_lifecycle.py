@@ -1,11 +1,9 @@
-"""The sandbox's infrastructure on a real host: `down` leaves nothing behind also when the kubelet
-died first; `up` refuses what it cannot run and cleans up after a failed start; the demo. A pod from
-the project's own image on the real kubelet and a clean `down` after it: test_cluster_services.py."""
+"""The sandbox's infrastructure on a real host: `up` refuses what it cannot run and cleans up after a
+failed start; the demo, with a clean `down` after it. `down` after the kubelet died:
+test_cluster_services.py, on the shared sandbox."""
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,43 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import cluster, images
+from sandbox import cluster
 from sandbox.controlplane import ControlPlaneError
-from tests.sandbox.conftest import HostView, Sandbox, differences
+from tests.sandbox.conftest import HostView, differences
 
 pytestmark = pytest.mark.sandbox
-
-
-def _pod(name: str, node: str, script: str) -> dict[str, object]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": images.PROBE_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c", script],
-                }
-            ],
-        },
-    }
-
-
-def test_down_cleans_up_after_a_dead_kubelet(sandbox: Sandbox, host_before: HostView) -> None:
-    sandbox.core.create_namespaced_pod("default", _pod("orphan", sandbox.state.node, "sleep 3600"))
-    sandbox.wait_pod("orphan", "Running")
-    kubelet = sandbox.state.process("kubelet")
-    os.killpg(kubelet.pid, signal.SIGKILL)
-    # The container, its shim, its network namespace and its cgroups outlive the kubelet.
-    assert differences(host_before, sandbox.root) != []
-
-    assert cluster.down(sandbox.root, report=lambda _: None) == []
-    assert differences(host_before, sandbox.root) == []
 
 
 def _cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:

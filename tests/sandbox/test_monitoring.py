@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from kubernetes.stream import stream
 
-from sandbox import cluster, gpu
+from sandbox import gpu
 from tessera.contract import KEYS, MIB
 from tests.monitoring.dashboard_queries import Prometheus, panel_queries, variable_values
-from tests.sandbox.conftest import HostView, Sandbox, differences, running_sandbox
+from tests.sandbox.conftest import FIRST, Sandbox
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -87,10 +87,13 @@ def _pod(name: str, memory_mib: int, cores: int, image: str, command: list[str])
     }
 
 
+# First on the shared sandbox: the dashboard's numbers are the truth of this module's pods alone.
+SHARED_SANDBOX_TURN = FIRST
+
+
 @pytest.fixture(scope="module")
-def monitored() -> Iterator[tuple[Sandbox, HostView]]:
-    with running_sandbox("monitoring", monitoring=True) as running:
-        yield running
+def monitored(shared_sandbox: Sandbox) -> Sandbox:
+    return shared_sandbox
 
 
 @dataclass(frozen=True)
@@ -104,10 +107,10 @@ class Workload:
 
 
 @pytest.fixture(scope="module")
-def workload(monitored: tuple[Sandbox, HostView]) -> Workload:
+def workload(monitored: Sandbox) -> Workload:
     """The two pods running, the refusals caused after Prometheus saw the counter at 0, and enough
     scrapes since for every rate."""
-    sbx = monitored[0]
+    sbx = monitored
     prometheus = Prometheus(sbx.state.prometheus_url)
     # Every target scraped inside the window before the workload: its counters' first samples there
     # are the zeros they start at, so that rates and increases count everything the workload does.
@@ -153,9 +156,9 @@ def _values(prometheus: Prometheus, expr: str) -> list[float]:
 
 
 def test_prometheus_discovers_tessera_pods_through_the_api_server(
-    monitored: tuple[Sandbox, HostView], workload: Workload
+    monitored: Sandbox, workload: Workload
 ) -> None:
-    sbx = monitored[0]
+    sbx = monitored
     targets = workload.prometheus.get("/api/v1/targets", state="active")["activeTargets"]
     by_job: dict[str, list[dict[str, Any]]] = {}
     for target in targets:
@@ -257,10 +260,8 @@ def _truth(slices: int, calls: dict[str, float]) -> dict[tuple[str, str], Check]
     }
 
 
-def test_every_dashboard_query_answers_with_the_truth(
-    monitored: tuple[Sandbox, HostView], workload: Workload
-) -> None:
-    sbx = monitored[0]
+def test_every_dashboard_query_answers_with_the_truth(monitored: Sandbox, workload: Workload) -> None:
+    sbx = monitored
     prometheus = workload.prometheus
     # Rates and increases over the workload's whole span, as a user looking at its time range would.
     window = workload.window()
@@ -310,9 +311,3 @@ def test_the_refusals_alert_fires_and_no_other(workload: Workload) -> None:
     ]
     rules = [r for g in prometheus.get("/api/v1/rules")["groups"] for r in g["rules"]]
     assert {r["health"] for r in rules} == {"ok"}
-
-
-def test_down_stops_prometheus_and_leaves_nothing_behind(monitored: tuple[Sandbox, HostView]) -> None:
-    sbx, before = monitored
-    assert cluster.down(sbx.root, report=lambda _: None) == []
-    assert differences(before, sbx.root) == []
