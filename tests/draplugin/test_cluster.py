@@ -193,8 +193,9 @@ def test_in_a_mixed_cluster_whole_gpus_come_from_dra_nodes_and_vgpu_from_the_ext
 ) -> None:
     """A DRA node (the driver's slice) beside a device plugin node (tessera.io/vgpu allocatable),
     kube-scheduler with the extender's managedResources of deploy/scheduler-config.yaml: a whole-GPU pod
-    lands on the DRA node and the extender never hears of it; a vgpu pod with a memory quota is offered
-    to the extender on the device plugin node only and lands there. And why the DeviceClass does not
+    lands on the DRA node and the extender never hears of it (nor of one that adds a memory quota,
+    which fits nowhere); a vgpu pod with a memory quota is offered to the extender on the device
+    plugin node only and lands there. And why the DeviceClass does not
     name tessera.io/vgpu: then kube-scheduler refuses that vgpu pod on every node, as its
     vgpu-memory is neither a node's resource nor a DeviceClass's."""
     wait_published(start_driver(), cluster.api)
@@ -237,6 +238,12 @@ def test_in_a_mixed_cluster_whole_gpus_come_from_dra_nodes_and_vgpu_from_the_ext
         assert wait_for(lambda: node_of("vgpu"), 90.0, "vgpu bound") == plugin_node
         assert extender.offered["vgpu"] == [plugin_node]
         assert "whole" not in extender.asked
+        # A memory quota cannot be added to whole GPUs: vgpu-memory is the extender's, on no DRA node.
+        cluster.create_plain_pod(
+            "whole-quota", {KEYS.whole_gpu: "1", KEYS.vgpu_memory: "1024"}, scheduler="tessera-scheduler"
+        )
+        assert "cannot fit resource" in cluster.unschedulable("whole-quota")
+        assert "whole-quota" not in extender.asked
 
         device_class = {
             "apiVersion": f"{GROUP}/{VERSION}",
