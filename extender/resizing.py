@@ -211,7 +211,11 @@ class Resizer:
         if (pod.get("status") or {}).get("phase") in TERMINAL_POD_PHASES or metadata.get("deletionTimestamp"):
             return "the pod has finished or is being deleted"
         allocation_text = annotations.get(self.keys.allocation)
-        if allocation_text is None and (pod.get("spec") or {}).get("resourceClaims"):
+        if allocation_text is None and (
+            (pod.get("spec") or {}).get("resourceClaims")
+            # A whole-GPU pod's claim is the one kube-scheduler made for its extended resource.
+            or (pod.get("status") or {}).get("extendedResourceClaimStatus")
+        ):
             return DRA_REFUSAL
         if allocation_text is None:
             return "the pod has no Tessera allocation"

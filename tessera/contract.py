@@ -291,6 +291,13 @@ class ContractKeys:
         return f"gpu-share.{self.domain}"
 
     @property
+    def whole_gpu(self) -> str:
+        """The extended resource a pod asks in its limits for whole GPUs from the DRA driver, without
+        a claim: the DeviceClass's ``extendedResourceName`` (docs/dra.md, "Whole GPUs"). Not
+        :attr:`vgpu`, which the device plugin advertises and the extender places."""
+        return f"{self.domain}/whole-gpu"
+
+    @property
     def dra_config_api_version(self) -> str:
         """``apiVersion`` of the opaque per-claim configuration (:class:`GpuShareConfig`)."""
         return f"{self.domain}/v1alpha1"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 from tessera.contract import KEYS, keys_for
 from tests.foundation.test_chart import helm
@@ -44,6 +45,7 @@ def test_dra_mode_runs_the_driver_instead_of_the_device_plugin(repo_root: Path) 
     assert device_class["spec"]["selectors"] == [
         {"cel": {"expression": f'device.driver == "{KEYS.dra_driver}"'}}
     ]
+    assert device_class["spec"]["extendedResourceName"] == KEYS.whole_gpu
     [role] = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "t-dra"]
     assert role["rules"] == [
         # The pods a claim is reserved for: their priority grants its QoS class; a Warning event on
@@ -71,6 +73,23 @@ def test_dra_mode_follows_the_domain(repo_root: Path) -> None:
     )
     [daemonset] = [d for d in docs if d["kind"] == "DaemonSet"]
     assert f"--domain={keys.domain}" in daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_whole_gpu_resource_is_a_switch_and_an_api_server_without_it_drops_it(
+    repo_root: Path, kube: client.ApiClient
+) -> None:
+    """dra.wholeGpuResource=false: the DeviceClass names no extended resource. The pinned 1.34 API
+    server (DRAExtendedResource alpha, off) accepts the class that names one and drops the field."""
+    [off] = [
+        d for d in rendered(repo_root, "mode=dra", "dra.wholeGpuResource=false") if d["kind"] == "DeviceClass"
+    ]
+    assert "extendedResourceName" not in off["spec"]
+    [on] = [d for d in rendered(repo_root, "mode=dra") if d["kind"] == "DeviceClass"]
+    stored = client.CustomObjectsApi(kube).create_cluster_custom_object(
+        "resource.k8s.io", "v1", "deviceclasses", on, dry_run="All"
+    )
+    assert stored["spec"]["selectors"] == on["spec"]["selectors"]
+    assert "extendedResourceName" not in stored["spec"]
 
 
 def required_terms(workload: dict[str, Any]) -> list[dict[str, Any]]:

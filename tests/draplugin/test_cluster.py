@@ -5,6 +5,7 @@ test_node.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
@@ -13,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
+from kubernetes.utils import parse_quantity
 
-from sandbox.controlplane import ControlPlane
+from sandbox.controlplane import ControlPlane, fake_node_body
 from tessera.contract import KEYS
 from tessera.placement.qos import QOS_LOWERED_REASON
-from tests.draplugin.conftest import NODE, ROOT, Cluster, wait_published
+from tests.draplugin.conftest import GROUP, NODE, ROOT, VERSION, Cluster, wait_published
 from tests.draplugin.kubelet_standin import claim as claim_message
 from tests.draplugin.kubelet_standin import register
 from tests.waiting import wait_for
@@ -47,12 +50,14 @@ class RecordingExtender:
 
     def __init__(self) -> None:
         self.asked: list[str] = []
+        self.offered: dict[str, list[str]] = {}  # per pod, the nodes kube-scheduler last asked about
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 args = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 recorder.asked.append(args["Pod"]["metadata"]["name"])
+                recorder.offered[args["Pod"]["metadata"]["name"]] = list(args["NodeNames"])
                 body = json.dumps({"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -106,6 +111,159 @@ def test_the_extender_is_not_asked_about_dra_pods(
     finally:
         dra_cluster.stop_process(scheduler)
         extender.stop()
+
+
+def extended_resource_claim(cluster: Cluster, pod: str) -> tuple[str, list[dict[str, str]]]:
+    """The claim kube-scheduler made for the pod's extended resources, and the pod's mappings of its
+    containers' resources to the claim's requests (``status.extendedResourceClaimStatus``)."""
+
+    def written() -> Any:
+        return cluster.core.read_namespaced_pod(pod, cluster.namespace).status.extended_resource_claim_status
+
+    status = wait_for(written, 90.0, f"pod {pod}'s extendedResourceClaimStatus")
+    mappings = [
+        {"container": m.container_name, "resource": m.resource_name, "request": m.request_name}
+        for m in status.request_mappings
+    ]
+    return str(status.resource_claim_name), mappings
+
+
+def test_a_pod_asking_whole_gpus_gets_them_whole_from_kube_scheduler(
+    cluster: Cluster, start_driver: Any, tmp_path: Path
+) -> None:
+    """KEP-5004: a pod with tessera.io/whole-gpu: 1 in its limits and no claim. kube-scheduler makes
+    it a claim of Tessera's class (one device, no capacity asked), allocates it with the request
+    policy's defaults (all the memory, no compute quota), and the driver prepares exactly that: the GPU
+    is the pod's alone (a second such pod takes the other GPU, a 1 GiB share then fits nowhere)."""
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    cluster.create_plain_pod("whole", {KEYS.whole_gpu: "1"}, scheduler="default-scheduler")
+    name, mappings = extended_resource_claim(cluster, "whole")
+    assert mappings == [{"container": "main", "resource": KEYS.whole_gpu, "request": "container-0-request-0"}]
+    pod = cluster.core.read_namespaced_pod("whole", cluster.namespace)
+    claim = cluster.claim(name)
+    assert claim["metadata"]["annotations"] == {"resource.kubernetes.io/extended-resource-claim": "true"}
+    [owner] = claim["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("Pod", pod.metadata.uid)
+    [request] = claim["spec"]["devices"]["requests"]
+    assert request == {
+        "name": "container-0-request-0",
+        "exactly": {"deviceClassName": KEYS.dra_device_class, "allocationMode": "ExactCount", "count": 1},
+    }
+    result = cluster.allocated(name)
+    assert (result["pool"], result["device"]) == (NODE, "gpu-0")
+    assert {k: int(parse_quantity(v)) for k, v in result["consumedCapacity"].items()} == {
+        "memory": 40 * GIB,
+        "cores": 0,
+    }
+    wait_for(
+        lambda: cluster.core.read_namespaced_pod("whole", cluster.namespace).spec.node_name == NODE,
+        60.0,
+        "whole bound",
+    )
+    reserved = wait_for(
+        lambda: (cluster.claim(name).get("status") or {}).get("reservedFor"), 60.0, "reserved"
+    )
+    assert reserved == [{"resource": "pods", "name": "whole", "uid": pod.metadata.uid}]
+
+    # The driver prepares what kube-scheduler counted: the whole memory, cores 0 (no compute quota).
+    uid = claim["metadata"]["uid"]
+    kubelet = register(driver.registration_socket, KEYS.dra_driver)
+    try:
+        answer = kubelet.prepare(claim_message(cluster.namespace, name, uid))
+        assert answer.claims[uid].error == ""
+        [device] = answer.claims[uid].devices
+        assert list(device.request_names) == ["container-0-request-0"]
+    finally:
+        kubelet.close()
+    limits = (tmp_path / "state" / "claims" / uid / "limits.d" / "limits").read_text().splitlines()
+    [gpu] = [line for line in limits if line.startswith("device ")]
+    assert gpu.endswith(f" memory {40 * GIB} cores 0")
+
+    # Whole: nothing else fits on the A100. The next such pod gets the T4, then a share fits nowhere.
+    cluster.create_plain_pod("whole-2", {KEYS.whole_gpu: "1"}, scheduler="default-scheduler")
+    assert cluster.allocated(extended_resource_claim(cluster, "whole-2")[0])["device"] == "gpu-1"
+    cluster.create_claim("share", {"memory": "1Gi"})
+    cluster.create_pod("share", "share")
+    assert "cannot allocate all claims" in cluster.unschedulable("share")
+
+
+def test_in_a_mixed_cluster_whole_gpus_come_from_dra_nodes_and_vgpu_from_the_extenders(
+    cluster: Cluster, start_driver: Any, dra_cluster: ControlPlane
+) -> None:
+    """A DRA node (the driver's slice) beside a device plugin node (tessera.io/vgpu allocatable),
+    kube-scheduler with the extender's managedResources of deploy/scheduler-config.yaml: a whole-GPU pod
+    lands on the DRA node and the extender never hears of it (nor of one that adds a memory quota,
+    which fits nowhere); a vgpu pod with a memory quota is offered to the extender on the device
+    plugin node only and lands there. And why the DeviceClass does not
+    name tessera.io/vgpu: then kube-scheduler refuses that vgpu pod on every node, as its
+    vgpu-memory is neither a node's resource nor a DeviceClass's."""
+    wait_published(start_driver(), cluster.api)
+    deploy_config = yaml.safe_load((ROOT / "deploy" / "scheduler-config.yaml").read_text())
+    [tessera_extender] = deploy_config["extenders"]
+    extender = RecordingExtender()
+    config = (
+        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
+        "clientConnection:\n  kubeconfig: {kubeconfig}\n"
+        "profiles:\n  - schedulerName: tessera-scheduler\n"
+        + yaml.safe_dump(
+            {
+                "extenders": [
+                    {
+                        "urlPrefix": extender.url,
+                        "filterVerb": "filter",
+                        "nodeCacheCapable": True,
+                        "managedResources": tessera_extender["managedResources"],
+                    }
+                ]
+            }
+        )
+    )
+    plugin_node = "device-plugin-node"
+    body = fake_node_body(plugin_node, {"cpu": "8", "memory": "32Gi", "pods": "110", KEYS.vgpu: "20"})
+    status = body.pop("status")
+    cluster.core.create_node(body)
+    cluster.core.patch_node_status(plugin_node, {"status": status})
+    mapped = f"vgpu-mapped-{cluster.namespace}"
+    scheduler = dra_cluster.start_scheduler(config, name="kube-scheduler-mixed")
+    try:
+        cluster.create_plain_pod("whole", {KEYS.whole_gpu: "1"}, scheduler="tessera-scheduler")
+        vgpu = {KEYS.vgpu: "1", KEYS.vgpu_memory: "1024"}
+        cluster.create_plain_pod("vgpu", vgpu, scheduler="tessera-scheduler")
+
+        def node_of(pod: str) -> str | None:
+            return cluster.core.read_namespaced_pod(pod, cluster.namespace).spec.node_name  # type: ignore[no-any-return]
+
+        assert wait_for(lambda: node_of("whole"), 90.0, "whole bound") == NODE
+        assert wait_for(lambda: node_of("vgpu"), 90.0, "vgpu bound") == plugin_node
+        assert extender.offered["vgpu"] == [plugin_node]
+        assert "whole" not in extender.asked
+        # A memory quota cannot be added to whole GPUs: vgpu-memory is the extender's, on no DRA node.
+        cluster.create_plain_pod(
+            "whole-quota", {KEYS.whole_gpu: "1", KEYS.vgpu_memory: "1024"}, scheduler="tessera-scheduler"
+        )
+        assert "cannot fit resource" in cluster.unschedulable("whole-quota")
+        assert "whole-quota" not in extender.asked
+
+        device_class = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "DeviceClass",
+            "metadata": {"name": mapped},
+            "spec": {
+                "selectors": [{"cel": {"expression": f'device.driver == "{KEYS.dra_driver}"'}}],
+                "extendedResourceName": KEYS.vgpu,
+            },
+        }
+        cluster.objects.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", device_class)
+        cluster.create_plain_pod("vgpu-mapped", vgpu, scheduler="tessera-scheduler")
+        assert "cannot fit resource" in cluster.unschedulable("vgpu-mapped")
+        assert "vgpu-mapped" not in extender.asked
+    finally:
+        dra_cluster.stop_process(scheduler)
+        extender.stop()
+        with contextlib.suppress(client.ApiException):
+            cluster.objects.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", mapped)
+        cluster.core.delete_node(plugin_node)
 
 
 def test_an_allocated_claims_capacity_cannot_change(cluster: Cluster, start_driver: Any) -> None:

@@ -167,6 +167,42 @@ def test_two_claims_share_the_a100_each_held_to_its_own_share(node: Sandbox, clu
         assert line in (state / uid / "limits.d" / "limits").read_text().splitlines()
 
 
+def test_a_pod_asking_a_whole_gpu_runs_with_the_whole_gpu(node: Sandbox, cluster: Cluster) -> None:
+    """KEP-5004 on a real kubelet: a pod with tessera.io/whole-gpu: 1 in its limits and no claim.
+    kube-scheduler makes and allocates its claim (all the A100's memory, cores 0), the kubelet admits
+    the pod although the node advertises no such resource, has the driver prepare the claim and gives
+    the container its CDI device by the pod's request mapping; inside, the hook holds the whole A100.
+    The pod goes: the kubelet has the driver unprepare the claim, the garbage collector deletes it."""
+    cluster.create_plain_pod("whole", {KEYS.whole_gpu: "1"}, scheduler="default-scheduler")
+    claim = wait_for(
+        lambda: (
+            cluster.core.read_namespaced_pod("whole", cluster.namespace).status.extended_resource_claim_status
+        ),
+        90.0,
+        "the pod's extendedResourceClaimStatus",
+    ).resource_claim_name
+    result = cluster.allocated(claim)
+    assert result["device"] == "gpu-0"
+    assert result["consumedCapacity"] == {"memory": str(40 * GIB), "cores": "0"}
+    report = probe_report(cluster, "whole")
+    assert (report["device"], report["total_mib"]) == (A100.model, str(A100.total_memory_mib))
+    assert report["refused_with"] == CUDA_ERROR_OUT_OF_MEMORY
+    limits = exec_in(cluster, "whole", "cat", CONTAINER_LIMITS_FILE).splitlines()
+    assert f"device {A100.uuid} memory {40 * GIB} cores 0" in limits, limits
+    uid = cluster.claim(claim)["metadata"]["uid"]
+    assert files_of(node, uid)
+    cluster.delete_pod("whole", grace_seconds=None)
+    wait_for(lambda: not files_of(node, uid), 90.0, "the whole GPU's claim unprepared")
+
+    def claim_gone() -> bool:
+        names = cluster.objects.list_namespaced_custom_object(
+            "resource.k8s.io", "v1", cluster.namespace, "resourceclaims"
+        )["items"]
+        return claim not in [c["metadata"]["name"] for c in names]
+
+    wait_for(claim_gone, 90.0, "the pod's claim deleted")
+
+
 def share_config(qos: str) -> dict[str, str]:
     return {"apiVersion": KEYS.dra_config_api_version, "kind": "GpuShareConfig", "qos": qos}
 

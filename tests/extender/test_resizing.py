@@ -12,6 +12,8 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from extender.kube import ApiError
 from extender.metrics import Metrics
 from extender.resizing import DRA_REFUSAL, Resizer
@@ -305,14 +307,38 @@ def test_a_refusal_writes_the_status_and_an_event_and_changes_nothing_else() -> 
     asyncio.run(run())
 
 
-def test_a_request_on_a_pod_served_by_dra_claims_is_refused_with_the_reason() -> None:
+@pytest.mark.parametrize(
+    ("field", "claims"),
+    [
+        ("spec", {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "share"}]}),
+        # A whole-GPU pod (docs/dra.md, "Whole GPUs"): the claim is kube-scheduler's, named in its status.
+        (
+            "status",
+            {
+                "extendedResourceClaimStatus": {
+                    "resourceClaimName": "claimed-extended-resources-x7k2p",
+                    "requestMappings": [
+                        {
+                            "containerName": "main",
+                            "resourceName": KEYS.whole_gpu,
+                            "requestName": "container-0-request-0",
+                        }
+                    ],
+                }
+            },
+        ),
+    ],
+)
+def test_a_request_on_a_pod_served_by_dra_claims_is_refused_with_the_reason(
+    field: str, claims: dict[str, Any]
+) -> None:
     async def run() -> None:
         state, api, resizer, _ = setup(random.Random(4))
         resizer.start()
         try:
             pod: dict[str, Any] = gpu_pod("claimed", memory=1024, cores=10, uid="uid-claimed")
             pod["spec"]["nodeName"] = "n"
-            pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "share"}]
+            pod.setdefault(field, {}).update(claims)
             pod["metadata"]["annotations"][KEYS.resize] = "memory=2048"
             api.write(pod)
             await settle(api, state, resizer)
