@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from hook.limits import MAX_SHORTFALL_WAIT_MS
-from nodeagent.flags import add_hook_library_flag, add_node_flags, node_keys
+from nodeagent.flags import add_health_poll_flag, add_hook_library_flag, add_node_flags, node_keys
 from tessera.cliargs import (
     REVIEWED_SCRAPES,
     add_inflight_timeout,
@@ -154,12 +154,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env("TESSERA_HEARTBEAT_SECONDS", "30"),
         help="how often the node annotations are refreshed (default 30)",
     )
-    p.add_argument(
-        "--health-poll-seconds",
-        type=seconds,
-        default=env("TESSERA_HEALTH_POLL_SECONDS", "5"),
-        help="how often every GPU is checked for presence (default 5)",
-    )
+    add_health_poll_flag(p, environ)
     add_inflight_timeout(p, environ)
     p.add_argument(
         "--pod-resources-socket",

@@ -1,46 +1,13 @@
-"""Pure logic over the node's GPUs: the slices advertised to the kubelet and their health.
-
-A GPU is healthy while it is present (NVML still answers for it) and has had no critical XID since it
-last came back. Losing a GPU and getting it back (a reset, a re-attach) clears a past XID fault.
-"""
+"""Pure logic over the node's GPUs: the slices advertised to the kubelet and their health (its
+rules: :mod:`nodeagent.health`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from nodeagent.health import GpuHealth
 from tessera.contract import HEALTHY, UNHEALTHY, GpuInfo, slice_id
-
-# XIDs caused by the application (its own bad kernel, out-of-range access, a reset it asked for), not
-# by the GPU: the GPU is still fine for the next container. NVIDIA's own device plugin skips the same.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-
-
-def is_critical_xid(xid: int) -> bool:
-    return xid not in APPLICATION_XIDS
-
-
-@dataclass(frozen=True, slots=True)
-class GpuHealth:
-    present: bool = True
-    # The critical XID that took the GPU out of service, if any.
-    fault_xid: int | None = None
-
-    @property
-    def healthy(self) -> bool:
-        return self.present and self.fault_xid is None
-
-    def with_xid(self, xid: int) -> GpuHealth:
-        if not is_critical_xid(xid) or self.fault_xid is not None:
-            return self
-        return GpuHealth(present=self.present, fault_xid=xid)
-
-    def with_presence(self, present: bool) -> GpuHealth:
-        if present == self.present:
-            return self
-        if present:
-            return GpuHealth(present=True, fault_xid=None)
-        return GpuHealth(present=False, fault_xid=self.fault_xid)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from deviceplugin.served import ServedContainers
 from deviceplugin.sharing import node_sharing_mode
 from deviceplugin.usage import UsageChecks
 from hook._library import LIBRARY_ENV
+from nodeagent.health import health_threads
 from nodeagent.kubeapi import load_api
 from nodeagent.nodelock import serve_holding_node
 from nodeagent.nvml import GpuReading, discover_gpus
@@ -189,15 +190,7 @@ def run(config: Config, stop: threading.Event) -> None:
         threading.Thread(target=agent.admissions.run, args=(stop,), name="admissions"),
         threading.Thread(target=agent.usage.run, args=(stop,), name="usage"),
     ]
-    if nvml is not None and gpus:
-        threads.append(
-            threading.Thread(
-                target=nvml.watch_xids, args=(inventory.gpu_uuids, inventory.record_xid, stop), name="xid"
-            )
-        )
-        threads.append(
-            threading.Thread(target=inventory.run_presence_checks, args=(nvml.present, stop), name="presence")
-        )
+    threads += health_threads(nvml, inventory, stop)
     if report is not None:
         threads.append(threading.Thread(target=report.watch, args=(stop,), name="mps"))
     for thread in threads:

@@ -121,7 +121,7 @@ def _share_config(allocation: Mapping[str, object], keys: ContractKeys) -> GpuSh
     return found
 
 
-def _reserved_pods(status: Mapping[str, object], ref: ClaimRef) -> tuple[ReservedPod, ...]:
+def reserved_pods(status: Mapping[str, object], ref: ClaimRef) -> tuple[ReservedPod, ...]:
     """The pods in ``status.reservedFor`` (other consumers, any API group's, grant no class)."""
     pods = []
     for n, raw in enumerate(_list(status.get("reservedFor"), f"{ref}: status.reservedFor")):
@@ -187,7 +187,7 @@ def plan_claim(
         )
     if not devices:
         raise ContractError(f"{ref}: no device of driver {keys.dra_driver!r} is allocated to it")
-    reserved_for = _reserved_pods(status, ref)
+    reserved_for = reserved_pods(status, ref)
     if not reserved_for:
         # The kubelet prepares a claim only for a pod it is reserved for: this one is not in use.
         raise ContractError(f"{ref}: status.reservedFor names no pod: the claim is not in use")

@@ -33,7 +33,7 @@ import urllib3
 from kubernetes import client
 
 from draplugin.cdi import cdi_device_id, render_spec, spec_file
-from draplugin.claims import ClaimRef, ReservedPod, claim_class, plan_claim
+from draplugin.claims import ClaimRef, ReservedPod, claim_class, plan_claim, reserved_pods
 from hook.limits import write_limits
 from nodeagent.kubeapi import EventTarget
 from nodeagent.records import PreparedDevice, PreparedRecord, RecordError, dump_record, load_record
@@ -193,6 +193,38 @@ class Driver:
                 self._pods.warn(pod, QOS_LOWERED_REASON, f"{ref}: {why}")
             except (client.ApiException, OSError, urllib3.exceptions.HTTPError) as e:
                 log.warning("%s: cannot tell pod %s that its class was lowered: %s", ref, pod.name, e)
+
+    def prepared(self) -> list[PreparedRecord]:
+        """Every claim prepared here, from its record (one without a readable record is being
+        prepared, or will be prepared again at the kubelet's next call)."""
+        with self._lock:
+            try:
+                roots = sorted(self.state.claims.iterdir())
+            except FileNotFoundError:
+                return []
+            records = []
+            for root in roots:
+                with contextlib.suppress(OSError, RecordError):
+                    records.append(load_record(root / RECORD_FILE, PreparedRecord))
+            return records
+
+    def tell_pods_on(self, device: str, reason: str, why: str) -> None:
+        """A Warning event on each pod that a claim prepared here on ``device`` is reserved for (its
+        ``status.reservedFor`` now); one that cannot be recorded is logged."""
+        for record in self.prepared():
+            if not any(d.device_name == device for d in record.devices):
+                continue
+            ref = ClaimRef(record.namespace, record.name, record.uid)
+            try:
+                claim = self._claims.read_claim(ref.namespace, ref.name)
+                metadata = None if claim is None else claim.get("metadata")
+                if claim is None or not isinstance(metadata, Mapping) or metadata.get("uid") != ref.uid:
+                    continue  # deleted: its pods are gone too
+                status = claim.get("status") or {}
+                for pod in reserved_pods(status if isinstance(status, Mapping) else {}, ref):
+                    self._pods.warn(pod, reason, f"{ref}: {why}")
+            except (ContractError, client.ApiException, OSError, urllib3.exceptions.HTTPError) as e:
+                log.warning("%s: cannot tell its pods %s: %s", ref, reason, e)
 
     def unprepare(self, ref: ClaimRef) -> None:
         with self._lock:

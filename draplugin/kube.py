@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import urllib3
 from kubernetes import client
@@ -121,12 +120,22 @@ def _generation(found: Mapping[str, Any]) -> int:
     return generation if isinstance(generation, int) else 0
 
 
+class SliceStore(Protocol):
+    """Where the slice is kept (:class:`ResourceApi`)."""
+
+    def read_slice(self, name: str) -> JsonObject | None: ...
+
+    def create_slice(self, body: JsonObject) -> None: ...
+
+    def replace_slice(self, body: JsonObject) -> None: ...
+
+
 class SlicePublisher:
     """Keeps the node's ResourceSlice what ``render(generation)`` says: creates it when missing (a
     kubelet wipes a driver's slices some time after the driver's socket goes away), replaces it
     with the next generation when the devices changed."""
 
-    def __init__(self, api: ResourceApi, keys: ContractKeys, render: Callable[[int], JsonObject]) -> None:
+    def __init__(self, api: SliceStore, keys: ContractKeys, render: Callable[[int], JsonObject]) -> None:
         self._api = api
         self._keys = keys
         self._render = render
@@ -149,13 +158,12 @@ class SlicePublisher:
         log.info("ResourceSlice %s replaced (generation %d)", name, body["spec"]["pool"]["generation"])
         return True
 
-    def run(self, stop: threading.Event, every: float) -> None:
-        while not stop.is_set():
-            try:
-                self.sync()
-            except client.ApiException as e:
-                if e.status != HTTP_CONFLICT:  # a concurrent writer: the next pass sees its version
-                    log.warning("publishing the ResourceSlice failed: HTTP %s %s", e.status, e.reason)
-            except (OSError, urllib3.exceptions.HTTPError) as e:
-                log.warning("publishing the ResourceSlice failed: %s", e)
-            stop.wait(every)
+    def try_sync(self) -> None:
+        """One pass, its failure logged (the next pass tries again)."""
+        try:
+            self.sync()
+        except client.ApiException as e:
+            if e.status != HTTP_CONFLICT:  # a concurrent writer: the next pass sees its version
+                log.warning("publishing the ResourceSlice failed: HTTP %s %s", e.status, e.reason)
+        except (OSError, urllib3.exceptions.HTTPError) as e:
+            log.warning("publishing the ResourceSlice failed: %s", e)

@@ -1,6 +1,6 @@
 """``tessera-dra``: the DRA driver. Discovers the GPUs through NVML, publishes them as the node's
-ResourceSlice, registers with the kubelet and serves NodePrepareResources / NodeUnprepareResources
-until SIGTERM or SIGINT."""
+ResourceSlice (republished, with device taints, as their health changes), registers with the kubelet
+and serves NodePrepareResources / NodeUnprepareResources until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draplugin.driver import Driver
+from draplugin.health import HealthPublisher
 from draplugin.kube import PodApi, ResourceApi, SlicePublisher
 from draplugin.server import serve_driver
 from draplugin.slices import resource_slice
-from nodeagent.flags import add_hook_library_flag, add_node_flags, node_keys
+from nodeagent.flags import add_health_poll_flag, add_hook_library_flag, add_node_flags, node_keys
+from nodeagent.health import HealthBook, health_threads
 from nodeagent.kubeapi import load_api
 from nodeagent.nodelock import serve_holding_node
 from nodeagent.nvml import discover_gpus
@@ -44,6 +46,7 @@ class Config:
     kubeconfig: Path | None
     profiles: SpeedProfiles
     resync_seconds: float
+    health_poll_seconds: float
     qos: QosThresholds
 
     @property
@@ -84,6 +87,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env("TESSERA_RESYNC_SECONDS", "30"),
         help="how often the ResourceSlice is checked and repaired (default 30)",
     )
+    add_health_poll_flag(p, environ)
     return p
 
 
@@ -112,6 +116,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         kubeconfig=args.kubeconfig,
         profiles=profiles,
         resync_seconds=args.resync_seconds,
+        health_poll_seconds=args.health_poll_seconds,
         qos=qos,
     )
 
@@ -120,8 +125,7 @@ def run(config: Config, stop: threading.Event) -> None:
     state = StateDir(config.state_dir)
     state.prepare()
     nvml, gpus = discover_gpus(1)
-    if nvml is not None:
-        nvml.close()  # the inventory is read once; health monitoring is the device plugin path's
+    book = HealthBook((g.uuid for g in gpus), config.health_poll_seconds)
     api = load_api(config.kubeconfig)
     resources = ResourceApi(api)
     driver = Driver(
@@ -138,8 +142,11 @@ def run(config: Config, stop: threading.Event) -> None:
     publisher = SlicePublisher(
         resources,
         config.keys,
-        lambda generation: resource_slice(config.node_name, gpus, config.profiles, generation, config.keys),
+        lambda generation: resource_slice(
+            config.node_name, gpus, config.profiles, generation, config.keys, health=book.state()
+        ),
     )
+    publishing = HealthPublisher(book, gpus, config.keys, publisher, driver.tell_pods_on)
     servers = serve_driver(driver, config.dra_socket, config.registration_socket)
     log.info(
         "serving %s on %s, registration on %s",
@@ -147,14 +154,22 @@ def run(config: Config, stop: threading.Event) -> None:
         config.dra_socket,
         config.registration_socket,
     )
-    publishing = threading.Thread(target=publisher.run, args=(stop, config.resync_seconds), name="slices")
-    publishing.start()
+    threads = [
+        threading.Thread(target=publishing.run, args=(stop, config.resync_seconds), name="slices"),
+        *health_threads(nvml, book, stop),
+    ]
+    for thread in threads:
+        thread.start()
     try:
         stop.wait()
     finally:
         stop.set()
-        publishing.join()
+        book.wake()
+        for thread in threads:
+            thread.join()
         servers.stop()
+        if nvml is not None:
+            nvml.close()
         log.info("stopped")
 
 

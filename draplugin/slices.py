@@ -5,6 +5,10 @@ each consuming part of two capacities: ``memory`` (bytes) and ``cores`` (percent
 kube-scheduler adds up what the claims on a device consume and never lets the sum pass the device's
 value. The request policies say what a claim consumes when it names no amount (the device plugin
 path's defaults: all the memory, no compute quota) and what it may ask for.
+
+A GPU that is unhealthy (:mod:`nodeagent.health`) stays in the slice with a device taint
+(``<domain>/unhealthy=<why>``): ``NoExecute`` when the fault is fatal, ``NoSchedule`` otherwise
+(docs/dra.md, "GPU health").
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from nodeagent.health import GpuHealth, HealthState
 from tessera.contract import (
     DRA_CORES_CAPACITY,
     DRA_MEMORY_CAPACITY,
@@ -22,6 +28,7 @@ from tessera.contract import (
     ContractKeys,
     GpuInfo,
     JsonObject,
+    format_time,
 )
 from tessera.placement.speed import SpeedProfiles
 
@@ -30,6 +37,11 @@ RESOURCE_API = "resource.k8s.io/v1"
 MEMORY_STEP_BYTES = MIB
 # A claim that names no compute share gets no compute quota (its kernels are never throttled).
 DEFAULT_CORES = 0
+# Device taint effects (resource.k8s.io/v1 DeviceTaint): NoSchedule keeps new claims off a device;
+# NoExecute also evicts the pods whose allocated claims use it (kube-controller-manager's
+# device-taint-eviction-controller), unless their claims tolerate it.
+NO_SCHEDULE = "NoSchedule"
+NO_EXECUTE = "NoExecute"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +131,41 @@ def device(gpu: GpuInfo, profiles: SpeedProfiles, island: str) -> JsonObject:
     }
 
 
+def device_taint(health: GpuHealth, since: float, keys: ContractKeys) -> JsonObject | None:
+    """The taint of a GPU in this ``health`` since ``since`` (Unix time); None when it is healthy."""
+    if health.healthy:
+        return None
+    return {
+        "key": keys.dra_unhealthy_taint,
+        "value": health.reason,
+        "effect": NO_EXECUTE if health.fatal else NO_SCHEDULE,
+        # When the GPU turned so: a NoExecute taint evicts from this time on (plus a toleration's
+        # seconds), and it stays the same across rewrites of the slice.
+        "timeAdded": format_time(datetime.fromtimestamp(since, UTC)),
+    }
+
+
 def resource_slice(
-    node: str, gpus: Iterable[GpuInfo], profiles: SpeedProfiles, generation: int, keys: ContractKeys
+    node: str,
+    gpus: Iterable[GpuInfo],
+    profiles: SpeedProfiles,
+    generation: int,
+    keys: ContractKeys,
+    *,
+    health: HealthState | None = None,
 ) -> JsonObject:
-    """The node's one slice: its healthy GPUs, as pool ``<node>`` of the driver."""
-    healthy = [g for g in gpus if g.healthy]
-    islands = nvlink_islands(healthy)
-    devices = [device(g, profiles, islands[g.uuid]) for g in healthy]
+    """The node's one slice: its GPUs, as pool ``<node>`` of the driver, each unhealthy one in
+    ``health`` (None: all healthy) with its taint."""
+    listed = list(gpus)
+    islands = nvlink_islands(listed)
+    devices = [device(g, profiles, islands[g.uuid]) for g in listed]
+    if health is not None:
+        for gpu, entry in zip(listed, devices, strict=True):
+            taint = device_taint(
+                health.gpus.get(gpu.uuid, GpuHealth()), health.since.get(gpu.uuid, 0.0), keys
+            )
+            if taint is not None:
+                entry["taints"] = [taint]
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceSlice",

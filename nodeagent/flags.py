@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
-from tessera.cliargs import add_domain, add_kubeconfig
+from tessera.cliargs import add_domain, add_kubeconfig, seconds
 from tessera.contract import ContractError, ContractKeys, keys_for
 
 DEFAULT_HOOK_LIBRARY = Path("/usr/local/tessera/libvgpu.so")
@@ -46,4 +46,14 @@ def add_hook_library_flag(p: argparse.ArgumentParser, environ: Mapping[str, str]
         type=Path,
         default=Path(environ.get("TESSERA_HOOK_LIBRARY", str(DEFAULT_HOOK_LIBRARY))),
         help="host path of libvgpu.so (env TESSERA_HOOK_LIBRARY)",
+    )
+
+
+def add_health_poll_flag(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """How often the agents check that each GPU is still there (:mod:`nodeagent.health`)."""
+    p.add_argument(
+        "--health-poll-seconds",
+        type=seconds,
+        default=environ.get("TESSERA_HEALTH_POLL_SECONDS", "5"),
+        help="how often every GPU is checked for presence (default 5)",
     )

@@ -1,7 +1,7 @@
 """NVML adapter (nvidia-ml-py): GPU discovery, XID events, presence probes and live readings.
 
 Everything here is a thin translation of NVML calls into plain data; decisions live in
-:mod:`deviceplugin.devices`.
+:mod:`nodeagent.health`.
 """
 
 from __future__ import annotations

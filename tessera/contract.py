@@ -308,6 +308,12 @@ class ContractKeys:
         return f"{self.domain}/devices-digest"
 
     @property
+    def dra_unhealthy_taint(self) -> str:
+        """The key of the device taint the DRA driver puts on a GPU that is unhealthy; its value says
+        why (``xid-<n>``, ``gone``)."""
+        return f"{self.domain}/unhealthy"
+
+    @property
     def cdi_kind(self) -> str:
         """The CDI ``vendor/class`` of the devices the DRA driver prepares."""
         return f"{self.domain}/gpu-share"

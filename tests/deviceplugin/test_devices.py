@@ -1,8 +1,9 @@
-"""Slices advertised per GPU and their health transitions."""
+"""Slices advertised per GPU, and their health (its rules: tests/nodeagent/test_health.py)."""
 
 from __future__ import annotations
 
-from deviceplugin.devices import GpuHealth, is_critical_xid, virtual_devices, with_health
+from deviceplugin.devices import virtual_devices, with_health
+from nodeagent.health import GpuHealth
 from tessera.contract import HEALTHY, UNHEALTHY, GpuInfo
 
 
@@ -29,19 +30,6 @@ def test_each_gpu_is_split_into_slices_with_its_numa_node() -> None:
     assert {d.numa_node for d in devices[:10]} == {1}
     assert devices[-1].numa_node is None
     assert all(d.healthy for d in devices)
-
-
-def test_critical_xid_makes_a_gpu_unhealthy_until_it_comes_back() -> None:
-    health = GpuHealth()
-    assert health.with_xid(13) == health  # the application's own fault: the GPU is fine
-    assert not is_critical_xid(43)
-    faulted = health.with_xid(79)
-    assert not faulted.healthy and faulted.fault_xid == 79
-    assert faulted.with_xid(48).fault_xid == 79  # the first fault is the one reported
-    assert faulted.with_presence(True) == faulted  # still there: still faulted
-    lost = faulted.with_presence(False)
-    assert not lost.healthy
-    assert lost.with_presence(True) == GpuHealth()  # reset / re-attached: healthy again
 
 
 def test_inventory_health_follows_the_state() -> None:

@@ -290,6 +290,7 @@ def start_driver(
                 f"--hook-library={HOOK_LIBRARY}",
                 f"--speed-profiles={ROOT / 'deploy' / 'speed-profiles.yaml'}",
                 "--resync-seconds=1",
+                "--health-poll-seconds=1",
             ],
             tmp_path / f"tessera-dra-{n}.log",
             env=fake_gpus.env(),

@@ -9,6 +9,7 @@ import contextlib
 import json
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,12 @@ import yaml
 from kubernetes import client
 from kubernetes.utils import parse_quantity
 
+from draplugin.health import GPU_UNHEALTHY_REASON
 from sandbox.controlplane import ControlPlane, fake_node_body
 from tessera.contract import KEYS
 from tessera.placement.qos import QOS_LOWERED_REASON
-from tests.draplugin.conftest import GROUP, NODE, ROOT, VERSION, Cluster, wait_published
+from tests.deviceplugin.conftest import FakeGpus
+from tests.draplugin.conftest import GROUP, NODE, ROOT, VERSION, Cluster, DriverProcess, wait_published
 from tests.draplugin.kubelet_standin import claim as claim_message
 from tests.draplugin.kubelet_standin import register
 from tests.waiting import wait_for
@@ -371,3 +374,84 @@ def test_a_claim_asking_more_than_its_pods_priority_grants_is_lowered_with_an_ev
         if kubelet is not None:
             kubelet.close()
         scheduling.delete_priority_class(priority_class)
+
+
+def device_taints(driver: DriverProcess, api: client.ApiClient) -> list[list[dict[str, Any]]]:
+    """Each device's taints in the slice as the API server keeps it, in slice order."""
+    found = driver.slice(api)
+    assert found is not None
+    return [d.get("taints", []) for d in found["spec"]["devices"]]
+
+
+def test_a_failed_gpu_is_tainted_within_5s_new_claims_avoid_it_its_pods_are_told_and_it_recovers(
+    cluster: Cluster, start_driver: Any, fake_gpus: FakeGpus
+) -> None:
+    """A fatal XID on the A100: within 5 s its device carries a NoExecute taint, the pod whose
+    prepared claim uses it gets a TesseraGpuUnhealthy event and is evicted by kube-controller-manager's
+    device taint eviction controller, and kube-scheduler allocates a new claim to the T4 (first fit
+    would take the A100). Lost and back (a reset): the taint goes."""
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    wait_for(lambda: "watching XID events of 2 GPU(s)" in driver.process.log_tail(100), 30.0, "the XID watch")
+    cluster.create_claim("running", {"memory": "1Gi"}, A100)
+    cluster.create_pod("victim", "running")
+    assert cluster.allocated("running")["device"] == "gpu-0"
+    wait_for(lambda: (cluster.claim("running").get("status") or {}).get("reservedFor"), 60.0, "reserved")
+    uid = cluster.claim("running")["metadata"]["uid"]
+    kubelet = register(driver.registration_socket, KEYS.dra_driver)
+    try:
+        assert kubelet.prepare(claim_message(cluster.namespace, "running", uid)).claims[uid].error == ""
+    finally:
+        kubelet.close()
+    victim = cluster.core.read_namespaced_pod("victim", cluster.namespace)
+
+    fake_gpus.inject_xid(0, 79)  # fallen off the bus: fatal
+    injected = time.monotonic()
+    wait_for(lambda: device_taints(driver, cluster.api)[0], 5.0, "the A100's device tainted")
+    assert time.monotonic() - injected < 5.0
+    [taint] = device_taints(driver, cluster.api)[0]
+    assert (taint["key"], taint["value"], taint["effect"]) == (
+        KEYS.dra_unhealthy_taint,
+        "xid-79",
+        "NoExecute",
+    )
+    assert taint["timeAdded"]
+    assert device_taints(driver, cluster.api)[1] == []
+
+    [event] = wait_for(
+        lambda: [
+            e
+            for e in cluster.core.list_namespaced_event(
+                cluster.namespace, field_selector="involvedObject.name=victim"
+            ).items
+            if e.reason == GPU_UNHEALTHY_REASON
+        ],
+        30.0,
+        "the TesseraGpuUnhealthy event",
+    )
+    assert event.type == "Warning" and event.involved_object.uid == victim.metadata.uid
+    assert (event.source.component, event.source.host) == ("tessera-dra", NODE)
+    assert event.message.startswith(f"claim {cluster.namespace}/running ({uid}): GPU {fake_gpus.uuids[0]}")
+    assert "critical XID 79" in event.message and "tessera.io/unhealthy=xid-79:NoExecute" in event.message
+
+    def evicted() -> bool:
+        pod = cluster.core.read_namespaced_pod("victim", cluster.namespace)
+        conditions = {(c.type, c.reason) for c in pod.status.conditions or []}
+        return (
+            pod.metadata.deletion_timestamp is not None
+            and ("DisruptionTarget", "DeletionByDeviceTaintManager") in conditions
+        )
+
+    wait_for(evicted, 30.0, "the victim evicted by the device taint eviction controller")
+
+    cluster.create_claim("fresh", {"memory": "1Gi"})
+    cluster.create_pod("newcomer", "fresh")
+    assert cluster.allocated("fresh")["device"] == "gpu-1"
+
+    fake_gpus.set_lost(0, True)
+    wait_for(lambda: device_taints(driver, cluster.api)[0][0]["value"] == "gone", 5.0, "the A100 gone")
+    fake_gpus.set_lost(0, False)
+    wait_for(lambda: device_taints(driver, cluster.api) == [[], []], 5.0, "the A100's taint gone")
+    cluster.create_claim("again", {"memory": "1Gi"}, A100)
+    cluster.create_pod("returning", "again")
+    assert cluster.allocated("again")["device"] == "gpu-0"

@@ -505,3 +505,38 @@ def test_a_slot_left_by_a_prepare_cut_short_goes(tmp_path: Path) -> None:
     d.prepare(REF)
     assert not stale.exists()
     assert (stale.parent.parent / "standard" / REF.uid).exists()
+
+
+def test_the_pods_of_the_claims_prepared_on_a_device_are_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """From the prepared records and each claim's reservedFor now; a claim deleted since, or one whose
+    events cannot be recorded, is skipped (logged)."""
+    second = ("job-2", "7c0d0e0f-0000-4000-8000-00000000000b")
+    on_t4 = ClaimRef("team", "other", "0b1c2d3e-0000-4000-8000-000000000003")
+    t4_result = {"request": "gpu", "driver": KEYS.dra_driver, "pool": NODE, "device": "gpu-1"}
+    claims = Claims(
+        claim(reserved=(JOB, second)),
+        claim(on_t4, results=[t4_result], reserved=(("t4-job", "7c0d0e0f-0000-4000-8000-00000000000c"),)),
+        pods=(pod(), pod(*second), pod("t4-job", "7c0d0e0f-0000-4000-8000-00000000000c")),
+    )
+    prepared = driver(tmp_path, claims)
+    prepared.prepare(REF)
+    prepared.prepare(on_t4)
+    (tmp_path / "state" / "claims" / "being-prepared").mkdir()  # no record yet: not prepared
+    assert {r.name for r in prepared.prepared()} == {"share", "other"}
+    prepared.tell_pods_on("gpu-0", "TesseraGpuUnhealthy", "GPU gone")
+    assert claims.events == [
+        ("job", "TesseraGpuUnhealthy", f"{REF}: GPU gone"),
+        ("job-2", "TesseraGpuUnhealthy", f"{REF}: GPU gone"),
+    ]
+    claims.events.clear()
+    del claims.by_name[("team", "share")]
+    prepared.tell_pods_on("gpu-0", "TesseraGpuUnhealthy", "GPU gone")
+    assert claims.events == []
+    claims.events_fail = True
+    prepared.tell_pods_on("gpu-1", "TesseraGpuUnhealthy", "GPU gone")
+    assert f"{on_t4}: cannot tell its pods TesseraGpuUnhealthy: (403)" in caplog.text
+    prepared.unprepare(REF)
+    prepared.unprepare(on_t4)
+    assert [r.name for r in prepared.prepared()] == []

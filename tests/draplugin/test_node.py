@@ -16,6 +16,8 @@ import yaml
 from kubernetes import client
 from kubernetes.stream import stream
 
+import fakegpu
+from draplugin.health import GPU_UNHEALTHY_REASON
 from sandbox import cluster as sandbox_cluster
 from sandbox import gpu, install
 from sandbox.controlplane import DRA_K8S_VERSION
@@ -402,6 +404,55 @@ def test_driver_restarts_before_and_after_prepare_lose_nothing(node: Sandbox, cl
     assert probe_report(cluster, "later")["total_mib"] == "2048"
     cluster.delete_pod("share", grace_seconds=None)
     wait_for(lambda: not files_of(node, uid), 90.0, "claim share unprepared by the new driver")
+
+
+def test_an_xid_taints_the_gpu_within_5s_its_pod_is_told_and_evicted_and_a_new_claim_runs_elsewhere(
+    node: Sandbox, cluster: Cluster
+) -> None:
+    """The issue's health check on the real node: XID 79 on the A100 that a running claim's pod uses;
+    its device is tainted NoExecute within 5 s, the pod gets TesseraGpuUnhealthy and is deleted by
+    the device taint eviction controller, a new claim (first fit: the A100) runs on the T4. Lost and
+    back, the A100 is healthy again for the tests after this one."""
+    state = gpu.files_for(Layout(node.root)).state
+    name = f"{node.state.node}-{KEYS.dra_driver}"
+
+    def taints() -> list[list[dict[str, Any]]]:
+        found = cluster.objects.get_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", name)
+        return [d.get("taints", []) for d in found["spec"]["devices"]]
+
+    cluster.create_claim("victim", {"memory": "1Gi"}, A100_ONLY)
+    cluster.create_pod("victim", "victim")
+    probe_report(cluster, "victim")
+    try:
+        fakegpu.inject_xid(state, A100.uuid, 79)
+        wait_for(lambda: taints()[0], 5.0, "the A100's device tainted")
+        [taint] = taints()[0]
+        assert (taint["key"], taint["value"], taint["effect"]) == (
+            KEYS.dra_unhealthy_taint,
+            "xid-79",
+            "NoExecute",
+        )
+        [message] = wait_for(lambda: events(cluster, "victim", GPU_UNHEALTHY_REASON), 30.0, "the event")
+        assert f"GPU {A100.uuid} (device gpu-0) is unhealthy: critical XID 79" in message
+
+        def evicted() -> bool:
+            try:
+                pod = cluster.core.read_namespaced_pod("victim", cluster.namespace)
+            except client.ApiException as e:
+                return e.status == 404
+            conditions = {(c.type, c.reason) for c in pod.status.conditions or []}
+            return ("DisruptionTarget", "DeletionByDeviceTaintManager") in conditions
+
+        wait_for(evicted, 60.0, "the victim evicted by the device taint eviction controller")
+        cluster.create_claim("newcomer", {"memory": "1Gi"})
+        cluster.create_pod("newcomer", "newcomer")
+        assert cluster.allocated("newcomer")["device"] == "gpu-1"
+        assert probe_report(cluster, "newcomer")["total_mib"] == "1024"
+    finally:
+        fakegpu.set_lost(state, A100.uuid, True)
+        wait_for(lambda: [t["value"] for t in taints()[0]] == ["gone"], 30.0, "the A100 seen gone")
+        fakegpu.set_lost(state, A100.uuid, False)
+    wait_for(lambda: taints() == [[], []], 30.0, "the A100 healthy again")
 
 
 def test_bad_claims_are_refused_clearly_with_nothing_written(node: Sandbox, cluster: Cluster) -> None:

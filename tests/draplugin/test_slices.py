@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from draplugin.slices import devices_digest, nvlink_islands, resource_slice
+from nodeagent.health import GpuHealth, HealthState
 from tessera.contract import KEYS, MIB, GpuInfo
 from tessera.placement.speed import SpeedProfiles
 
@@ -71,10 +72,42 @@ def test_attributes_name_model_speed_numa_and_uuid() -> None:
     assert unprofiled["attributes"]["model"] == {"string": "Tesla T4"}
 
 
-def test_unhealthy_gpus_are_not_published() -> None:
-    sick = T4.model_copy(update={"health": "Unhealthy"})
-    devices = resource_slice("node-a", [A100, sick], PROFILES, 1, KEYS)["spec"]["devices"]
-    assert [d["name"] for d in devices] == ["gpu-0"]
+def test_an_unhealthy_gpu_stays_in_the_slice_with_a_taint_that_says_why() -> None:
+    """NoSchedule for a fault the containers survive, NoExecute for a fatal one; the taint's time is
+    when the GPU turned so; a healthy GPU has no taint, and the digest follows the taints."""
+    healthy = resource_slice("node-a", [A100, T4], PROFILES, 1, KEYS, health=state({}))
+    assert all("taints" not in d for d in healthy["spec"]["devices"])
+    assert (
+        healthy["spec"]["devices"]
+        == resource_slice("node-a", [A100, T4], PROFILES, 1, KEYS)["spec"]["devices"]
+    )
+    # 1798761600 = 2027-01-01T00:00:00Z
+    faulted = state({"GPU-t4": GpuHealth().with_xid(92)}, since=1798761600.0)
+    a100, t4 = resource_slice("node-a", [A100, T4], PROFILES, 1, KEYS, health=faulted)["spec"]["devices"]
+    assert "taints" not in a100
+    assert t4["taints"] == [
+        {
+            "key": "tessera.io/unhealthy",
+            "value": "xid-92",
+            "effect": "NoSchedule",
+            "timeAdded": "2027-01-01T00:00:00Z",
+        }
+    ]
+    for fatal, why in ((GpuHealth().with_xid(79), "xid-79"), (GpuHealth(present=False), "gone")):
+        t4 = resource_slice("node-a", [A100, T4], PROFILES, 1, KEYS, health=state({"GPU-t4": fatal}))
+        [taint] = t4["spec"]["devices"][1]["taints"]
+        assert (taint["value"], taint["effect"]) == (why, "NoExecute")
+    digests = {
+        resource_slice("node-a", [A100, T4], PROFILES, 1, KEYS, health=h)["metadata"]["annotations"][
+            KEYS.dra_slice_digest
+        ]
+        for h in (state({}), faulted, state({"GPU-t4": GpuHealth(present=False)}))
+    }
+    assert len(digests) == 3
+
+
+def state(unhealthy: dict[str, GpuHealth], since: float = 0.0) -> HealthState:
+    return HealthState(unhealthy, dict.fromkeys(unhealthy, since), version=1)
 
 
 def test_nvlink_islands_are_connected_components() -> None:

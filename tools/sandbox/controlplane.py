@@ -64,8 +64,9 @@ CONTROLLERS = (
 )
 # The DRA path's too: kube-scheduler allocates claims; the ResourceClaim controller makes the claims of
 # ResourceClaimTemplates, takes deleted pods off their claims' reservedFor and deallocates claims
-# nobody uses any more.
-DRA_CONTROLLERS = (*CONTROLLERS, "resourceclaim-controller")
+# nobody uses any more; the device taint eviction controller deletes the pods whose claims use a
+# device with a NoExecute taint (the DRA driver's taint on a GPU that failed fatally).
+DRA_CONTROLLERS = (*CONTROLLERS, "resourceclaim-controller", "device-taint-eviction-controller")
 
 
 class ControlPlaneError(RuntimeError):
