@@ -1,8 +1,9 @@
 """Fixtures for the sandbox tests: sandboxes always brought down again, and a snapshot of the host to
 compare with afterwards.
 
-Only one sandbox runs on a host at a time. A module that needs the default sandbox (with its
-Prometheus) and does not change its configuration takes ``shared_sandbox``: those modules run one
+Only one sandbox runs on a host at a time. A module that needs the shared sandbox's configuration
+(the chart's defaults but for best-effort oversubscription, on; with Prometheus) and does not change
+it takes ``shared_sandbox``: those modules run one
 after another (``pytest_collection_modifyitems``) on one sandbox, and each module's pods in
 ``default`` are deleted after it. A module's ``SHARED_SANDBOX_TURN`` says where among them it runs
 when its place matters: ``FIRST`` for one that reads the cluster's history since `up` (metrics),
@@ -166,13 +167,16 @@ def running_sandbox(
 
 _shared = contextlib.ExitStack()
 
+SHARED_VALUES = ("extender.bestEffortOversubscription.enabled=true",)
 # Turns among the modules sharing the sandbox (a module's SHARED_SANDBOX_TURN; 0 when it has none).
 FIRST, LAST = -1, 1
 
 
 @pytest.fixture(scope="session")
 def _shared_running() -> Iterator[tuple[Sandbox, HostView]]:
-    running = _shared.enter_context(running_sandbox("shared", monitoring=True))
+    # Oversubscription changes only where best-effort pods go, and only test_borrowed_memory.py has
+    # best-effort pods that could borrow.
+    running = _shared.enter_context(running_sandbox("shared", SHARED_VALUES, monitoring=True))
     try:
         yield running
     finally:

@@ -8,7 +8,6 @@ quota all succeed."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -25,7 +24,7 @@ from tessera.contract import (
     parse_gpu_usage,
     parse_time,
 )
-from tests.sandbox.conftest import HostView, Sandbox, running_sandbox
+from tests.sandbox.conftest import Sandbox
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -37,10 +36,8 @@ IDLE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
 
 
 @pytest.fixture(scope="module")
-def sbx() -> Iterator[Sandbox]:
-    running: tuple[Sandbox, HostView]
-    with running_sandbox("borrow", values=("extender.bestEffortOversubscription.enabled=true",)) as running:
-        yield running[0]
+def sbx(shared_sandbox: Sandbox) -> Sandbox:
+    return shared_sandbox
 
 
 def pod(name: str, command: str, resources: dict[str, str], **metadata: Any) -> dict[str, Any]:

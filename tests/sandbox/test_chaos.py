@@ -45,6 +45,8 @@ pytestmark = pytest.mark.sandbox
 SEED = int(os.environ.get("TESSERA_CHAOS_SEED", "20261125"))
 WAVES = int(os.environ.get("TESSERA_CHAOS_WAVES", "6"))
 PODS_PER_WAVE = 50
+# How long each settled wave runs before it is deleted, kills landing on its running containers.
+HOLD_SECONDS = 6.0
 # What kills run between: seconds, drawn uniformly.
 KILL_GAP = (4.0, 12.0)
 COMPONENTS = ("extender", "device-plugin", "kubelet", "containerd", "kube-apiserver", "etcd")
@@ -353,7 +355,7 @@ def test_waves_of_gpu_pods_survive_components_killed_at_random(chaos_sandbox: Sa
         thread.start()
     try:
         for n in range(WAVES):
-            wave = waves.run(f"chaos-{n}", hold=15.0)
+            wave = waves.run(f"chaos-{n}", hold=HOLD_SECONDS)
             print(f"wave {n}: {wave}; kills so far {dict(chaos.kills)}", flush=True)
             assert not chaos.errors, chaos.errors
     finally:
