@@ -400,7 +400,10 @@ def test_down_after_a_dead_kubelet_leaves_nothing_behind(
     sandbox, host_before = shared_sandbox, shared_host_before
     sandbox.core.create_namespaced_pod("default", probe_pod("orphan", 256, 5, idle=True))
     sandbox.wait_pod("orphan", "Running")
-    os.killpg(sandbox.state.process("kubelet").pid, signal.SIGKILL)
+    # The kubelet as it runs now: the kills above restarted it under a new PID.
+    state = cluster.load_state(Layout(sandbox.root))
+    assert state is not None
+    os.killpg(state.process("kubelet").pid, signal.SIGKILL)
     # The container, its shim, its network namespace and its cgroups outlive the kubelet.
     assert differences(host_before, sandbox.root) != []
 
