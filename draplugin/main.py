@@ -1,6 +1,6 @@
 """``tessera-dra``: the DRA driver. Discovers the GPUs through NVML, publishes them as the node's
-ResourceSlice, registers with the kubelet and serves NodePrepareResources / NodeUnprepareResources
-until SIGTERM or SIGINT."""
+ResourceSlice, registers with the kubelet, serves NodePrepareResources / NodeUnprepareResources and
+the prepared claims' series on /metrics until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -13,12 +13,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client.registry import CollectorRegistry
+
 from draplugin.driver import Driver
-from draplugin.kube import PodApi, ResourceApi, SlicePublisher
+from draplugin.kube import TIMEOUT, PodApi, ResourceApi, SlicePublisher
+from draplugin.metrics import ClaimCollector
 from draplugin.server import serve_driver
 from draplugin.slices import resource_slice
-from nodeagent.flags import add_hook_library_flag, add_node_flags, node_keys
-from nodeagent.kubeapi import load_api
+from nodeagent.flags import (
+    MetricsSettings,
+    add_hook_library_flag,
+    add_metrics_flags,
+    add_node_flags,
+    metrics_settings,
+    node_keys,
+)
+from nodeagent.kubeapi import load_api, post_review
+from nodeagent.metricsserver import scrape_authorizer, serve_metrics
 from nodeagent.nodelock import serve_holding_node
 from nodeagent.nvml import discover_gpus
 from nodeagent.statedir import StateDir
@@ -45,6 +56,7 @@ class Config:
     profiles: SpeedProfiles
     resync_seconds: float
     qos: QosThresholds
+    metrics: MetricsSettings
 
     @property
     def dra_socket(self) -> Path:
@@ -76,6 +88,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=Path(env("TESSERA_CDI_DIR", str(DEFAULT_CDI_DIR))),
         help="where the container runtime reads CDI specs (env TESSERA_CDI_DIR, default /var/run/cdi)",
     )
+    add_metrics_flags(p, environ)
     add_speed_profiles(p, environ)
     add_qos_class_flags(p)
     p.add_argument(
@@ -113,6 +126,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         profiles=profiles,
         resync_seconds=args.resync_seconds,
         qos=qos,
+        metrics=metrics_settings(args),
     )
 
 
@@ -140,6 +154,13 @@ def run(config: Config, stop: threading.Event) -> None:
         config.keys,
         lambda generation: resource_slice(config.node_name, gpus, config.profiles, generation, config.keys),
     )
+    registry = CollectorRegistry()
+    registry.register(ClaimCollector(config.node_name, gpus, state))
+    metrics = config.metrics
+    authorize = scrape_authorizer(lambda review: post_review(api, review, TIMEOUT))
+    metrics_server = serve_metrics(
+        metrics.address, metrics.port, registry, authorize if metrics.authorization else None
+    )
     servers = serve_driver(driver, config.dra_socket, config.registration_socket)
     log.info(
         "serving %s on %s, registration on %s",
@@ -155,6 +176,7 @@ def run(config: Config, stop: threading.Event) -> None:
         stop.set()
         publishing.join()
         servers.stop()
+        metrics_server.shutdown()
         log.info("stopped")
 
 

@@ -290,6 +290,8 @@ def start_driver(
                 f"--hook-library={HOOK_LIBRARY}",
                 f"--speed-profiles={ROOT / 'deploy' / 'speed-profiles.yaml'}",
                 "--resync-seconds=1",
+                "--metrics-address=127.0.0.1",
+                "--metrics-port=0",
             ],
             tmp_path / f"tessera-dra-{n}.log",
             env=fake_gpus.env(),

@@ -72,9 +72,10 @@ def test_alert_unit_test(test_file: Path) -> None:
 
 
 def test_alerts_query_only_metrics_the_components_export(repo_root: Path) -> None:
-    exported = (repo_root / "deviceplugin" / "metrics.py").read_text() + (
-        repo_root / "extender" / "metrics.py"
-    ).read_text()
+    exported = "".join(
+        (repo_root / source).read_text()
+        for source in ("deviceplugin/metrics.py", "nodeagent/containermetrics.py", "extender/metrics.py")
+    )
     names = {
         re.sub(r"_(total|bucket|count|sum)$", "", m)
         for rule in alerts(repo_root)

@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from deviceplugin.metrics import CONTAINER_LABELS, GPU_LABELS
+from deviceplugin.metrics import GPU_LABELS
+from nodeagent.containermetrics import CONTAINER_LABELS
 from sandbox.controlplane import ControlPlane
 from tessera import cli
 from tessera.cli.status.gather import NO_TOKEN_THROUGH_PROXY
@@ -179,7 +180,7 @@ class _AgentMetrics(Collector):
         util = GaugeMetricFamily("tessera_gpu_utilization_ratio", "", labels=GPU_LABELS)
         util.add_metric(self.labels, 0.42)
         container = GaugeMetricFamily("tessera_container_memory_used_bytes", "", labels=CONTAINER_LABELS)
-        container.add_metric((self.namespace, "trainer", "main", *self.labels), 6 * GIB)
+        container.add_metric((self.namespace, "trainer", "main", "", *self.labels), 6 * GIB)
         yield from (used, util, container)
 
 
