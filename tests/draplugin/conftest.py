@@ -7,6 +7,7 @@ too."""
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import sys
 import tempfile
@@ -250,6 +251,17 @@ class DriverProcess:
             )
             return found
         return None
+
+    def metrics_port(self, timeout: float = 30.0) -> int:
+        """The port it serves /metrics on (it picks a free one), as it logs it."""
+
+        def logged() -> int | None:
+            assert self.process.running, f"tessera-dra exited:\n{self.process.log_tail()}"
+            found = re.search(r"metrics on http://[\d.]+:(\d+)/metrics", self.process.log_path.read_text())
+            return int(found.group(1)) if found else None
+
+        port: int = wait_for(logged, timeout, "tessera-dra's metrics port")
+        return port
 
     def stop(self) -> None:
         self.process.stop()

@@ -1,6 +1,6 @@
 """The DRA path's API side on a real Kubernetes 1.37 control plane and a node without a kubelet: the
-driver's ResourceSlice as the API server keeps it, the DRA manifests as it validates them, and which
-pods kube-scheduler asks an extender about. Claims allocated, prepared and run on a real kubelet:
+driver's ResourceSlice as the API server keeps it, the DRA manifests as it validates them, which
+pods kube-scheduler asks an extender about, and the driver's /metrics as scrapers' tokens allow. Claims allocated, prepared and run on a real kubelet:
 test_node.py."""
 
 from __future__ import annotations
@@ -14,13 +14,17 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
+from hook.limits import DeviceLimit, write_limits
 from sandbox.controlplane import ControlPlane
 from tessera.contract import KEYS
 from tessera.placement.qos import QOS_LOWERED_REASON
+from tests.deviceplugin.conftest import CUCLIENT, HOOK_LIBRARY, FakeGpus
 from tests.draplugin.conftest import NODE, ROOT, Cluster, wait_published
 from tests.draplugin.kubelet_standin import claim as claim_message
 from tests.draplugin.kubelet_standin import register
+from tests.scraping import get, service_account_token
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
@@ -213,3 +217,75 @@ def test_a_claim_asking_more_than_its_pods_priority_grants_is_lowered_with_an_ev
         if kubelet is not None:
             kubelet.close()
         scheduling.delete_priority_class(priority_class)
+
+
+def test_a_prepared_claims_series_are_served_to_an_allowed_scraper_only(
+    cluster: Cluster, start_driver: Any, fake_gpus: FakeGpus, tmp_path: Path
+) -> None:
+    """The real driver prepares a claim (a kubelet stand-in calls it) for a pod's one container: its
+    /metrics has the claim's tessera_container_* series, labelled as the device plugin's with the
+    claim's name, its use read from the claim's accounting region (a process on the fake GPU writes
+    it through the hook); no token is 401, a tenant's token 403; unprepared, the series go."""
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    reader = service_account_token(cluster.api, "prometheus", reader=True)
+    tenant = service_account_token(cluster.api, "tenant", reader=False, namespace=cluster.namespace)
+    cluster.create_claim("train", {"memory": "2Gi", "cores": "30"}, A100)
+    cluster.create_pod("trainer", "train")
+    cluster.allocated("train")
+    wait_for(
+        lambda: (cluster.claim("train").get("status") or {}).get("reservedFor"), 60.0, "the claim reserved"
+    )
+    uid = cluster.claim("train")["metadata"]["uid"]
+    kubelet = register(driver.registration_socket, KEYS.dra_driver)
+    holder = None
+    try:
+        assert kubelet.prepare(claim_message(cluster.namespace, "train", uid)).claims[uid].error == ""
+        # A process of the claim's containers: the hook keeps its use in the claim's region.
+        a100 = fake_gpus.specs[0]
+        limits = tmp_path / "container-limits"
+        region = tmp_path / "state" / "claims" / uid / "state" / "region"
+        write_limits(limits, [DeviceLimit(a100.uuid, 2 * GIB, 30)], region=str(region))
+        env = {**fake_gpus.env(), "LD_PRELOAD": str(HOOK_LIBRARY), "TESSERA_LIMITS_FILE": str(limits)}
+        holder = subprocess.Popen(
+            [str(CUCLIENT), "alloc", "mem", "1g", "1", "hold"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None
+        while (line := holder.stdout.readline()) and line.strip() != "hold ready":
+            assert "CUDA_SUCCESS" in line, line
+        url = f"http://127.0.0.1:{driver.metrics_port()}/metrics"
+        status, text = get(url, reader)
+        assert status == 200, text
+        series = {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        labels = frozenset(
+            {
+                "namespace": cluster.namespace,
+                "pod": "trainer",
+                "container": "main",
+                "claim": "train",
+                "Hostname": NODE,
+                "UUID": a100.uuid,
+                "modelName": "NVIDIA A100-SXM4-40GB",
+            }.items()
+        )
+        assert series["tessera_container_memory_quota_bytes", labels] == 2 * GIB
+        assert series["tessera_container_compute_quota_ratio", labels] == 0.3
+        assert series["tessera_container_memory_used_bytes", labels] == GIB
+        assert series["tessera_container_memory_peak_bytes", labels] == GIB
+        assert get(url, None)[0] == 401
+        assert get(url, tenant)[0] == 403
+        kubelet.unprepare(claim_message(cluster.namespace, "train", uid))
+        assert "tessera_container_memory_quota_bytes{" not in get(url, reader)[1]
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait(timeout=30)
+        kubelet.close()
