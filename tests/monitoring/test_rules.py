@@ -110,11 +110,11 @@ def test_promtool_accepts_the_plain_scrape_config_and_the_sandboxs(tmp_path: Pat
 
 
 def test_plain_prometheus_config_honors_the_workload_labels(repo_root: Path) -> None:
-    """What promtool cannot judge: honor_labels on both jobs and the job names the alerts use."""
+    """What promtool cannot judge: honor_labels on every job and the job names the alerts use."""
     config = yaml.safe_load((repo_root / "deploy" / "prometheus" / "scrape-config.yaml").read_text())
     assert config["rule_files"] == ["tessera-alerts.yaml"]
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert set(jobs) == {"tessera-device-plugin", "tessera-extender"}
+    assert set(jobs) == {"tessera-device-plugin", "tessera-dra", "tessera-extender"}
     assert all(job["honor_labels"] is True for job in jobs.values())
     # Tessera's ports serve /metrics only to a token allowed get on /metrics (metricsAccess).
     assert all(job["authorization"] == {"credentials_file": SERVICE_ACCOUNT_TOKEN} for job in jobs.values())
