@@ -281,14 +281,14 @@ def fake_gpus(tmp_path: Path) -> FakeGpus:
 @pytest.fixture
 def start_driver(
     dra_cluster: ControlPlane, fake_gpus: FakeGpus, tmp_path: Path
-) -> Iterator[Callable[[], DriverProcess]]:
-    """Starts ``tessera-dra`` for the node; a second call (after stopping the first) restarts it
-    on the same dirs."""
+) -> Iterator[Callable[..., DriverProcess]]:
+    """Starts ``tessera-dra`` for the node, with extra flags if given; a second call (after stopping
+    the first) restarts it on the same dirs."""
     # Unix socket paths are limited to 108 bytes: a short dir, not pytest's long tmp_path.
     kubelet_dir = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
     started: list[DriverProcess] = []
 
-    def start() -> DriverProcess:
+    def start(*flags: str) -> DriverProcess:
         n = len(started)
         process = ManagedProcess(
             f"tessera-dra-{n}",
@@ -304,6 +304,7 @@ def start_driver(
                 "--resync-seconds=1",
                 "--metrics-address=127.0.0.1",
                 "--metrics-port=0",
+                *flags,
             ],
             tmp_path / f"tessera-dra-{n}.log",
             env=fake_gpus.env(),

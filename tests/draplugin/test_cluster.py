@@ -5,9 +5,12 @@ test_node.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -18,13 +21,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hook.limits import DeviceLimit, write_limits
 from sandbox.controlplane import ControlPlane
+from tessera import cli
 from tessera.contract import KEYS
 from tessera.placement.qos import QOS_LOWERED_REASON
 from tests.deviceplugin.conftest import CUCLIENT, HOOK_LIBRARY, FakeGpus
-from tests.draplugin.conftest import NODE, ROOT, Cluster, wait_published
+from tests.draplugin.conftest import NODE, ROOT, Cluster, DriverProcess, wait_published
 from tests.draplugin.kubelet_standin import claim as claim_message
 from tests.draplugin.kubelet_standin import register
-from tests.scraping import get, service_account_token
+from tests.scraping import get, host_address, service_account_token
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
@@ -219,17 +223,13 @@ def test_a_claim_asking_more_than_its_pods_priority_grants_is_lowered_with_an_ev
         scheduling.delete_priority_class(priority_class)
 
 
-def test_a_prepared_claims_series_are_served_to_an_allowed_scraper_only(
-    cluster: Cluster, start_driver: Any, fake_gpus: FakeGpus, tmp_path: Path
-) -> None:
-    """The real driver prepares a claim (a kubelet stand-in calls it) for a pod's one container: its
-    /metrics has the claim's tessera_container_* series, labelled as the device plugin's with the
-    claim's name, its use read from the claim's accounting region (a process on the fake GPU writes
-    it through the hook); no token is 401, a tenant's token 403; unprepared, the series go."""
-    driver = start_driver()
-    wait_published(driver, cluster.api)
-    reader = service_account_token(cluster.api, "prometheus", reader=True)
-    tenant = service_account_token(cluster.api, "tenant", reader=False, namespace=cluster.namespace)
+@contextlib.contextmanager
+def a_claim_in_use(
+    cluster: Cluster, driver: DriverProcess, fake_gpus: FakeGpus, tmp_path: Path
+) -> Iterator[str]:
+    """Claim ``train`` (2 GiB and 30% of the A100) for container ``main`` of pod ``trainer``, prepared by
+    a kubelet stand-in, and a process of its containers holding 1 GiB of it through the hook, which
+    keeps that in the claim's accounting region; yields the claim's UID, then unprepares it."""
     cluster.create_claim("train", {"memory": "2Gi", "cores": "30"}, A100)
     cluster.create_pod("trainer", "train")
     cluster.allocated("train")
@@ -241,11 +241,9 @@ def test_a_prepared_claims_series_are_served_to_an_allowed_scraper_only(
     holder = None
     try:
         assert kubelet.prepare(claim_message(cluster.namespace, "train", uid)).claims[uid].error == ""
-        # A process of the claim's containers: the hook keeps its use in the claim's region.
-        a100 = fake_gpus.specs[0]
         limits = tmp_path / "container-limits"
         region = tmp_path / "state" / "claims" / uid / "state" / "region"
-        write_limits(limits, [DeviceLimit(a100.uuid, 2 * GIB, 30)], region=str(region))
+        write_limits(limits, [DeviceLimit(fake_gpus.specs[0].uuid, 2 * GIB, 30)], region=str(region))
         env = {**fake_gpus.env(), "LD_PRELOAD": str(HOOK_LIBRARY), "TESSERA_LIMITS_FILE": str(limits)}
         holder = subprocess.Popen(
             [str(CUCLIENT), "alloc", "mem", "1g", "1", "hold"],
@@ -257,35 +255,125 @@ def test_a_prepared_claims_series_are_served_to_an_allowed_scraper_only(
         assert holder.stdout is not None
         while (line := holder.stdout.readline()) and line.strip() != "hold ready":
             assert "CUDA_SUCCESS" in line, line
-        url = f"http://127.0.0.1:{driver.metrics_port()}/metrics"
-        status, text = get(url, reader)
-        assert status == 200, text
-        series = {
-            (s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
-        labels = frozenset(
-            {
-                "namespace": cluster.namespace,
-                "pod": "trainer",
-                "container": "main",
-                "claim": "train",
-                "Hostname": NODE,
-                "UUID": a100.uuid,
-                "modelName": "NVIDIA A100-SXM4-40GB",
-            }.items()
-        )
-        assert series["tessera_container_memory_quota_bytes", labels] == 2 * GIB
-        assert series["tessera_container_compute_quota_ratio", labels] == 0.3
-        assert series["tessera_container_memory_used_bytes", labels] == GIB
-        assert series["tessera_container_memory_peak_bytes", labels] == GIB
-        assert get(url, None)[0] == 401
-        assert get(url, tenant)[0] == 403
+        yield uid
         kubelet.unprepare(claim_message(cluster.namespace, "train", uid))
-        assert "tessera_container_memory_quota_bytes{" not in get(url, reader)[1]
     finally:
         if holder is not None:
             holder.kill()
             holder.wait(timeout=30)
         kubelet.close()
+
+
+def test_a_prepared_claims_series_are_served_to_an_allowed_scraper_only(
+    cluster: Cluster, start_driver: Any, fake_gpus: FakeGpus, tmp_path: Path
+) -> None:
+    """The real driver prepares a claim (a kubelet stand-in calls it) for a pod's one container: its
+    /metrics has the claim's tessera_container_* series, labelled as the device plugin's with the
+    claim's name, its use read from the claim's accounting region (a process on the fake GPU writes
+    it through the hook); no token is 401, a tenant's token 403; unprepared, the series go."""
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    reader = service_account_token(cluster.api, "prometheus", reader=True)
+    tenant = service_account_token(cluster.api, "tenant", reader=False, namespace=cluster.namespace)
+    url = f"http://127.0.0.1:{driver.metrics_port()}/metrics"
+    with a_claim_in_use(cluster, driver, fake_gpus, tmp_path):
+        status, text = get(url, reader)
+        assert status == 200, text
+        assert get(url, None)[0] == 401
+        assert get(url, tenant)[0] == 403
+    series = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    labels = frozenset(
+        {
+            "namespace": cluster.namespace,
+            "pod": "trainer",
+            "container": "main",
+            "claim": "train",
+            "Hostname": NODE,
+            "UUID": fake_gpus.specs[0].uuid,
+            "modelName": "NVIDIA A100-SXM4-40GB",
+        }.items()
+    )
+    assert series["tessera_container_memory_quota_bytes", labels] == 2 * GIB
+    assert series["tessera_container_compute_quota_ratio", labels] == 0.3
+    assert series["tessera_container_memory_used_bytes", labels] == GIB
+    assert series["tessera_container_memory_peak_bytes", labels] == GIB
+    # Unprepared: its series go with its record.
+    assert "tessera_container_memory_quota_bytes{" not in get(url, reader)[1]
+
+
+def test_status_lists_a_dra_claim_with_its_device_memory_cores_and_use(  # noqa: PLR0917 (fixtures are injected by name)
+    cluster: Cluster,
+    start_driver: Any,
+    fake_gpus: FakeGpus,
+    tmp_path: Path,
+    dra_cluster: ControlPlane,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tessera status` shows the DRA node's GPUs from its ResourceSlice, the claim on the A100 with
+    its pod, memory and cores from its allocation, and its use from the driver's metrics, read through
+    the API server's pod proxy (a driver serving them open: the proxy forwards no token)."""
+    driver = start_driver("--metrics-address=0.0.0.0", "--metrics-authorization=none")
+    wait_published(driver, cluster.api)
+    with a_claim_in_use(cluster, driver, fake_gpus, tmp_path):
+        # The driver's pod, as the chart runs it: the proxy reaches its metrics port on this machine.
+        cluster.core.create_namespaced_pod(
+            cluster.namespace,
+            {
+                "metadata": {
+                    "name": "tessera-dra-x7k2p",
+                    "labels": {"app.kubernetes.io/name": "tessera-dra"},
+                },
+                "spec": {
+                    "nodeName": NODE,
+                    "containers": [
+                        {
+                            "name": "driver",
+                            "image": "example.invalid/none",
+                            "ports": [{"name": "metrics", "containerPort": driver.metrics_port()}],
+                        }
+                    ],
+                },
+            },
+        )
+        address = host_address()
+        cluster.core.patch_namespaced_pod_status(
+            "tessera-dra-x7k2p",
+            cluster.namespace,
+            {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}},
+        )
+        kubeconfig = f"--kubeconfig={dra_cluster.kubeconfig}"
+        assert cli.main(["status", kubeconfig, "-o", "json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert cli.main(["status", kubeconfig, "--color=never"]) == 0
+        table = capsys.readouterr().out.splitlines()
+    [node] = [n for n in report["nodes"] if n["name"] == NODE]
+    assert (node["dra"], node["metrics"]) == (True, "ok")
+    a100, t4 = node["gpus"]
+    assert (a100["uuid"], a100["model"], a100["health"]) == (
+        fake_gpus.specs[0].uuid,
+        "NVIDIA A100-SXM4-40GB",
+        "Healthy",
+    )
+    assert (a100["memory_bytes"], a100["memory_allocated_bytes"], a100["cores_allocated_percent"]) == (
+        40 * GIB,
+        2 * GIB,
+        30,
+    )
+    assert a100["claims"] == [
+        {
+            "namespace": cluster.namespace,
+            "claim": "train",
+            "pods": ["trainer"],
+            "memory_bytes": 2 * GIB,
+            "cores_percent": 30,
+            "memory_used_bytes": GIB,
+        }
+    ]
+    assert t4["claims"] == [] and t4["model"] == "Tesla T4"
+    [row] = [re.split(r"\s{2,}", line.strip()) for line in table if "/train (trainer)" in line]
+    assert row == [f"claim {cluster.namespace}/train (trainer)", "2.0", "30", "reserved", "1.0 GiB used"], row
+    assert any(line.startswith(NODE) and "DRA driver" in line for line in table), table

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -42,6 +41,7 @@ from tessera.contract import (
     now,
 )
 from tests.extender.helpers import gpu_pod, inventory, node_object
+from tests.scraping import host_address
 
 pytestmark = pytest.mark.k8s
 
@@ -184,13 +184,6 @@ class _AgentMetrics(Collector):
         yield from (used, util, container)
 
 
-def _host_address() -> str:
-    """This machine's address the API server can proxy to (it refuses loopback)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("10.255.255.255", 1))
-        return str(probe.getsockname()[0])
-
-
 def test_status_adds_use_from_the_node_agents_metrics(
     control_plane: ControlPlane,
     kube: client.ApiClient,
@@ -244,7 +237,7 @@ def test_status_adds_use_from_the_node_agents_metrics(
                 },
             },
         )
-        address = _host_address()
+        address = host_address()
         core.patch_namespaced_pod_status(
             "agent-a",
             namespace,

@@ -1,5 +1,6 @@
-"""Reading the cluster for `tessera status`: nodes, pods and FailedScheduling events through the
-kubeconfig's API server, and each node agent's metrics through the API server's pod proxy."""
+"""Reading the cluster for `tessera status`: nodes, pods, FailedScheduling events, and the DRA
+driver's ResourceSlices and claims through the kubeconfig's API server, and each node agent's metrics
+(the device plugin's or the DRA driver's) through the API server's pod proxy."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from tessera.cli.status.dra import add_dra
 from tessera.cli.status.metrics import add_metrics
 from tessera.cli.status.report import Json, Status, build_status
 from tessera.contract import ContractKeys, now
@@ -23,10 +25,15 @@ NO_TOKEN_THROUGH_PROXY = (
     "not readable: the node agent serves /metrics only to a bearer token allowed get /metrics, which "
     "the API server's pod proxy does not forward (docs/observability.md)"
 )
-# The node agents' pods, as the chart labels them, and the port their metrics are served on.
-AGENT_SELECTOR = "app.kubernetes.io/name=tessera-device-plugin"
+# The node agents' pods, as the chart labels them (a node runs one of the two), and the port their
+# metrics are served on.
+AGENT_SELECTOR = "app.kubernetes.io/name in (tessera-device-plugin,tessera-dra)"
 METRICS_PORT_NAME = "metrics"
 API_TIMEOUT_SECONDS = 15.0
+DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
+HTTP_NOT_FOUND = 404
+# What a cluster without DRA (resource.k8s.io/v1) does not serve.
+OPTIONAL_APIS = ("listing resourceslices", "listing resourceclaims")
 
 
 class StatusError(RuntimeError):
@@ -54,12 +61,16 @@ def _api(kubeconfig: Path | None, context: str | None) -> Any:
 
 
 def _call(what: str, server: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function``'s response; a :class:`StatusError` saying what failed, except a 404 where
+    ``what`` is in ``OPTIONAL_APIS`` (the API server does not serve that API: nothing there)."""
     from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
     from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
     try:
         return function(*args, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS, **kwargs)
     except ApiException as e:
+        if e.status == HTTP_NOT_FOUND and what in OPTIONAL_APIS:
+            return None
         raise StatusError(
             f"{what} from {server}: HTTP {e.status} {e.reason}: {str(e.body or '')[:300]}"
         ) from None
@@ -70,6 +81,13 @@ def _call(what: str, server: str, function: Callable[..., Any], *args: Any, **kw
 def _items(response: Any) -> list[Json]:
     items: list[Json] = json.loads(response.data)["items"]
     return items
+
+
+def _dra_items(objects: Any, plural: str, server: str) -> list[Json]:
+    """Every object of a resource.k8s.io kind; none where the API server does not serve it."""
+    what = f"listing {plural}"
+    response = _call(what, server, objects.list_cluster_custom_object, DRA_GROUP, DRA_VERSION, plural)
+    return [] if response is None else _items(response)
 
 
 def _agent_metrics(core: Any, agent: Json, timeout: float) -> str:
@@ -116,6 +134,9 @@ def collect(
             )
         )
         report = build_status(nodes, pods, events, keys, now())
+        objects = client.CustomObjectsApi(api)
+        slices = _dra_items(objects, "resourceslices", server)
+        add_dra(report, slices, _dra_items(objects, "resourceclaims", server) if slices else [], keys)
         if metrics_timeout is not None:
             agents = {
                 str(p["spec"].get("nodeName")): p
