@@ -7,12 +7,15 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import pytest
+from kubernetes import client
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from nodeagent.containermetrics import CONTAINER_LABELS
 from tessera.cli.status.dra import add_dra
+from tessera.cli.status.gather import StatusError, dra_items
 from tessera.cli.status.metrics import add_metrics
 from tessera.cli.status.report import Status
 from tessera.cli.status.table import render_table
@@ -130,3 +133,23 @@ def test_a_claims_use_comes_from_its_series_and_the_table_shows_it() -> None:
     assert any(line.startswith(NODE) and "DRA driver" in line for line in lines), lines
     assert any("GPU-a100" in line and "1 claims" in line and "2.0 / 40.0" in line for line in lines), lines
     assert any("claim ml/train (job)" in line and "1.0 GiB used" in line for line in lines), lines
+
+
+class _Refusing:
+    """The client's custom objects API, answering every list with ``status``."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def list_cluster_custom_object(self, *args: object, **kwargs: object) -> object:
+        raise client.ApiException(status=self.status, reason="Refused")
+
+
+def test_a_cluster_without_dra_or_a_user_who_may_not_list_it_still_gets_a_report() -> None:
+    problems: list[str] = []
+    assert dra_items(_Refusing(404), "resourceslices", "https://api", problems) == []
+    assert problems == []
+    assert dra_items(_Refusing(403), "resourceslices", "https://api", problems) == []
+    assert problems == ["cannot list resourceslices: HTTP 403 Refused; DRA claims not shown"]
+    with pytest.raises(StatusError, match="listing resourceclaims from https://api: HTTP 500 Refused"):
+        dra_items(_Refusing(500), "resourceclaims", "https://api", problems)

@@ -32,8 +32,6 @@ METRICS_PORT_NAME = "metrics"
 API_TIMEOUT_SECONDS = 15.0
 DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
 HTTP_NOT_FOUND = 404
-# What a cluster without DRA (resource.k8s.io/v1) does not serve.
-OPTIONAL_APIS = ("listing resourceslices", "listing resourceclaims")
 
 
 class StatusError(RuntimeError):
@@ -60,16 +58,23 @@ def _api(kubeconfig: Path | None, context: str | None) -> Any:
     return client, api
 
 
-def _call(what: str, server: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``function``'s response; a :class:`StatusError` saying what failed, except a 404 where
-    ``what`` is in ``OPTIONAL_APIS`` (the API server does not serve that API: nothing there)."""
+def _call(
+    what: str,
+    server: str,
+    function: Callable[..., Any],
+    *args: Any,
+    tolerated: Callable[[Any], bool] = lambda error: False,
+    **kwargs: Any,
+) -> Any:
+    """``function``'s response; a :class:`StatusError` saying what failed, or None for an API error
+    ``tolerated`` accepts."""
     from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
     from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
     try:
         return function(*args, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS, **kwargs)
     except ApiException as e:
-        if e.status == HTTP_NOT_FOUND and what in OPTIONAL_APIS:
+        if tolerated(e):
             return None
         raise StatusError(
             f"{what} from {server}: HTTP {e.status} {e.reason}: {str(e.body or '')[:300]}"
@@ -83,10 +88,18 @@ def _items(response: Any) -> list[Json]:
     return items
 
 
-def _dra_items(objects: Any, plural: str, server: str) -> list[Json]:
-    """Every object of a resource.k8s.io kind; none where the API server does not serve it."""
-    what = f"listing {plural}"
-    response = _call(what, server, objects.list_cluster_custom_object, DRA_GROUP, DRA_VERSION, plural)
+def dra_items(objects: Any, plural: str, server: str, problems: list[str]) -> list[Json]:
+    """Every object of a resource.k8s.io kind: none where the API server does not serve the API,
+    and none with a problem said where the kubeconfig's user may not list them (the rest of the
+    report stands)."""
+
+    def tolerated(error: Any) -> bool:
+        if error.status in (HTTP_UNAUTHORIZED, HTTP_FORBIDDEN):
+            problems.append(f"cannot list {plural}: HTTP {error.status} {error.reason}; DRA claims not shown")
+        return error.status in (HTTP_NOT_FOUND, HTTP_UNAUTHORIZED, HTTP_FORBIDDEN)
+
+    what, list_all = f"listing {plural}", objects.list_cluster_custom_object
+    response = _call(what, server, list_all, DRA_GROUP, DRA_VERSION, plural, tolerated=tolerated)
     return [] if response is None else _items(response)
 
 
@@ -135,8 +148,9 @@ def collect(
         )
         report = build_status(nodes, pods, events, keys, now())
         objects = client.CustomObjectsApi(api)
-        slices = _dra_items(objects, "resourceslices", server)
-        add_dra(report, slices, _dra_items(objects, "resourceclaims", server) if slices else [], keys)
+        slices = dra_items(objects, "resourceslices", server, report.problems)
+        claims = dra_items(objects, "resourceclaims", server, report.problems) if slices else []
+        add_dra(report, slices, claims, keys)
         if metrics_timeout is not None:
             agents = {
                 str(p["spec"].get("nodeName")): p
