@@ -74,6 +74,9 @@ class ClaimPlan:
     elastic: bool
     qos: QosClass | None  # the class its config asks for; None: the class its pods' priority grants
     reserved_for: tuple[ReservedPod, ...]
+    # The UID of the pod the claim was made for from its ResourceClaimTemplate (its controlling
+    # owner), whose alone it is for its life; None for a claim any pod of its namespace may share.
+    owner_uid: str | None = None
 
 
 def _object(value: object, field: str) -> Mapping[str, object]:
@@ -215,7 +218,17 @@ def plan_claim(
         elastic=config is not None and config.elastic,
         qos=None if config is None else config.qos_class,
         reserved_for=reserved_for,
+        owner_uid=_owner_pod(metadata),
     )
+
+
+def _owner_pod(metadata: Mapping[str, object]) -> str | None:
+    """The UID of the pod that controls the claim (the ResourceClaim controller makes a claim from a
+    pod's template with that pod as its controller); only labels come of it."""
+    for owner in _entries(metadata.get("ownerReferences")):
+        if owner.get("kind") == "Pod" and owner.get("apiVersion") == "v1" and owner.get("controller") is True:
+            return str(owner.get("uid"))
+    return None
 
 
 def _entries(value: object) -> list[Mapping[str, object]]:

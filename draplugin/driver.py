@@ -136,6 +136,7 @@ class Driver:
                 for d in plan.devices
             )
             spec = spec_file(self.cdi_dir, self.keys, ref.uid)
+            owner = next((p for p in pods if p.pod.uid == plan.owner_uid), None)
             slots = [(limit.uuid, self.state.claim_slot(limit.uuid, qos, ref.uid)) for limit in plan.limits]
             try:
                 create_state_dir(where)
@@ -168,8 +169,8 @@ class Driver:
                         GpuQuota(uuid=lim.uuid, memory_quota_bytes=lim.memory_quota_bytes, cores=lim.cores)
                         for lim in plan.limits
                     ),
-                    pods=tuple(p.pod.name for p in pods),
-                    containers=tuple(dict.fromkeys(c for p in pods for c in p.containers)),
+                    pod=owner.pod.name if owner is not None else "",
+                    containers=owner.containers if owner is not None else (),
                 )
                 write_atomically(where.prepared, dump_record(record), mode=0o644)
             except BaseException:

@@ -55,14 +55,14 @@ def served_series(where: ContainerDir, record: ServedRecord) -> ContainerSeries:
 
 
 def prepared_series(where: ContainerDir, record: PreparedRecord) -> ContainerSeries:
-    """A claim the DRA driver prepared: ``pod`` names its pod, and ``container`` that pod's one
-    container using it, where there is exactly one ("" for a claim shared by several, whose use
-    no label could split)."""
-    one_pod = len(record.pods) == 1
+    """A claim the DRA driver prepared: ``pod`` names the pod it was made for from its template,
+    and ``container`` that pod's one container using it. Both are "" where the claim is not one
+    pod's alone, or not one container's, so that no label names a part of a use that is the
+    claim's."""
     return ContainerSeries(
         namespace=record.namespace,
-        pod=record.pods[0] if one_pod else "",
-        container=record.containers[0] if one_pod and len(record.containers) == 1 else "",
+        pod=record.pod,
+        container=record.containers[0] if record.pod and len(record.containers) == 1 else "",
         claim=record.name,
         quotas=tuple(DeviceLimit(q.uuid, q.memory_quota_bytes, q.cores) for q in record.quotas),
         where=where,

@@ -31,7 +31,7 @@ UNVERSIONED = "v0"
 
 Fields = dict[str, Any]
 # Each older version, the version it upgrades to and how: v1 only added the version field; v2 added
-# a prepared record's quotas, pods and containers, which a v1 record has none of (its claim has no
+# a prepared record's quotas, pod and containers, which a v1 record has none of (its claim has no
 # per-container series until it is prepared again).
 _UPGRADES: dict[str, tuple[str, Callable[[Fields], Fields]]] = {
     UNVERSIONED: ("v1", lambda fields: fields),
@@ -90,8 +90,9 @@ class GpuQuota(BaseModel):
 
 class PreparedRecord(BaseModel):
     """What the DRA driver answered NodePrepareResources for one claim (``prepared.json``), and what
-    the claim's series are labelled and measured against: its quotas, and the pods it was reserved
-    for at prepare with their containers that use it."""
+    the claim's series are labelled and measured against: its quotas, and the pod it was made for
+    from its template (whose alone it is; "" for a claim any pod of its namespace may share) with
+    that pod's containers that use it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -100,7 +101,7 @@ class PreparedRecord(BaseModel):
     uid: str
     devices: tuple[PreparedDevice, ...]
     quotas: tuple[GpuQuota, ...] = ()
-    pods: tuple[str, ...] = ()
+    pod: str = ""
     containers: tuple[str, ...] = ()
 
 

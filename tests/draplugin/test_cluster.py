@@ -227,20 +227,20 @@ def test_a_claim_asking_more_than_its_pods_priority_grants_is_lowered_with_an_ev
 def a_claim_in_use(
     cluster: Cluster, driver: DriverProcess, fake_gpus: FakeGpus, tmp_path: Path
 ) -> Iterator[str]:
-    """Claim ``train`` (2 GiB and 30% of the A100) for container ``main`` of pod ``trainer``, prepared by
-    a kubelet stand-in, and a process of its containers holding 1 GiB of it through the hook, which
-    keeps that in the claim's accounting region; yields the claim's UID, then unprepares it."""
-    cluster.create_claim("train", {"memory": "2Gi", "cores": "30"}, A100)
-    cluster.create_pod("trainer", "train")
-    cluster.allocated("train")
-    wait_for(
-        lambda: (cluster.claim("train").get("status") or {}).get("reservedFor"), 60.0, "the claim reserved"
-    )
-    uid = cluster.claim("train")["metadata"]["uid"]
+    """Pod ``trainer``'s own claim (2 GiB and 30% of the A100, from template ``train``) for its
+    container ``main``, prepared by a kubelet stand-in, and a process of its containers holding 1 GiB
+    of it through the hook, which keeps that in the claim's accounting region; yields the claim's
+    name, then unprepares it."""
+    cluster.create_claim_template("train", {"memory": "2Gi", "cores": "30"}, A100)
+    cluster.create_pod("trainer", "train", template=True)
+    name = cluster.claim_of("trainer")
+    cluster.allocated(name)
+    wait_for(lambda: (cluster.claim(name).get("status") or {}).get("reservedFor"), 60.0, "the claim reserved")
+    uid = cluster.claim(name)["metadata"]["uid"]
     kubelet = register(driver.registration_socket, KEYS.dra_driver)
     holder = None
     try:
-        assert kubelet.prepare(claim_message(cluster.namespace, "train", uid)).claims[uid].error == ""
+        assert kubelet.prepare(claim_message(cluster.namespace, name, uid)).claims[uid].error == ""
         limits = tmp_path / "container-limits"
         region = tmp_path / "state" / "claims" / uid / "state" / "region"
         write_limits(limits, [DeviceLimit(fake_gpus.specs[0].uuid, 2 * GIB, 30)], region=str(region))
@@ -255,8 +255,8 @@ def a_claim_in_use(
         assert holder.stdout is not None
         while (line := holder.stdout.readline()) and line.strip() != "hold ready":
             assert "CUDA_SUCCESS" in line, line
-        yield uid
-        kubelet.unprepare(claim_message(cluster.namespace, "train", uid))
+        yield name
+        kubelet.unprepare(claim_message(cluster.namespace, name, uid))
     finally:
         if holder is not None:
             holder.kill()
@@ -267,8 +267,8 @@ def a_claim_in_use(
 def test_a_prepared_claims_series_are_served_to_an_allowed_scraper_only(
     cluster: Cluster, start_driver: Any, fake_gpus: FakeGpus, tmp_path: Path
 ) -> None:
-    """The real driver prepares a claim (a kubelet stand-in calls it) for a pod's one container: its
-    /metrics has the claim's tessera_container_* series, labelled as the device plugin's with the
+    """The real driver prepares a pod's own claim (a kubelet stand-in calls it) for its one container:
+    its /metrics has the claim's tessera_container_* series, labelled as the device plugin's with the
     claim's name, its use read from the claim's accounting region (a process on the fake GPU writes
     it through the hook); no token is 401, a tenant's token 403; unprepared, the series go."""
     driver = start_driver()
@@ -276,7 +276,7 @@ def test_a_prepared_claims_series_are_served_to_an_allowed_scraper_only(
     reader = service_account_token(cluster.api, "prometheus", reader=True)
     tenant = service_account_token(cluster.api, "tenant", reader=False, namespace=cluster.namespace)
     url = f"http://127.0.0.1:{driver.metrics_port()}/metrics"
-    with a_claim_in_use(cluster, driver, fake_gpus, tmp_path):
+    with a_claim_in_use(cluster, driver, fake_gpus, tmp_path) as claim_name:
         status, text = get(url, reader)
         assert status == 200, text
         assert get(url, None)[0] == 401
@@ -291,7 +291,7 @@ def test_a_prepared_claims_series_are_served_to_an_allowed_scraper_only(
             "namespace": cluster.namespace,
             "pod": "trainer",
             "container": "main",
-            "claim": "train",
+            "claim": claim_name,
             "Hostname": NODE,
             "UUID": fake_gpus.specs[0].uuid,
             "modelName": "NVIDIA A100-SXM4-40GB",
@@ -318,7 +318,7 @@ def test_status_lists_a_dra_claim_with_its_device_memory_cores_and_use(  # noqa:
     the API server's pod proxy (a driver serving them open: the proxy forwards no token)."""
     driver = start_driver("--metrics-address=0.0.0.0", "--metrics-authorization=none")
     wait_published(driver, cluster.api)
-    with a_claim_in_use(cluster, driver, fake_gpus, tmp_path):
+    with a_claim_in_use(cluster, driver, fake_gpus, tmp_path) as claim_name:
         # The driver's pod, as the chart runs it: the proxy reaches its metrics port on this machine.
         cluster.core.create_namespaced_pod(
             cluster.namespace,
@@ -366,7 +366,7 @@ def test_status_lists_a_dra_claim_with_its_device_memory_cores_and_use(  # noqa:
     assert a100["claims"] == [
         {
             "namespace": cluster.namespace,
-            "claim": "train",
+            "claim": claim_name,
             "pods": ["trainer"],
             "memory_bytes": 2 * GIB,
             "cores_percent": 30,
@@ -374,6 +374,12 @@ def test_status_lists_a_dra_claim_with_its_device_memory_cores_and_use(  # noqa:
         }
     ]
     assert t4["claims"] == [] and t4["model"] == "Tesla T4"
-    [row] = [re.split(r"\s{2,}", line.strip()) for line in table if "/train (trainer)" in line]
-    assert row == [f"claim {cluster.namespace}/train (trainer)", "2.0", "30", "reserved", "1.0 GiB used"], row
+    [row] = [re.split(r"\s{2,}", line.strip()) for line in table if "(trainer)" in line]
+    assert row == [
+        f"claim {cluster.namespace}/{claim_name} (trainer)",
+        "2.0",
+        "30",
+        "reserved",
+        "1.0 GiB used",
+    ], row
     assert any(line.startswith(NODE) and "DRA driver" in line for line in table), table

@@ -49,6 +49,19 @@ def labels(
     )
 
 
+def owned(body: dict[str, object], owner: tuple[str, str] = JOB) -> dict[str, object]:
+    """The claim as the ResourceClaim controller makes it from a pod's template: the pod controls it."""
+    owner_reference = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": owner[0],
+        "uid": owner[1],
+        "controller": True,
+    }
+    body["metadata"] = {**body["metadata"], "ownerReferences": [owner_reference]}  # type: ignore[dict-item]
+    return body
+
+
 def using(name: str, uid: str, *containers: str) -> dict[str, object]:
     """A pod whose ``containers`` use the claim (its entry ``gpu`` names it), and one that does not."""
     body = pod(name, uid)
@@ -60,8 +73,8 @@ def using(name: str, uid: str, *containers: str) -> dict[str, object]:
     return body
 
 
-def test_a_prepared_claim_has_the_container_series_with_its_name(tmp_path: Path) -> None:
-    d = driver(tmp_path, Claims(claim(), pods=(using(*JOB, "main"),)))
+def test_a_pods_own_claim_has_the_container_series_with_its_pod_container_and_name(tmp_path: Path) -> None:
+    d = driver(tmp_path, Claims(owned(claim()), pods=(using(*JOB, "main"),)))
     d.prepare(REF)
     found = scrape(d.state)
     one = labels()
@@ -85,17 +98,22 @@ def test_a_prepared_claim_has_the_container_series_with_its_name(tmp_path: Path)
     assert scrape(d.state) == {}
 
 
-def test_a_claim_shared_by_pods_or_containers_names_none_of_them(tmp_path: Path) -> None:
-    """Its quota and use are the claim's: no pod or container label could split them."""
+def test_a_claim_that_is_not_one_pods_or_one_containers_names_none(tmp_path: Path) -> None:
+    """Its quota and use are the claim's: no pod or container label could split them. A claim
+    created on its own may be shared by any pod of its namespace, later ones too (the kubelet
+    prepares it once per node), whichever pods it is reserved for at prepare."""
     second = ("job-2", "7c0d0e0f-0000-4000-8000-00000000000b")
-    d = driver(
-        tmp_path,
-        Claims(claim(reserved=(JOB, second)), pods=(using(*JOB, "main"), using(*second, "main"))),
-    )
+    d = driver(tmp_path, Claims(claim(), pods=(using(*JOB, "main"),)))
     d.prepare(REF)
     assert scrape(d.state)["tessera_container_memory_quota_bytes", labels("", "")] == GIB
     d.unprepare(REF)
-    d = driver(tmp_path, Claims(claim(), pods=(using(*JOB, "main", "helper"),)))
+    # Controlled by a pod it is not reserved for (no pod may use it but that one): none either.
+    d = driver(tmp_path, Claims(owned(claim(), second), pods=(using(*JOB, "main"),)))
+    d.prepare(REF)
+    assert scrape(d.state)["tessera_container_memory_quota_bytes", labels("", "")] == GIB
+    d.unprepare(REF)
+    # The pod's own, used by two of its containers: the pod, no container.
+    d = driver(tmp_path, Claims(owned(claim()), pods=(using(*JOB, "main", "helper"),)))
     d.prepare(REF)
     assert scrape(d.state)["tessera_container_memory_quota_bytes", labels(container="")] == GIB
 
@@ -104,7 +122,7 @@ def test_what_a_tenant_writes_raises_nothing(tmp_path: Path, caplog: pytest.LogC
     """The claim's containers write only its region (its record is the driver's, outside their
     mounts): a region that is no region reads as nothing used, the quota stays the record's."""
     fakegpu.build_hook()  # the region's reader
-    d = driver(tmp_path, Claims(claim(), pods=(using(*JOB, "main"),)))
+    d = driver(tmp_path, Claims(owned(claim()), pods=(using(*JOB, "main"),)))
     d.prepare(REF)
     region = d.state.claim(REF.uid).state / REGION_NAME
     region.write_bytes(b"\xff" * 4096)
@@ -133,7 +151,7 @@ def test_records_that_are_not_a_claims_own_are_skipped(
     # A record of before v2 has no quotas: no series until the claim is prepared again.
     older = d.state.claim("0b1c2d3e-0000-4000-8000-000000000097")
     older.root.mkdir()
-    v1 = {k: v for k, v in record.items() if k not in ("quotas", "pods", "containers")}
+    v1 = {k: v for k, v in record.items() if k not in ("quotas", "pod", "containers")}
     older.prepared.write_text(json.dumps({**v1, "version": "v1", "uid": older.root.name, "name": "old"}))
     with caplog.at_level(logging.WARNING):
         found = scrape(d.state)

@@ -239,11 +239,11 @@ def test_the_alerts_load_and_evaluate(prometheus: Prometheus) -> None:
 def test_a_dra_claims_series_keep_its_labels_and_none_of_the_drivers_pod(
     tmp_path: Path, repo_root: Path
 ) -> None:
-    """The DRA driver's series of a claim one pod's container uses name them; those of a claim
-    shared by two pods have empty pod and container labels, which Prometheus keeps absent under
+    """The DRA driver's series of a pod's own claim that one container uses name them; those of a
+    claim any pod may share have empty pod and container labels, which Prometheus keeps absent under
     honor_labels: never the driver pod's own name in their place."""
     state = StateDir(tmp_path / "state")
-    for name, pods, containers in (("solo", ("train",), ("main",)), ("shared", ("a", "b"), ("main",))):
+    for name, pod, containers in (("solo", "train", ("main",)), ("shared", "", ())):
         where = state.claim(f"uid-{name}")
         where.root.mkdir(parents=True)
         record = PreparedRecord(
@@ -252,7 +252,7 @@ def test_a_dra_claims_series_keep_its_labels_and_none_of_the_drivers_pod(
             uid=f"uid-{name}",
             devices=(),
             quotas=(GpuQuota(uuid=GPUS[0], memory_quota_bytes=2**30, cores=10),),
-            pods=pods,
+            pod=pod,
             containers=containers,
         )
         where.prepared.write_text(dump_record(record))

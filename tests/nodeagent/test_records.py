@@ -57,7 +57,7 @@ PREPARED = PreparedRecord(
 PREPARED_V2 = PREPARED.model_copy(
     update={
         "quotas": (GpuQuota(uuid=GPU, memory_quota_bytes=3 * 2**30, cores=25),),
-        "pods": ("train-0",),
+        "pod": "train-0",
         "containers": ("main",),
     }
 )
