@@ -1,6 +1,6 @@
 """The DRA driver's /metrics: each prepared claim's per-container series, labelled as the device
-plugin's with the claim's name, measured with the same readers, and nothing a tenant writes raising
-them; and which containers of a pod use a claim (their labels)."""
+plugin's with the claim's name (and its pod and container for a pod's own claim), measured with the
+same readers, and nothing a tenant writes raising them; and which containers of a pod use a claim."""
 
 from __future__ import annotations
 
