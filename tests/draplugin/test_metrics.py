@@ -14,10 +14,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import fakegpu
-from draplugin.claims import claim_containers
+from draplugin.claims import claim_containers, plan_claim
 from draplugin.metrics import ClaimCollector
 from nodeagent.containermetrics import CONTAINER_LABELS
 from nodeagent.statedir import REGION_NAME, StateDir
+from tessera.contract import KEYS
 from tests.draplugin.test_driver import A100, GIB, JOB, NODE, REF, T4, Claims, claim, driver, pod
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -184,3 +185,23 @@ def test_the_containers_of_a_pod_that_use_a_claim() -> None:
     # Only labels come of it: what cannot be read names no container.
     assert claim_containers({"spec": {"resourceClaims": "x", "containers": [1]}}, "share") == ()
     assert claim_containers({"spec": None}, "share") == ()
+
+
+@pytest.mark.parametrize(
+    ("references", "owner"),
+    [
+        ([{"apiVersion": "v1", "kind": "Pod", "name": "job", "uid": "u-1", "controller": True}], "u-1"),
+        # Owned, not controlled; or controlled by something else than a pod: any pod may share it.
+        ([{"apiVersion": "v1", "kind": "Pod", "name": "job", "uid": "u-1"}], None),
+        (
+            [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u-2", "controller": True}],
+            None,
+        ),
+        ("not a list", None),
+        (None, None),
+    ],
+)
+def test_a_pods_own_claim_is_the_one_it_controls(references: object, owner: str | None) -> None:
+    body = claim()
+    body["metadata"] = {**body["metadata"], "ownerReferences": references}  # type: ignore[dict-item]
+    assert plan_claim(body, REF, NODE, (A100, T4), KEYS).owner_uid == owner
