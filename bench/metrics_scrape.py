@@ -93,7 +93,7 @@ def measure(state_dir: Path, scrapes: int) -> dict[str, float]:
     from prometheus_client.registry import CollectorRegistry  # noqa: PLC0415
 
     from deviceplugin.metrics import AgentCollector, PluginMetrics  # noqa: PLC0415
-    from deviceplugin.metricsserver import MetricsServer  # noqa: PLC0415
+    from nodeagent.metricsserver import MetricsServer  # noqa: PLC0415
     from nodeagent.nvml import Nvml  # noqa: PLC0415
 
     nvml = Nvml()

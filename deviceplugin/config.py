@@ -10,13 +10,18 @@ from datetime import timedelta
 from pathlib import Path
 
 from hook.limits import MAX_SHORTFALL_WAIT_MS
-from nodeagent.flags import add_health_poll_flag, add_hook_library_flag, add_node_flags, node_keys
+from nodeagent.flags import (
+    MetricsSettings,
+    add_health_poll_flag,
+    add_hook_library_flag,
+    add_metrics_flags,
+    add_node_flags,
+    metrics_settings,
+    node_keys,
+)
 from tessera.cliargs import (
-    REVIEWED_SCRAPES,
     add_inflight_timeout,
-    add_metrics_authorization,
     non_negative_int,
-    port_or_zero,
     positive_int,
     seconds,
 )
@@ -46,9 +51,7 @@ class Config:
     # Host paths. The agent sees them at the same paths (the DaemonSet mounts them so).
     hook_library: Path
     state_dir: Path
-    metrics_address: str
-    metrics_port: int
-    metrics_authorization: bool
+    metrics: MetricsSettings
     kubeconfig: Path | None
     heartbeat_seconds: float
     health_poll_seconds: float
@@ -134,20 +137,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env("TESSERA_SPLIT", "10"),
         help="slices advertised per GPU (env TESSERA_SPLIT, default 10)",
     )
-    p.add_argument(
-        "--metrics-address",
-        default=env("TESSERA_METRICS_ADDRESS", "127.0.0.1"),
-        help="address /metrics listens on (env TESSERA_METRICS_ADDRESS, default 127.0.0.1)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=port_or_zero,
-        default=env("TESSERA_METRICS_PORT", "9401"),
-        help="port of /metrics, 0 for any free port (env TESSERA_METRICS_PORT, default 9401)",
-    )
-    add_metrics_authorization(
-        p, env("TESSERA_METRICS_AUTHORIZATION", REVIEWED_SCRAPES), "env TESSERA_METRICS_AUTHORIZATION, "
-    )
+    add_metrics_flags(p, environ)
     p.add_argument(
         "--heartbeat-seconds",
         type=seconds,
@@ -284,9 +274,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         keys=keys,
         hook_library=args.hook_library,
         state_dir=args.state_dir,
-        metrics_address=args.metrics_address,
-        metrics_port=args.metrics_port,
-        metrics_authorization=args.metrics_authorization == REVIEWED_SCRAPES,
+        metrics=metrics_settings(args),
         kubeconfig=args.kubeconfig,
         heartbeat_seconds=args.heartbeat_seconds,
         health_poll_seconds=args.health_poll_seconds,

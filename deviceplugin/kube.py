@@ -19,7 +19,7 @@ import urllib3
 from kubernetes import client
 
 from deviceplugin.matching import PodView
-from nodeagent.kubeapi import EventTarget, warning_event
+from nodeagent.kubeapi import EventTarget, post_review, warning_event
 from tessera.contract import (
     ContainerRequest,
     ContractError,
@@ -30,7 +30,7 @@ from tessera.contract import (
     parse_time,
     pod_ref,
 )
-from tessera.scrapeauth import TOKEN_REVIEWS, Review
+from tessera.scrapeauth import Review
 
 log = logging.getLogger(__name__)
 
@@ -145,19 +145,10 @@ class Kube:
     def post_review(self, review: Review) -> dict[str, Any]:
         """Post a TokenReview or SubjectAccessReview (tessera.scrapeauth); the API server's answer.
         Raises :class:`KubeUnavailableError`."""
-        post = (
-            client.AuthenticationV1Api(self._api).create_token_review
-            if review.path == TOKEN_REVIEWS
-            else client.AuthorizationV1Api(self._api).create_subject_access_review
-        )
         try:
-            response = post(
-                review.body, _preload_content=False, _request_timeout=(CONNECT_SECONDS, READ_SECONDS)
-            )
-            answer: dict[str, Any] = json.loads(response.data)
+            return post_review(self._api, review, (CONNECT_SECONDS, READ_SECONDS))
         except API_ERRORS as e:
             raise _unavailable(f"post a {review.body.get('kind')}", e) from None
-        return answer
 
     def read_pod(self, namespace: str, name: str) -> NodePod | None:
         """One pod, None when it is gone (or not on this node any more: then it is not ours)."""

@@ -22,7 +22,6 @@ from deviceplugin.kube import Kube
 from deviceplugin.kubelet import run_registration
 from deviceplugin.matching import PodView
 from deviceplugin.metrics import AgentCollector, PluginMetrics, mps_daemon_gauge
-from deviceplugin.metricsserver import Authorize, MetricsServer
 from deviceplugin.mps_daemon import DaemonReport, mps_paths
 from deviceplugin.phases import PhaseWriter
 from deviceplugin.podcache import PodCache
@@ -35,11 +34,11 @@ from deviceplugin.usage import UsageChecks
 from hook._library import LIBRARY_ENV
 from nodeagent.health import health_threads
 from nodeagent.kubeapi import load_api
+from nodeagent.metricsserver import scrape_authorizer, serve_metrics
 from nodeagent.nodelock import serve_holding_node
 from nodeagent.nvml import GpuReading, discover_gpus
 from nodeagent.statedir import StateDir
 from tessera.contract import GpuInfo, SharingMode
-from tessera.scrapeauth import AccessCache, drive, review_scrape
 
 log = logging.getLogger("tessera-device-plugin")
 
@@ -168,13 +167,12 @@ def run(config: Config, stop: threading.Event) -> None:
         running = mps_daemon_gauge(registry)
         running.set(0 if report.check() is None else 1)
         report.on_change = lambda pid: running.set(0 if pid is None else 1)
-    authorize = _scrape_authorizer(kube) if config.metrics_authorization else None
-    metrics_server = MetricsServer(config.metrics_address, config.metrics_port, registry, authorize)
-    log.info(
-        "metrics on http://%s:%d/metrics (%s)",
-        config.metrics_address,
-        metrics_server.port,
-        "scrapes authorized by the API server" if authorize else "open to anyone reaching the port",
+    metrics = config.metrics
+    metrics_server = serve_metrics(
+        metrics.address,
+        metrics.port,
+        registry,
+        scrape_authorizer(kube.post_review) if metrics.authorization else None,
     )
 
     inventory = agent.inventory
@@ -210,12 +208,6 @@ def run(config: Config, stop: threading.Event) -> None:
         if nvml is not None:
             nvml.close()
         log.info("stopped")
-
-
-def _scrape_authorizer(kube: Kube) -> Authorize:
-    """Scrapes reviewed by the API server (tessera.scrapeauth), answers kept a while per token."""
-    scrapes = AccessCache()
-    return lambda header: drive(review_scrape(header, scrapes), kube.post_review)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,7 @@
-"""Prometheus metrics: per GPU from NVML, per container from the hook's accounting regions, and
-per pod the cross-check of the two (:class:`AgentCollector`); the device plugin's own service to the
-kubelet, Allocate and registration, and the live resizes it followed (:class:`PluginMetrics`).
+"""Prometheus metrics: per GPU from NVML, per container from the hook's accounting regions (the
+series both agents serve, nodeagent/containermetrics.py), and per pod the cross-check of the two
+(:class:`AgentCollector`); the device plugin's own service to the kubelet, Allocate and
+registration, and the live resizes it followed (:class:`PluginMetrics`).
 
 The collector reads at scrape time, so a scrape always shows the current state and nothing is cached
 between them.
@@ -33,6 +34,7 @@ from deviceplugin.driveruse import (
     pod_uid_of,
     unmanaged_bytes,
 )
+from nodeagent.containermetrics import container_families, served_series
 from nodeagent.nvml import GpuReading
 from nodeagent.records import ServedRecord
 from nodeagent.statedir import ContainerDir, StateDir
@@ -40,12 +42,8 @@ from tessera.contract import MIB, GpuGrant, GpuInfo, NodeGpuUsage, QosClass
 
 log = logging.getLogger(__name__)
 
-# Label names are NVIDIA dcgm-exporter's (``Hostname``: the node's name, as dcgm-exporter sets it from
-# NODE_NAME in Kubernetes; ``UUID``; ``modelName``), so Tessera's series and DCGM's join on ``UUID``
-# (or on all three) without relabelling. The workload's ``namespace``, ``pod`` and ``container`` are
-# the labels the Prometheus target also carries: scrape with honor_labels (docs/observability.md).
+# dcgm-exporter's label names, as the per-container series' (nodeagent/containermetrics.py).
 GPU_LABELS = ("Hostname", "UUID", "modelName")
-CONTAINER_LABELS = ("namespace", "pod", "container", "Hostname", "UUID", "modelName")
 POD_LABELS = ("namespace", "pod", "Hostname", "UUID", "modelName")
 
 
@@ -135,7 +133,9 @@ class AgentCollector(Collector):
         inventory = self._inventory()
         records = [(where, record) for where, record in self._state.records()]
         yield from self._gpu_metrics(inventory, records)
-        yield from self._container_metrics(inventory, records)
+        yield from container_families(
+            self._node, {gpu.uuid: gpu.model for gpu in inventory}, (served_series(w, r) for w, r in records)
+        )
         yield from self._driver_crosscheck(inventory, records)
         yield from self._oversubscription_metrics(inventory, records)
 
@@ -248,55 +248,6 @@ class AgentCollector(Collector):
             used,
             utilization,
         )
-
-    def _container_metrics(
-        self, inventory: Inventory, records: Records
-    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        quota = GaugeMetricFamily(
-            "tessera_container_memory_quota_bytes", "GPU memory quota", labels=CONTAINER_LABELS
-        )
-        used = GaugeMetricFamily(
-            "tessera_container_memory_used_bytes", "GPU memory the container holds", labels=CONTAINER_LABELS
-        )
-        peak = GaugeMetricFamily(
-            "tessera_container_memory_peak_bytes",
-            "The most GPU memory the container has held",
-            labels=CONTAINER_LABELS,
-        )
-        refused = CounterMetricFamily(
-            "tessera_container_allocations_refused",
-            "GPU memory allocations the container's memory quota refused",
-            labels=CONTAINER_LABELS,
-        )
-        cores = GaugeMetricFamily(
-            "tessera_container_compute_quota_ratio", "Share of the GPU's time, 0..1", labels=CONTAINER_LABELS
-        )
-        busy = CounterMetricFamily(
-            "tessera_container_gpu_busy_seconds",
-            "Device time of the container's kernels",
-            labels=CONTAINER_LABELS,
-        )
-        throttled = CounterMetricFamily(
-            "tessera_container_throttled_seconds",
-            "Time the container's kernel launches were held back by its compute quota",
-            labels=CONTAINER_LABELS,
-        )
-        models = {gpu.uuid: gpu.model for gpu in inventory}
-        for where, record in records:
-            usage = where.usage()
-            for grant in record.gpus:
-                # A GPU gone from the inventory keeps its containers' series, with no model.
-                model = models.get(grant.uuid, "")
-                labels = (record.namespace, record.pod, record.container, self._node, grant.uuid, model)
-                quota.add_metric(labels, grant.memory_quota_mib * MIB)
-                cores.add_metric(labels, grant.cores / 100)
-                device = usage.device(grant.uuid) if usage is not None else None
-                used.add_metric(labels, device.memory_used_bytes if device else 0)
-                peak.add_metric(labels, device.memory_peak_bytes if device else 0)
-                refused.add_metric(labels, device.allocations_refused if device else 0)
-                busy.add_metric(labels, device.busy_seconds if device else 0.0)
-                throttled.add_metric(labels, device.throttled_seconds if device else 0.0)
-        yield from (quota, used, peak, refused, cores, busy, throttled)
 
     def _driver_crosscheck(self, inventory: Inventory, records: Records) -> Iterator[GaugeMetricFamily]:
         """Per pod and GPU: device memory its processes hold by NVML, and whether that exceeds what

@@ -74,6 +74,9 @@ class ClaimPlan:
     elastic: bool
     qos: QosClass | None  # the class its config asks for; None: the class its pods' priority grants
     reserved_for: tuple[ReservedPod, ...]
+    # The UID of the pod the claim was made for from its ResourceClaimTemplate (its controlling
+    # owner), whose alone it is for its life; None for a claim any pod of its namespace may share.
+    owner_uid: str | None = None
 
 
 def _object(value: object, field: str) -> Mapping[str, object]:
@@ -215,4 +218,46 @@ def plan_claim(
         elastic=config is not None and config.elastic,
         qos=None if config is None else config.qos_class,
         reserved_for=reserved_for,
+        owner_uid=_owner_pod(metadata),
     )
+
+
+def _owner_pod(metadata: Mapping[str, object]) -> str | None:
+    """The UID of the pod that controls the claim (the ResourceClaim controller makes a claim from a
+    pod's template with that pod as its controller); only labels come of it."""
+    for owner in _entries(metadata.get("ownerReferences")):
+        if owner.get("kind") == "Pod" and owner.get("apiVersion") == "v1" and owner.get("controller") is True:
+            return str(owner.get("uid"))
+    return None
+
+
+def _entries(value: object) -> list[Mapping[str, object]]:
+    """The objects of a list in a pod, anything else skipped."""
+    return [e for e in value if isinstance(e, Mapping)] if isinstance(value, list) else []
+
+
+def claim_containers(pod: Mapping[str, object], claim: str) -> tuple[str, ...]:
+    """The names of the pod's containers that use ``claim``: through the entry of the pod's
+    ``spec.resourceClaims`` that names it, or whose claim made from a template it is
+    (``status.resourceClaimStatuses``). Only labels come of this: what cannot be read counts as no
+    container."""
+    spec = pod.get("spec")
+    status = pod.get("status")
+    if not isinstance(spec, Mapping):
+        return ()
+    made = {
+        e.get("name"): e.get("resourceClaimName")
+        for e in _entries(status.get("resourceClaimStatuses") if isinstance(status, Mapping) else None)
+    }
+    entries = {
+        e.get("name")
+        for e in _entries(spec.get("resourceClaims"))
+        if (e.get("resourceClaimName") or made.get(e.get("name"))) == claim
+    }
+    names = []
+    for container in _entries(spec.get("initContainers")) + _entries(spec.get("containers")):
+        resources = container.get("resources")
+        uses = _entries(resources.get("claims")) if isinstance(resources, Mapping) else []
+        if entries and any(use.get("name") in entries for use in uses):
+            names.append(str(container.get("name")))
+    return tuple(names)

@@ -27,16 +27,16 @@ import shutil
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import urllib3
 from kubernetes import client
 
 from draplugin.cdi import cdi_device_id, render_spec, spec_file
-from draplugin.claims import ClaimRef, ReservedPod, claim_class, plan_claim, reserved_pods
+from draplugin.claims import ClaimRef, ReservedPod, claim_class, claim_containers, plan_claim, reserved_pods
 from hook.limits import write_limits
 from nodeagent.kubeapi import EventTarget
-from nodeagent.records import PreparedDevice, PreparedRecord, RecordError, dump_record, load_record
+from nodeagent.records import GpuQuota, PreparedDevice, PreparedRecord, RecordError, dump_record, load_record
 from nodeagent.statedir import ContainerDir, StateDir, create_state_dir
 from tessera.contract import CONTAINER_COORDINATION_DIR, ContractError, ContractKeys, GpuInfo, pod_priority
 from tessera.files import write_atomically
@@ -44,7 +44,13 @@ from tessera.placement.qos import QOS_LOWERED_REASON, QosThresholds
 
 log = logging.getLogger(__name__)
 
-RECORD_FILE = "prepared.json"
+
+class PodOfClaim(NamedTuple):
+    """A pod the claim is reserved for, as read at prepare."""
+
+    pod: ReservedPod
+    priority: int
+    containers: tuple[str, ...]  # those that use the claim
 
 
 class ClaimReader(Protocol):
@@ -93,7 +99,7 @@ class Driver:
             raise ContractError(f"{ref}: {e}") from None
 
     def recorded(self, ref: ClaimRef) -> PreparedRecord | None:
-        path = self._claim_dir(ref).root / RECORD_FILE
+        path = self._claim_dir(ref).prepared
         try:
             record = load_record(path, PreparedRecord)
         except FileNotFoundError:
@@ -117,7 +123,7 @@ class Driver:
                 raise ContractError(f"{ref}: not found in the API server")
             plan = plan_claim(claim, ref, self.node, self.gpus, self.keys)
             pods = self._read_pods(ref, plan.reserved_for)
-            qos, lowered = claim_class(plan.qos, [priority for _, priority in pods], self.qos, ref.namespace)
+            qos, lowered = claim_class(plan.qos, [p.priority for p in pods], self.qos, ref.namespace)
             cdi_id = cdi_device_id(self.keys, ref.uid)
             devices = tuple(
                 PreparedDevice(
@@ -130,6 +136,7 @@ class Driver:
                 for d in plan.devices
             )
             spec = spec_file(self.cdi_dir, self.keys, ref.uid)
+            owner = next((p for p in pods if p.pod.uid == plan.owner_uid), None)
             slots = [(limit.uuid, self.state.claim_slot(limit.uuid, qos, ref.uid)) for limit in plan.limits]
             try:
                 create_state_dir(where)
@@ -153,8 +160,19 @@ class Driver:
                     hook_library=self.hook_library,
                 )
                 write_atomically(spec, json.dumps(rendered, indent=2), mode=0o644)
-                record = PreparedRecord(namespace=ref.namespace, name=ref.name, uid=ref.uid, devices=devices)
-                write_atomically(where.root / RECORD_FILE, dump_record(record), mode=0o644)
+                record = PreparedRecord(
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    uid=ref.uid,
+                    devices=devices,
+                    quotas=tuple(
+                        GpuQuota(uuid=lim.uuid, memory_quota_bytes=lim.memory_quota_bytes, cores=lim.cores)
+                        for lim in plan.limits
+                    ),
+                    pod=owner.pod.name if owner is not None else "",
+                    containers=owner.containers if owner is not None else (),
+                )
+                write_atomically(where.prepared, dump_record(record), mode=0o644)
             except BaseException:
                 self._remove(ref)
                 raise
@@ -165,12 +183,13 @@ class Driver:
                 ", ".join(f"{lim.uuid} {lim.memory_quota_bytes} B {lim.cores}% cores" for lim in plan.limits),
             )
             if lowered:
-                self._tell_lowered(ref, [pod for pod, _ in pods], lowered)
+                self._tell_lowered(ref, [p.pod for p in pods], lowered)
             return devices
 
-    def _read_pods(self, ref: ClaimRef, reserved: Sequence[ReservedPod]) -> list[tuple[ReservedPod, int]]:
-        """The claim's pods that still exist, with their priorities; a :class:`ContractError` when
-        none does (a pod deleted and created again under its name is another pod)."""
+    def _read_pods(self, ref: ClaimRef, reserved: Sequence[ReservedPod]) -> list[PodOfClaim]:
+        """The claim's pods that still exist, with their priorities and their containers that use
+        it; a :class:`ContractError` when none does (a pod deleted and created again under its name
+        is another pod)."""
         found = []
         for pod in reserved:
             body = self._pods.read_pod(pod.namespace, pod.name)
@@ -178,7 +197,7 @@ class Driver:
             if body is None or not isinstance(metadata, Mapping) or metadata.get("uid") != pod.uid:
                 continue
             try:
-                found.append((pod, pod_priority(body)))
+                found.append(PodOfClaim(pod, pod_priority(body), claim_containers(body, ref.name)))
             except ContractError as e:
                 raise ContractError(f"{ref}: pod {pod.name}: {e}") from None
         if not found:
@@ -198,15 +217,7 @@ class Driver:
         """Every claim prepared here, from its record (one without a readable record is being
         prepared, or will be prepared again at the kubelet's next call)."""
         with self._lock:
-            try:
-                roots = sorted(self.state.claims.iterdir())
-            except FileNotFoundError:
-                return []
-            records = []
-            for root in roots:
-                with contextlib.suppress(OSError, RecordError):
-                    records.append(load_record(root / RECORD_FILE, PreparedRecord))
-            return records
+            return [record for _, record in self.state.prepared_records()]
 
     def tell_pods_on(self, device: str, reason: str, why: str) -> None:
         """A Warning event on each pod that a claim prepared here on ``device`` is reserved for (its

@@ -1,6 +1,7 @@
 """``tessera-dra``: the DRA driver. Discovers the GPUs through NVML, publishes them as the node's
-ResourceSlice (republished, with device taints, as their health changes), registers with the kubelet
-and serves NodePrepareResources / NodeUnprepareResources until SIGTERM or SIGINT."""
+ResourceSlice (republished, with device taints, as their health changes), registers with the kubelet,
+serves NodePrepareResources / NodeUnprepareResources and the prepared claims' series on /metrics until
+SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -13,14 +14,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client.registry import CollectorRegistry
+
 from draplugin.driver import Driver
 from draplugin.health import HealthPublisher
-from draplugin.kube import PodApi, ResourceApi, SlicePublisher
+from draplugin.kube import TIMEOUT, PodApi, ResourceApi, SlicePublisher
+from draplugin.metrics import ClaimCollector
 from draplugin.server import serve_driver
 from draplugin.slices import resource_slice
-from nodeagent.flags import add_health_poll_flag, add_hook_library_flag, add_node_flags, node_keys
+from nodeagent.flags import (
+    MetricsSettings,
+    add_health_poll_flag,
+    add_hook_library_flag,
+    add_metrics_flags,
+    add_node_flags,
+    metrics_settings,
+    node_keys,
+)
 from nodeagent.health import HealthBook, health_threads
-from nodeagent.kubeapi import load_api
+from nodeagent.kubeapi import load_api, post_review
+from nodeagent.metricsserver import scrape_authorizer, serve_metrics
 from nodeagent.nodelock import serve_holding_node
 from nodeagent.nvml import discover_gpus
 from nodeagent.statedir import StateDir
@@ -48,6 +61,7 @@ class Config:
     resync_seconds: float
     health_poll_seconds: float
     qos: QosThresholds
+    metrics: MetricsSettings
 
     @property
     def dra_socket(self) -> Path:
@@ -79,6 +93,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=Path(env("TESSERA_CDI_DIR", str(DEFAULT_CDI_DIR))),
         help="where the container runtime reads CDI specs (env TESSERA_CDI_DIR, default /var/run/cdi)",
     )
+    add_metrics_flags(p, environ)
     add_speed_profiles(p, environ)
     add_qos_class_flags(p)
     p.add_argument(
@@ -118,6 +133,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         resync_seconds=args.resync_seconds,
         health_poll_seconds=args.health_poll_seconds,
         qos=qos,
+        metrics=metrics_settings(args),
     )
 
 
@@ -147,6 +163,13 @@ def run(config: Config, stop: threading.Event) -> None:
         ),
     )
     publishing = HealthPublisher(book, gpus, config.keys, publisher, driver.tell_pods_on)
+    registry = CollectorRegistry()
+    registry.register(ClaimCollector(config.node_name, gpus, state))
+    metrics = config.metrics
+    authorize = scrape_authorizer(lambda review: post_review(api, review, TIMEOUT))
+    metrics_server = serve_metrics(
+        metrics.address, metrics.port, registry, authorize if metrics.authorization else None
+    )
     servers = serve_driver(driver, config.dra_socket, config.registration_socket)
     log.info(
         "serving %s on %s, registration on %s",
@@ -168,6 +191,7 @@ def run(config: Config, stop: threading.Event) -> None:
         for thread in threads:
             thread.join()
         servers.stop()
+        metrics_server.shutdown()
         if nvml is not None:
             nvml.close()
         log.info("stopped")

@@ -1,17 +1,27 @@
 """The flags every binary on a node takes (tessera-device-plugin, tessera-mps-control, tessera-dra),
-each declared here once, and the host paths they default to."""
+each declared here once, and the host paths and port they default to."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.cliargs import add_domain, add_kubeconfig, seconds
+from tessera.cliargs import (
+    REVIEWED_SCRAPES,
+    add_domain,
+    add_kubeconfig,
+    add_metrics_authorization,
+    port_or_zero,
+    seconds,
+)
 from tessera.contract import ContractError, ContractKeys, keys_for
 
 DEFAULT_HOOK_LIBRARY = Path("/usr/local/tessera/libvgpu.so")
 DEFAULT_STATE_DIR = Path("/var/lib/tessera")
+# Either agent's /metrics: a node runs one of them (docs/dra.md, "One mode per node").
+DEFAULT_METRICS_PORT = 9401
 
 
 def add_node_flags(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
@@ -56,4 +66,42 @@ def add_health_poll_flag(p: argparse.ArgumentParser, environ: Mapping[str, str])
         type=seconds,
         default=environ.get("TESSERA_HEALTH_POLL_SECONDS", "5"),
         help="how often every GPU is checked for presence (default 5)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """Where the agent serves /metrics, and whether each scrape's token is reviewed."""
+
+    address: str
+    port: int
+    authorization: bool
+
+
+def add_metrics_flags(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """``--metrics-address``, ``--metrics-port`` and ``--metrics-authorization`` of the agents that
+    serve /metrics."""
+    env = environ.get
+    p.add_argument(
+        "--metrics-address",
+        default=env("TESSERA_METRICS_ADDRESS", "127.0.0.1"),
+        help="address /metrics listens on (env TESSERA_METRICS_ADDRESS, default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=port_or_zero,
+        default=env("TESSERA_METRICS_PORT", str(DEFAULT_METRICS_PORT)),
+        help="port of /metrics, 0 for any free port (env TESSERA_METRICS_PORT, default %(default)s)",
+    )
+    add_metrics_authorization(
+        p, env("TESSERA_METRICS_AUTHORIZATION", REVIEWED_SCRAPES), "env TESSERA_METRICS_AUTHORIZATION, "
+    )
+
+
+def metrics_settings(args: argparse.Namespace) -> MetricsSettings:
+    """The metrics flags (:func:`add_metrics_flags`) as parsed."""
+    return MetricsSettings(
+        address=args.metrics_address,
+        port=args.metrics_port,
+        authorization=args.metrics_authorization == REVIEWED_SCRAPES,
     )

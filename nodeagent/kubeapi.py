@@ -1,8 +1,9 @@
-"""The API server's client of a node agent, from a kubeconfig or the pod's service account, and the
-Warning events either agent records on pods."""
+"""The API server's client of a node agent, from a kubeconfig or the pod's service account, the
+Warning events either agent records on pods, and the reviews of their metrics' scrapers."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -10,6 +11,7 @@ from kubernetes import client, config
 
 from nodeagent.process import SetupError
 from tessera.contract import format_time, now
+from tessera.scrapeauth import TOKEN_REVIEWS, Review
 
 # Connections kept to the API server: the device plugin's kubelet calls (up to 16 at once), the
 # watch, the phase writer and the publisher each hold one while they wait; a connection beyond the
@@ -73,3 +75,16 @@ def warning_event(
         "lastTimestamp": moment,
         "count": 1,
     }
+
+
+def post_review(api: client.ApiClient, review: Review, timeout: tuple[float, float]) -> dict[str, Any]:
+    """Post a TokenReview or SubjectAccessReview (tessera.scrapeauth); the API server's answer.
+    ``timeout``: to connect, and to read the answer. Raises the client's errors."""
+    post = (
+        client.AuthenticationV1Api(api).create_token_review
+        if review.path == TOKEN_REVIEWS
+        else client.AuthorizationV1Api(api).create_subject_access_review
+    )
+    response = post(review.body, _preload_content=False, _request_timeout=timeout)
+    answer: dict[str, Any] = json.loads(response.data)
+    return answer

@@ -24,14 +24,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tessera.contract import GpuGrant, QosClass
 
-RECORD_VERSION = "v1"
+RECORD_VERSION = "v2"
 VERSION_FIELD = "version"
 # The version of a record written before records had one.
 UNVERSIONED = "v0"
 
 Fields = dict[str, Any]
-# Each older version, the version it upgrades to and how: v1 only added the version field.
-_UPGRADES: dict[str, tuple[str, Callable[[Fields], Fields]]] = {UNVERSIONED: ("v1", lambda fields: fields)}
+# Each older version, the version it upgrades to and how: v1 only added the version field; v2 added
+# a prepared record's quotas, pod and containers, which a v1 record has none of (its claim has no
+# per-container series until it is prepared again).
+_UPGRADES: dict[str, tuple[str, Callable[[Fields], Fields]]] = {
+    UNVERSIONED: ("v1", lambda fields: fields),
+    "v1": ("v2", lambda fields: fields),
+}
 READABLE_VERSIONS = (*_UPGRADES, RECORD_VERSION)
 
 Record = TypeVar("Record", bound=BaseModel)
@@ -73,8 +78,21 @@ class PreparedDevice(BaseModel):
     share_id: str | None = None
 
 
+class GpuQuota(BaseModel):
+    """A prepared claim's quotas on one GPU, which its containers share (its limits file's line)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uuid: str
+    memory_quota_bytes: int
+    cores: int
+
+
 class PreparedRecord(BaseModel):
-    """What the DRA driver answered NodePrepareResources for one claim (``prepared.json``)."""
+    """What the DRA driver answered NodePrepareResources for one claim (``prepared.json``), and what
+    the claim's series are labelled and measured against: its quotas, and the pod it was made for
+    from its template (whose alone it is; "" for a claim any pod of its namespace may share) with
+    that pod's containers that use it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -82,6 +100,9 @@ class PreparedRecord(BaseModel):
     name: str
     uid: str
     devices: tuple[PreparedDevice, ...]
+    quotas: tuple[GpuQuota, ...] = ()
+    pod: str = ""
+    containers: tuple[str, ...] = ()
 
 
 def dump_record(record: BaseModel) -> str:

@@ -25,7 +25,8 @@ Layout under ``--state-dir``::
                                                a prepared DRA claim's slot, its containers' one (a
                                                UID has no underscore: never a container's name)
     claims/<claim UID>/                        a prepared DRA claim's files, laid out as a
-                                               container's (draplugin/driver.py)
+                                               container's, its record in prepared.json
+                                               (draplugin/driver.py)
 
 The container sees only ``limits.d/`` (read-only), ``state/``, its GPUs' coordination directories
 (read-only) and its own slots: nothing it can write raises its limits or its class.
@@ -44,7 +45,7 @@ from pathlib import Path
 
 from hook.limits import CONTAINER_REGION_FILE
 from hook.region import RegionError, RegionUsage, read_region
-from nodeagent.records import RecordError, ServedRecord, dump_record, load_record
+from nodeagent.records import PreparedRecord, RecordError, ServedRecord, dump_record, load_record
 from tessera.contract import (
     CONTAINER_HOOK_LIBRARY,
     CONTAINER_STATE_DIR,
@@ -105,6 +106,11 @@ class ContainerDir:
     @property
     def record(self) -> Path:
         return self.root / "allocation.json"
+
+    @property
+    def prepared(self) -> Path:
+        """A prepared claim's record (the DRA driver's; a container's dir has none)."""
+        return self.root / "prepared.json"
 
     @property
     def region(self) -> Path:
@@ -201,6 +207,21 @@ class StateDir:
             record = self.record(ContainerDir(record_file.parent))
             if record is not None:
                 yield ContainerDir(record_file.parent), record
+
+    def prepared_records(self) -> Iterator[tuple[ContainerDir, PreparedRecord]]:
+        """The prepared claims' records; one that cannot be read is said once and skipped, as is one
+        naming another claim than its dir."""
+        for record_file in sorted(self.claims.glob("*/prepared.json")):
+            where = ContainerDir(record_file.parent)
+            try:
+                record = load_record(record_file, PreparedRecord)
+            except FileNotFoundError:  # unprepared meanwhile
+                continue
+            except (OSError, RecordError) as e:
+                _warn_once(str(e))
+                continue
+            if record.uid == where.root.name:
+                yield where, record
 
     @staticmethod
     def record(where: ContainerDir) -> ServedRecord | None:

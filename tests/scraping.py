@@ -4,6 +4,7 @@ which the API server allows get on /metrics (the chart's metrics-reader role), o
 from __future__ import annotations
 
 import contextlib
+import socket
 import urllib.error
 
 from kubernetes import client
@@ -47,3 +48,10 @@ def get(url: str, token: str | None, timeout: float = 10.0) -> tuple[int, str]:
         return 200, install.scrape(url, token, timeout)
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def host_address() -> str:
+    """This machine's address the API server can proxy to (it refuses loopback), as to a pod's IP."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("10.255.255.255", 1))
+        return str(probe.getsockname()[0])

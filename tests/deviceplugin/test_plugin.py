@@ -396,7 +396,9 @@ def test_allocate_gives_exactly_the_annotated_gpu_and_quota_and_the_hook_enforce
     model = "NVIDIA A100-SXM4-40GB"
     # dcgm-exporter's label names for the node, the GPU and its model (docs/observability.md).
     gpu_labels = frozenset({"Hostname": gpu_node, "UUID": gpu_x, "modelName": model}.items())
-    labels = gpu_labels | frozenset({"namespace": namespace, "pod": "trainer", "container": "main"}.items())
+    labels = gpu_labels | frozenset(
+        {"namespace": namespace, "pod": "trainer", "container": "main", "claim": ""}.items()
+    )
     holder = start_in_container(response, [str(CUCLIENT), "alloc", "mem", "1g", "3", "hold"], fake_gpus.env())
     try:
         assert holder.stdout is not None

@@ -7,6 +7,7 @@ too."""
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import sys
 import tempfile
@@ -85,6 +86,23 @@ def dra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
         plane.stop()
 
 
+def claim_spec(
+    capacity: dict[str, str] | None = None, selector: str | None = None, parameters: object = None
+) -> dict[str, Any]:
+    """A claim's spec: one share (request ``gpu``) of the class, with its capacity, selector and
+    opaque config for the driver."""
+    request: dict[str, Any] = {"deviceClassName": KEYS.dra_device_class}
+    if capacity is not None:
+        request["capacity"] = {"requests": capacity}
+    if selector is not None:
+        request["selectors"] = [{"cel": {"expression": selector}}]
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}
+    if parameters is not None:
+        opaque = {"driver": KEYS.dra_driver, "parameters": parameters}
+        spec["devices"]["config"] = [{"requests": ["gpu"], "opaque": opaque}]
+    return spec
+
+
 # A container for a node without a kubelet: nothing ever runs it.
 NO_CONTAINER: dict[str, Any] = {"name": "main", "image": "example.invalid/none"}
 
@@ -111,24 +129,40 @@ class Cluster:
         parameters: object = None,
     ) -> dict[str, Any]:
         """A claim of one share (request ``gpu``); ``parameters``: its opaque config for the driver."""
-        request: dict[str, Any] = {"deviceClassName": KEYS.dra_device_class}
-        if capacity is not None:
-            request["capacity"] = {"requests": capacity}
-        if selector is not None:
-            request["selectors"] = [{"cel": {"expression": selector}}]
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+            "spec": claim_spec(capacity, selector, parameters),
         }
-        if parameters is not None:
-            opaque = {"driver": KEYS.dra_driver, "parameters": parameters}
-            body["spec"]["devices"]["config"] = [{"requests": ["gpu"], "opaque": opaque}]  # type: ignore[index]
         created: dict[str, Any] = self.objects.create_namespaced_custom_object(
             GROUP, VERSION, self.namespace, "resourceclaims", body
         )
         return created
+
+    def create_claim_template(
+        self, name: str, capacity: dict[str, str] | None = None, selector: str | None = None
+    ) -> None:
+        """A ResourceClaimTemplate of such a claim: each pod naming it gets a claim of its own."""
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": claim_spec(capacity, selector)},
+        }
+        self.objects.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "resourceclaimtemplates", body
+        )
+
+    def claim_of(self, pod: str, timeout: float = 60.0) -> str:
+        """The name of the claim the ResourceClaim controller made for the pod from its template."""
+
+        def made() -> str | None:
+            statuses = self.core.read_namespaced_pod(pod, self.namespace).status.resource_claim_statuses
+            return statuses[0].resource_claim_name if statuses else None
+
+        name: str = wait_for(made, timeout, f"the claim made for pod {pod}")
+        return name
 
     def claim(self, name: str) -> dict[str, Any]:
         found: dict[str, Any] = self.objects.get_namespaced_custom_object(
@@ -137,9 +171,18 @@ class Cluster:
         return found
 
     def create_pod(
-        self, name: str, claim: str, scheduler: str = "default-scheduler", priority_class: str | None = None
+        self,
+        name: str,
+        claim: str,
+        scheduler: str = "default-scheduler",
+        priority_class: str | None = None,
+        *,
+        template: bool = False,
     ) -> None:
-        spec: dict[str, Any] = {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]}
+        """A pod whose one container uses ``claim`` (with ``template``: a claim of its own made from
+        the template of that name)."""
+        source = "resourceClaimTemplateName" if template else "resourceClaimName"
+        spec: dict[str, Any] = {"resourceClaims": [{"name": "gpu", source: claim}]}
         if priority_class is not None:
             spec["priorityClassName"] = priority_class
         self._create_pod(name, spec, {"claims": [{"name": "gpu"}]}, scheduler)
@@ -251,6 +294,17 @@ class DriverProcess:
             return found
         return None
 
+    def metrics_port(self, timeout: float = 30.0) -> int:
+        """The port it serves /metrics on (it picks a free one), as it logs it."""
+
+        def logged() -> int | None:
+            assert self.process.running, f"tessera-dra exited:\n{self.process.log_tail()}"
+            found = re.search(r"metrics on http://[\d.]+:(\d+)/metrics", self.process.log_path.read_text())
+            return int(found.group(1)) if found else None
+
+        port: int = wait_for(logged, timeout, "tessera-dra's metrics port")
+        return port
+
     def stop(self) -> None:
         self.process.stop()
 
@@ -269,14 +323,14 @@ def fake_gpus(tmp_path: Path) -> FakeGpus:
 @pytest.fixture
 def start_driver(
     dra_cluster: ControlPlane, fake_gpus: FakeGpus, tmp_path: Path
-) -> Iterator[Callable[[], DriverProcess]]:
-    """Starts ``tessera-dra`` for the node; a second call (after stopping the first) restarts it
-    on the same dirs."""
+) -> Iterator[Callable[..., DriverProcess]]:
+    """Starts ``tessera-dra`` for the node, with extra flags if given; a second call (after stopping
+    the first) restarts it on the same dirs."""
     # Unix socket paths are limited to 108 bytes: a short dir, not pytest's long tmp_path.
     kubelet_dir = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
     started: list[DriverProcess] = []
 
-    def start() -> DriverProcess:
+    def start(*flags: str) -> DriverProcess:
         n = len(started)
         process = ManagedProcess(
             f"tessera-dra-{n}",
@@ -291,6 +345,9 @@ def start_driver(
                 f"--speed-profiles={ROOT / 'deploy' / 'speed-profiles.yaml'}",
                 "--resync-seconds=1",
                 "--health-poll-seconds=1",
+                "--metrics-address=127.0.0.1",
+                "--metrics-port=0",
+                *flags,
             ],
             tmp_path / f"tessera-dra-{n}.log",
             env=fake_gpus.env(),

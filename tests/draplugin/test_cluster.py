@@ -1,15 +1,17 @@
 """The DRA path's API side on a real Kubernetes 1.37 control plane and a node without a kubelet: the
-driver's ResourceSlice as the API server keeps it, the DRA manifests as it validates them, and which
-pods kube-scheduler asks an extender about. Claims allocated, prepared and run on a real kubelet:
+driver's ResourceSlice as the API server keeps it, the DRA manifests as it validates them, which
+pods kube-scheduler asks an extender about, and the driver's /metrics as scrapers' tokens allow. Claims allocated, prepared and run on a real kubelet:
 test_node.py."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -18,15 +20,19 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.utils import parse_quantity
+from prometheus_client.parser import text_string_to_metric_families
 
 from draplugin.health import GPU_UNHEALTHY_REASON
+from hook.limits import DeviceLimit, write_limits
 from sandbox.controlplane import ControlPlane, fake_node_body
+from tessera import cli
 from tessera.contract import KEYS
 from tessera.placement.qos import QOS_LOWERED_REASON
-from tests.deviceplugin.conftest import FakeGpus
+from tests.deviceplugin.conftest import CUCLIENT, HOOK_LIBRARY, FakeGpus
 from tests.draplugin.conftest import GROUP, NODE, ROOT, VERSION, Cluster, DriverProcess, wait_published
 from tests.draplugin.kubelet_standin import claim as claim_message
 from tests.draplugin.kubelet_standin import register
+from tests.scraping import get, host_address, service_account_token
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.k8s
@@ -455,3 +461,165 @@ def test_a_failed_gpu_is_tainted_within_5s_new_claims_avoid_it_its_pods_are_told
     cluster.create_claim("again", {"memory": "1Gi"}, A100)
     cluster.create_pod("returning", "again")
     assert cluster.allocated("again")["device"] == "gpu-0"
+
+
+@contextlib.contextmanager
+def a_claim_in_use(
+    cluster: Cluster, driver: DriverProcess, fake_gpus: FakeGpus, tmp_path: Path
+) -> Iterator[str]:
+    """Pod ``trainer``'s own claim (2 GiB and 30% of the A100, from template ``train``) for its
+    container ``main``, prepared by a kubelet stand-in, and a process of its containers holding 1 GiB
+    of it through the hook, which keeps that in the claim's accounting region; yields the claim's
+    name, then unprepares it."""
+    cluster.create_claim_template("train", {"memory": "2Gi", "cores": "30"}, A100)
+    cluster.create_pod("trainer", "train", template=True)
+    name = cluster.claim_of("trainer")
+    cluster.allocated(name)
+    wait_for(lambda: (cluster.claim(name).get("status") or {}).get("reservedFor"), 60.0, "the claim reserved")
+    uid = cluster.claim(name)["metadata"]["uid"]
+    kubelet = register(driver.registration_socket, KEYS.dra_driver)
+    holder = None
+    try:
+        assert kubelet.prepare(claim_message(cluster.namespace, name, uid)).claims[uid].error == ""
+        limits = tmp_path / "container-limits"
+        region = tmp_path / "state" / "claims" / uid / "state" / "region"
+        write_limits(limits, [DeviceLimit(fake_gpus.specs[0].uuid, 2 * GIB, 30)], region=str(region))
+        env = {**fake_gpus.env(), "LD_PRELOAD": str(HOOK_LIBRARY), "TESSERA_LIMITS_FILE": str(limits)}
+        holder = subprocess.Popen(
+            [str(CUCLIENT), "alloc", "mem", "1g", "1", "hold"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None
+        while (line := holder.stdout.readline()) and line.strip() != "hold ready":
+            assert "CUDA_SUCCESS" in line, line
+        yield name
+        kubelet.unprepare(claim_message(cluster.namespace, name, uid))
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait(timeout=30)
+        kubelet.close()
+
+
+def test_a_prepared_claims_series_are_served_to_an_allowed_scraper_only(
+    cluster: Cluster, start_driver: Any, fake_gpus: FakeGpus, tmp_path: Path
+) -> None:
+    """The real driver prepares a pod's own claim (a kubelet stand-in calls it) for its one container:
+    its /metrics has the claim's tessera_container_* series, labelled as the device plugin's with the
+    claim's name, its use read from the claim's accounting region (a process on the fake GPU writes
+    it through the hook); no token is 401, a tenant's token 403; unprepared, the series go."""
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    reader = service_account_token(cluster.api, "prometheus", reader=True)
+    tenant = service_account_token(cluster.api, "tenant", reader=False, namespace=cluster.namespace)
+    url = f"http://127.0.0.1:{driver.metrics_port()}/metrics"
+    with a_claim_in_use(cluster, driver, fake_gpus, tmp_path) as claim_name:
+        status, text = get(url, reader)
+        assert status == 200, text
+        assert get(url, None)[0] == 401
+        assert get(url, tenant)[0] == 403
+    series = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    labels = frozenset(
+        {
+            "namespace": cluster.namespace,
+            "pod": "trainer",
+            "container": "main",
+            "claim": claim_name,
+            "Hostname": NODE,
+            "UUID": fake_gpus.specs[0].uuid,
+            "modelName": "NVIDIA A100-SXM4-40GB",
+        }.items()
+    )
+    assert series["tessera_container_memory_quota_bytes", labels] == 2 * GIB
+    assert series["tessera_container_compute_quota_ratio", labels] == 0.3
+    assert series["tessera_container_memory_used_bytes", labels] == GIB
+    assert series["tessera_container_memory_peak_bytes", labels] == GIB
+    # Unprepared: its series go with its record.
+    assert "tessera_container_memory_quota_bytes{" not in get(url, reader)[1]
+
+
+def test_status_lists_a_dra_claim_with_its_device_memory_cores_and_use(  # noqa: PLR0917 (fixtures are injected by name)
+    cluster: Cluster,
+    start_driver: Any,
+    fake_gpus: FakeGpus,
+    tmp_path: Path,
+    dra_cluster: ControlPlane,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tessera status` shows the DRA node's GPUs from its ResourceSlice, the claim on the A100 with
+    its pod, memory and cores from its allocation, and its use from the driver's metrics, read through
+    the API server's pod proxy (a driver serving them open: the proxy forwards no token)."""
+    driver = start_driver("--metrics-address=0.0.0.0", "--metrics-authorization=none")
+    wait_published(driver, cluster.api)
+    with a_claim_in_use(cluster, driver, fake_gpus, tmp_path) as claim_name:
+        # The driver's pod, as the chart runs it: the proxy reaches its metrics port on this machine.
+        cluster.core.create_namespaced_pod(
+            cluster.namespace,
+            {
+                "metadata": {
+                    "name": "tessera-dra-x7k2p",
+                    "labels": {"app.kubernetes.io/name": "tessera-dra"},
+                },
+                "spec": {
+                    "nodeName": NODE,
+                    "containers": [
+                        {
+                            "name": "driver",
+                            "image": "example.invalid/none",
+                            "ports": [{"name": "metrics", "containerPort": driver.metrics_port()}],
+                        }
+                    ],
+                },
+            },
+        )
+        address = host_address()
+        cluster.core.patch_namespaced_pod_status(
+            "tessera-dra-x7k2p",
+            cluster.namespace,
+            {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}},
+        )
+        kubeconfig = f"--kubeconfig={dra_cluster.kubeconfig}"
+        assert cli.main(["status", kubeconfig, "-o", "json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert cli.main(["status", kubeconfig, "--color=never"]) == 0
+        table = capsys.readouterr().out.splitlines()
+    [node] = [n for n in report["nodes"] if n["name"] == NODE]
+    assert (node["dra"], node["metrics"]) == (True, "ok")
+    a100, t4 = node["gpus"]
+    assert (a100["uuid"], a100["model"], a100["health"]) == (
+        fake_gpus.specs[0].uuid,
+        "NVIDIA A100-SXM4-40GB",
+        "Healthy",
+    )
+    assert (a100["memory_bytes"], a100["memory_allocated_bytes"], a100["cores_allocated_percent"]) == (
+        40 * GIB,
+        2 * GIB,
+        30,
+    )
+    assert a100["claims"] == [
+        {
+            "namespace": cluster.namespace,
+            "claim": claim_name,
+            "pods": ["trainer"],
+            "memory_bytes": 2 * GIB,
+            "cores_percent": 30,
+            "memory_used_bytes": GIB,
+        }
+    ]
+    assert t4["claims"] == [] and t4["model"] == "Tesla T4"
+    [row] = [re.split(r"\s{2,}", line.strip()) for line in table if "(trainer)" in line]
+    assert row == [
+        f"claim {cluster.namespace}/{claim_name} (trainer)",
+        "2.0",
+        "30",
+        "reserved",
+        "1.0 GiB used",
+    ], row
+    assert any(line.startswith(NODE) and "DRA driver" in line for line in table), table

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.stream import stream
+from prometheus_client.parser import text_string_to_metric_families
 
 import fakegpu
 from draplugin.health import GPU_UNHEALTHY_REASON
@@ -507,6 +508,43 @@ def test_the_example_claim_template_runs_with_its_share(cluster: Cluster) -> Non
     cluster.core.create_namespaced_pod(cluster.namespace, pod)
     report = probe_report(cluster, pod["metadata"]["name"])
     assert (report["device"], report["total_mib"], report["allocations_ok"]) == (A100.model, "4096", "16")
+
+
+def test_a_running_claims_container_shows_its_memory_used_in_the_drivers_metrics(
+    node: Sandbox, cluster: Cluster
+) -> None:
+    """The probe holds the 1 GiB of its pod's own claim (from a template: 4 blocks of 256 MiB, then
+    refused) while the sandbox's scraper reads the DRA driver's /metrics on its pod: the claim's
+    series, labelled with its pod, container and name, show the quota and the memory its container
+    holds, as the hook accounts it."""
+    cluster.container["command"] = ["vgpu-probe", "256", "600"]
+    cluster.create_claim_template("held", {"memory": "1Gi", "cores": "30"}, A100_ONLY)
+    cluster.create_pod("holder", "held", template=True)
+    assert probe_report(cluster, "holder")["allocations_ok"] == "4"
+    labels = {
+        "namespace": cluster.namespace,
+        "pod": "holder",
+        "container": cluster.container["name"],
+        "claim": cluster.claim_of("holder"),
+        "Hostname": node.state.node,
+        "UUID": A100.uuid,
+        "modelName": A100.model,
+    }
+
+    def series() -> dict[str, float]:
+        text = install.agent_metrics(node.api, node.state.node)
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.labels == labels
+        }
+
+    found = series()
+    assert found["tessera_container_memory_quota_bytes"] == GIB
+    assert found["tessera_container_compute_quota_ratio"] == 0.3
+    assert found["tessera_container_memory_used_bytes"] == GIB
+    assert found["tessera_container_allocations_refused_total"] == 1
 
 
 def test_the_node_runs_the_newest_kubernetes_on_containerd_2(node: Sandbox) -> None:

@@ -511,9 +511,10 @@ def test_dashboard_queries_only_metrics_the_components_export(repo_root: Path) -
     dashboard = json.loads((repo_root / "deploy" / "grafana" / "tessera-dashboard.json").read_text())
     queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
-    exported = (repo_root / "deviceplugin" / "metrics.py").read_text() + (
-        repo_root / "extender" / "metrics.py"
-    ).read_text()
+    exported = "".join(
+        (repo_root / source).read_text()
+        for source in ("deviceplugin/metrics.py", "nodeagent/containermetrics.py", "extender/metrics.py")
+    )
     names = {re.sub(r"_(total|bucket)$", "", m) for q in queries for m in re.findall(r"tessera_[a-z_]+", q)}
     assert names, "the dashboard queries no Tessera metric"
     missing = sorted(n for n in names if f'"{n}"' not in exported)

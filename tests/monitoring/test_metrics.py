@@ -80,7 +80,8 @@ def test_agent_series_carry_dcgm_exporter_labels_and_base_units(tmp_path: Path) 
     assert (gpu_a, 0.5) in found["tessera_gpu_cores_allocated_ratio"]
     assert (gpu_a, 2) in found["tessera_gpu_slices_used"]
     assert ({**gpu_a, "UUID": GPU_B}, 1) in found["tessera_gpu_slices_used"]
-    train = {"namespace": "ml", "pod": "train", "container": "main", **gpu_a}
+    # One label set for both paths: a container the device plugin served names no DRA claim.
+    train = {"namespace": "ml", "pod": "train", "container": "main", "claim": "", **gpu_a}
     assert (train, 4096 * MIB) in found["tessera_container_memory_quota_bytes"]
     assert (train, 0.3) in found["tessera_container_compute_quota_ratio"]
     # No process of the container has used the GPU (no region yet): nothing held, nothing refused.
@@ -94,7 +95,7 @@ def test_agent_series_carry_dcgm_exporter_labels_and_base_units(tmp_path: Path) 
     assert all(n.startswith("tessera_") for n in names)
     # No label of the old scheme is left (gpu_uuid, model, node).
     labels = {label for series in found.values() for lbls, _ in series for label in lbls}
-    assert labels <= {"Hostname", "UUID", "modelName", "namespace", "pod", "container"}, labels
+    assert labels <= {"Hostname", "UUID", "modelName", "namespace", "pod", "container", "claim"}, labels
 
 
 def test_every_counter_ends_in_total_and_every_unit_is_a_base_unit(tmp_path: Path) -> None:

@@ -63,7 +63,10 @@ def test_the_charts_operator_objects_are_accepted(
     repo_root: Path, control_plane: ControlPlane, kube: client.ApiClient, namespace: str
 ) -> None:
     crds = (HERE / "operator-crds.yaml").read_text()
-    rendered = render(repo_root, namespace, "serviceMonitor.enabled=true", "prometheusRule.enabled=true")
+    # Both node agents' (mixed: the device plugin and the DRA driver, each on its own nodes).
+    rendered = render(
+        repo_root, namespace, "serviceMonitor.enabled=true", "prometheusRule.enabled=true", "mode=mixed"
+    )
     # The monitoring template's objects only: the rest of the chart is test_chart.py's.
     ours = [
         d
@@ -89,7 +92,7 @@ def test_the_charts_operator_objects_are_accepted(
             "monitoring.coreos.com", "v1", namespace, "servicemonitors"
         )
         by_name = {m["metadata"]["name"]: m["spec"] for m in monitors["items"]}
-        assert set(by_name) == {"tessera-device-plugin", "tessera-extender"}
+        assert set(by_name) == {"tessera-device-plugin", "tessera-dra", "tessera-extender"}
         for spec in by_name.values():
             assert spec["jobLabel"] == "app.kubernetes.io/name"
             assert [e["honorLabels"] for e in spec["endpoints"]] == [True]
@@ -111,6 +114,7 @@ def test_the_charts_operator_objects_are_accepted(
         core = client.CoreV1Api(kube)
         for name, job in (
             ("tessera-device-plugin-metrics", "tessera-device-plugin"),
+            ("tessera-dra-metrics", "tessera-dra"),
             ("tessera-extender-metrics", "tessera-extender"),
         ):
             service = core.read_namespaced_service(name, namespace)

@@ -23,9 +23,10 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
 from deviceplugin.metrics import AgentCollector, PluginMetrics
+from draplugin.metrics import ClaimCollector
 from extender.metrics import Metrics
 from nodeagent.nvml import GpuReading
-from nodeagent.records import ServedRecord
+from nodeagent.records import GpuQuota, PreparedRecord, ServedRecord, dump_record
 from nodeagent.statedir import StateDir
 from sandbox import monitoring
 from sandbox.controlplane import free_port
@@ -233,3 +234,62 @@ def test_the_alerts_load_and_evaluate(prometheus: Prometheus) -> None:
     assert {name: r["health"] for name, r in rules.items()} == dict.fromkeys(rules, "ok")
     # Nothing is wrong with these exporters: no alert fires (the tripwires least of all).
     assert prometheus.get("/api/v1/alerts")["alerts"] == []
+
+
+def test_a_dra_claims_series_keep_its_labels_and_none_of_the_drivers_pod(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    """The DRA driver's series of a pod's own claim that one container uses name them; those of a
+    claim any pod may share have empty pod and container labels, which Prometheus keeps absent under
+    honor_labels: never the driver pod's own name in their place."""
+    state = StateDir(tmp_path / "state")
+    for name, pod, containers in (("solo", "train", ("main",)), ("shared", "", ())):
+        where = state.claim(f"uid-{name}")
+        where.root.mkdir(parents=True)
+        record = PreparedRecord(
+            namespace="ml",
+            name=name,
+            uid=f"uid-{name}",
+            devices=(),
+            quotas=(GpuQuota(uuid=GPUS[0], memory_quota_bytes=2**30, cores=10),),
+            pod=pod,
+            containers=containers,
+        )
+        where.prepared.write_text(dump_record(record))
+    inventory = (
+        GpuInfo(
+            uuid=GPUS[0],
+            index=0,
+            model=MODEL,
+            total_memory_mib=40960,
+            sm_count=108,
+            compute_capability="8.0",
+            split=1,
+        ),
+    )
+    registry = CollectorRegistry()
+    registry.register(ClaimCollector(NODE, inventory, state))
+    server, thread = start_http_server(0, "127.0.0.1", registry=registry)
+    target = {"namespace": "kube-system", "pod": "tessera-dra-x7k2p", "container": "driver"}
+    job = {
+        "job_name": "tessera-dra",
+        "honor_labels": True,
+        "static_configs": [{"targets": [f"127.0.0.1:{server.server_port}"], "labels": target}],
+    }
+    try:
+        with running_prometheus(
+            tmp_path, repo_root / "deploy" / "prometheus" / "tessera-alerts.yaml", [job]
+        ) as p:
+            found = p.query("tessera_container_memory_quota_bytes")
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+    by_claim = {s["metric"]["claim"]: s["metric"] for s in found}
+    assert set(by_claim) == {"solo", "shared"}
+    assert {k: by_claim["solo"][k] for k in ("namespace", "pod", "container")} == {
+        "namespace": "ml",
+        "pod": "train",
+        "container": "main",
+    }
+    assert by_claim["shared"]["namespace"] == "ml"
+    assert "pod" not in by_claim["shared"] and "container" not in by_claim["shared"], by_claim["shared"]

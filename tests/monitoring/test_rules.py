@@ -72,9 +72,10 @@ def test_alert_unit_test(test_file: Path) -> None:
 
 
 def test_alerts_query_only_metrics_the_components_export(repo_root: Path) -> None:
-    exported = (repo_root / "deviceplugin" / "metrics.py").read_text() + (
-        repo_root / "extender" / "metrics.py"
-    ).read_text()
+    exported = "".join(
+        (repo_root / source).read_text()
+        for source in ("deviceplugin/metrics.py", "nodeagent/containermetrics.py", "extender/metrics.py")
+    )
     names = {
         re.sub(r"_(total|bucket|count|sum)$", "", m)
         for rule in alerts(repo_root)
@@ -109,11 +110,11 @@ def test_promtool_accepts_the_plain_scrape_config_and_the_sandboxs(tmp_path: Pat
 
 
 def test_plain_prometheus_config_honors_the_workload_labels(repo_root: Path) -> None:
-    """What promtool cannot judge: honor_labels on both jobs and the job names the alerts use."""
+    """What promtool cannot judge: honor_labels on every job and the job names the alerts use."""
     config = yaml.safe_load((repo_root / "deploy" / "prometheus" / "scrape-config.yaml").read_text())
     assert config["rule_files"] == ["tessera-alerts.yaml"]
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert set(jobs) == {"tessera-device-plugin", "tessera-extender"}
+    assert set(jobs) == {"tessera-device-plugin", "tessera-dra", "tessera-extender"}
     assert all(job["honor_labels"] is True for job in jobs.values())
     # Tessera's ports serve /metrics only to a token allowed get on /metrics (metricsAccess).
     assert all(job["authorization"] == {"credentials_file": SERVICE_ACCOUNT_TOKEN} for job in jobs.values())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +21,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from deviceplugin.metrics import CONTAINER_LABELS, GPU_LABELS
+from deviceplugin.metrics import GPU_LABELS
+from nodeagent.containermetrics import CONTAINER_LABELS
 from sandbox.controlplane import ControlPlane
 from tessera import cli
 from tessera.cli.status.gather import NO_TOKEN_THROUGH_PROXY
@@ -41,6 +41,7 @@ from tessera.contract import (
     now,
 )
 from tests.extender.helpers import gpu_pod, inventory, node_object
+from tests.scraping import host_address
 
 pytestmark = pytest.mark.k8s
 
@@ -179,15 +180,8 @@ class _AgentMetrics(Collector):
         util = GaugeMetricFamily("tessera_gpu_utilization_ratio", "", labels=GPU_LABELS)
         util.add_metric(self.labels, 0.42)
         container = GaugeMetricFamily("tessera_container_memory_used_bytes", "", labels=CONTAINER_LABELS)
-        container.add_metric((self.namespace, "trainer", "main", *self.labels), 6 * GIB)
+        container.add_metric((self.namespace, "trainer", "main", "", *self.labels), 6 * GIB)
         yield from (used, util, container)
-
-
-def _host_address() -> str:
-    """This machine's address the API server can proxy to (it refuses loopback)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("10.255.255.255", 1))
-        return str(probe.getsockname()[0])
 
 
 def test_status_adds_use_from_the_node_agents_metrics(
@@ -243,7 +237,7 @@ def test_status_adds_use_from_the_node_agents_metrics(
                 },
             },
         )
-        address = _host_address()
+        address = host_address()
         core.patch_namespaced_pod_status(
             "agent-a",
             namespace,

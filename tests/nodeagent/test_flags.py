@@ -72,6 +72,23 @@ def test_both_agents_take_the_hook_library_alike() -> None:
     assert action(dra_main.parser(ENV), "--hook-library") == plugin
 
 
+@pytest.mark.parametrize("flag", ["--metrics-address", "--metrics-port", "--metrics-authorization"])
+def test_both_agents_serve_metrics_alike(flag: str) -> None:
+    plugin = action(deviceplugin_config.parser(ENV), flag)
+    assert action(dra_main.parser(ENV), flag) == plugin
+
+
+def test_the_dra_drivers_metrics_default_to_the_device_plugins_port_reviewed() -> None:
+    config = dra_main.parse_config([], ENV)
+    assert (config.metrics.address, config.metrics.port, config.metrics.authorization) == (
+        "127.0.0.1",
+        9401,
+        True,
+    )
+    opened = dra_main.parse_config(["--metrics-port=0", "--metrics-authorization=none"], ENV)
+    assert (opened.metrics.port, opened.metrics.authorization) == (0, False)
+
+
 def test_the_extender_and_the_agents_share_their_common_flags() -> None:
     extender = build_parser(ENV)
     plugin = deviceplugin_config.parser(ENV)

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from draplugin.claims import ClaimRef
-from draplugin.driver import RECORD_FILE, Driver
+from draplugin.driver import Driver
 from nodeagent.records import (
     RECORD_VERSION,
+    GpuQuota,
     PreparedDevice,
     PreparedRecord,
     RecordError,
@@ -52,6 +53,14 @@ PREPARED = PreparedRecord(
         ),
     ),
 )
+# Since v2 a prepared record keeps the claim's quotas and who uses it (the labels of its series).
+PREPARED_V2 = PREPARED.model_copy(
+    update={
+        "quotas": (GpuQuota(uuid=GPU, memory_quota_bytes=3 * 2**30, cores=25),),
+        "pod": "train-0",
+        "containers": ("main",),
+    }
+)
 # Files exactly as the agents wrote them before records had a version ("v0"): an allocation.json of
 # a time-sliced node (without `mps`), one of an MPS node, and a prepared.json.
 V0_SERVED = (
@@ -69,7 +78,7 @@ V0_PREPARED = (
 )
 
 
-@pytest.mark.parametrize("record", [SERVED, SERVED.model_copy(update={"mps": True}), PREPARED])
+@pytest.mark.parametrize("record", [SERVED, SERVED.model_copy(update={"mps": True}), PREPARED, PREPARED_V2])
 def test_each_record_round_trips_at_the_current_version(
     tmp_path: Path, record: ServedRecord | PreparedRecord
 ) -> None:
@@ -85,6 +94,7 @@ def test_each_record_round_trips_at_the_current_version(
         (V0_SERVED, SERVED),
         (V0_SERVED_MPS, SERVED.model_copy(update={"mps": True})),
         (V0_PREPARED, PREPARED),
+        ('{"version": "v1",' + V0_PREPARED.removeprefix("{"), PREPARED),
     ],
 )
 def test_files_of_before_versions_are_read(
@@ -98,7 +108,10 @@ def test_files_of_before_versions_are_read(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('{"version": "v9", "namespace": "ml"}', "record version 'v9' is not one this agent reads (v0, v1)"),
+        (
+            '{"version": "v9", "namespace": "ml"}',
+            "record version 'v9' is not one this agent reads (v0, v1, v2)",
+        ),
         ('{"version": 2}', "record version 2 is not one this agent reads"),
         ("[1, 2]", "not a JSON object"),
         ("{", "not JSON"),
@@ -123,13 +136,13 @@ def test_a_served_record_of_a_newer_version_is_skipped_and_said_once(
     state.write_record(kept, SERVED)
     newer = state.container("uid-newer", "main")
     newer.root.mkdir(parents=True)
-    newer.record.write_text('{"version": "v2", "pod": "from-the-future"}')
+    newer.record.write_text('{"version": "v3", "pod": "from-the-future"}')
     with caplog.at_level(logging.WARNING):
         assert list(state.records()) == [(kept, SERVED)]
         assert list(state.records()) == [(kept, SERVED)]
     [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.getMessage() == (
-        f"{newer.record}: record version 'v2' is not one this agent reads (v0, v1); written by a newer agent?"
+        f"{newer.record}: record version 'v3' is not one this agent reads (v0, v1, v2); written by a newer agent?"
     )
     assert warning.exc_info is None
 
@@ -139,9 +152,9 @@ def test_a_prepared_record_of_a_newer_version_is_named_and_the_claim_prepared_ag
 ) -> None:
     state = StateDir(tmp_path / "state")
     ref = ClaimRef(namespace="ml", name="gpu-claim", uid=CLAIM_UID)
-    record = state.claim(CLAIM_UID).root / RECORD_FILE
+    record = state.claim(CLAIM_UID).prepared
     record.parent.mkdir(parents=True)
-    record.write_text('{"version": "v2"}')
+    record.write_text('{"version": "v3"}')
     nothing = Claims(pods=())
     driver = Driver(
         keys=KEYS,
@@ -156,5 +169,5 @@ def test_a_prepared_record_of_a_newer_version_is_named_and_the_claim_prepared_ag
     )
     with caplog.at_level(logging.WARNING):
         assert driver.recorded(ref) is None
-    assert f"{record}: record version 'v2' is not one this agent reads" in caplog.text
+    assert f"{record}: record version 'v3' is not one this agent reads" in caplog.text
     assert "Traceback" not in caplog.text

@@ -1,5 +1,6 @@
-"""Reading the cluster for `tessera status`: nodes, pods and FailedScheduling events through the
-kubeconfig's API server, and each node agent's metrics through the API server's pod proxy."""
+"""Reading the cluster for `tessera status`: nodes, pods, FailedScheduling events, and the DRA
+driver's ResourceSlices and claims through the kubeconfig's API server, and each node agent's metrics
+(the device plugin's or the DRA driver's) through the API server's pod proxy."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from tessera.cli.status.dra import add_dra
 from tessera.cli.status.metrics import add_metrics
 from tessera.cli.status.report import Json, Status, build_status
 from tessera.contract import ContractKeys, now
@@ -23,10 +25,13 @@ NO_TOKEN_THROUGH_PROXY = (
     "not readable: the node agent serves /metrics only to a bearer token allowed get /metrics, which "
     "the API server's pod proxy does not forward (docs/observability.md)"
 )
-# The node agents' pods, as the chart labels them, and the port their metrics are served on.
-AGENT_SELECTOR = "app.kubernetes.io/name=tessera-device-plugin"
+# The node agents' pods, as the chart labels them (a node runs one of the two), and the port their
+# metrics are served on.
+AGENT_SELECTOR = "app.kubernetes.io/name in (tessera-device-plugin,tessera-dra)"
 METRICS_PORT_NAME = "metrics"
 API_TIMEOUT_SECONDS = 15.0
+DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
+HTTP_NOT_FOUND = 404
 
 
 class StatusError(RuntimeError):
@@ -53,13 +58,24 @@ def _api(kubeconfig: Path | None, context: str | None) -> Any:
     return client, api
 
 
-def _call(what: str, server: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _call(
+    what: str,
+    server: str,
+    function: Callable[..., Any],
+    *args: Any,
+    tolerated: Callable[[Any], bool] = lambda error: False,
+    **kwargs: Any,
+) -> Any:
+    """``function``'s response; a :class:`StatusError` saying what failed, or None for an API error
+    ``tolerated`` accepts."""
     from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
     from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
     try:
         return function(*args, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS, **kwargs)
     except ApiException as e:
+        if tolerated(e):
+            return None
         raise StatusError(
             f"{what} from {server}: HTTP {e.status} {e.reason}: {str(e.body or '')[:300]}"
         ) from None
@@ -70,6 +86,21 @@ def _call(what: str, server: str, function: Callable[..., Any], *args: Any, **kw
 def _items(response: Any) -> list[Json]:
     items: list[Json] = json.loads(response.data)["items"]
     return items
+
+
+def dra_items(objects: Any, plural: str, server: str, problems: list[str]) -> list[Json]:
+    """Every object of a resource.k8s.io kind: none where the API server does not serve the API,
+    and none with a problem said where the kubeconfig's user may not list them (the rest of the
+    report stands)."""
+
+    def tolerated(error: Any) -> bool:
+        if error.status in (HTTP_UNAUTHORIZED, HTTP_FORBIDDEN):
+            problems.append(f"cannot list {plural}: HTTP {error.status} {error.reason}; DRA claims not shown")
+        return error.status in (HTTP_NOT_FOUND, HTTP_UNAUTHORIZED, HTTP_FORBIDDEN)
+
+    what, list_all = f"listing {plural}", objects.list_cluster_custom_object
+    response = _call(what, server, list_all, DRA_GROUP, DRA_VERSION, plural, tolerated=tolerated)
+    return [] if response is None else _items(response)
 
 
 def _agent_metrics(core: Any, agent: Json, timeout: float) -> str:
@@ -116,6 +147,10 @@ def collect(
             )
         )
         report = build_status(nodes, pods, events, keys, now())
+        objects = client.CustomObjectsApi(api)
+        slices = dra_items(objects, "resourceslices", server, report.problems)
+        claims = dra_items(objects, "resourceclaims", server, report.problems) if slices else []
+        add_dra(report, slices, claims, keys)
         if metrics_timeout is not None:
             agents = {
                 str(p["spec"].get("nodeName")): p

@@ -1,4 +1,5 @@
-"""The node agent's metrics (Prometheus text exposition) added to a node of the report."""
+"""The node agent's metrics (Prometheus text exposition) added to a node of the report: the device
+plugin's, or the DRA driver's (its claims' series carry the claim's name)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ def add_metrics(node: NodeStatus, text: str) -> None:
                 gpu.memory_used_bytes = int(sample.value)
             elif sample.name == "tessera_gpu_utilization_ratio":
                 gpu.utilization_ratio = float(sample.value)
+            elif sample.name == "tessera_container_memory_used_bytes" and sample.labels.get("claim"):
+                named = (sample.labels.get("namespace"), sample.labels["claim"])
+                for claim in gpu.claims:
+                    if (claim.namespace, claim.claim) == named:
+                        claim.memory_used_bytes = int(sample.value)
             elif sample.name == "tessera_container_memory_used_bytes":
                 for pod in gpu.pods:
                     if (pod.namespace, pod.pod, pod.container) == (

@@ -1,6 +1,6 @@
 """What `tessera status` reports, built from API objects (plain JSON, as the API server sends them):
 nodes with their GPUs from the inventories, the pods on each GPU from their allocations, and Pending
-pods with the extender's reason."""
+pods with the extender's reason. DRA nodes and their claims: tessera/cli/status/dra.py."""
 
 from __future__ import annotations
 
@@ -36,6 +36,20 @@ class PodOnGpu:
 
 
 @dataclass
+class ClaimOnGpu:
+    """A DRA claim allocated a share of the GPU: its quotas there (its requests on it added up), and
+    the pods it is reserved for."""
+
+    namespace: str
+    claim: str
+    pods: list[str]
+    memory_bytes: int
+    cores_percent: int
+    # From the DRA driver's metrics, when reachable.
+    memory_used_bytes: int | None = None
+
+
+@dataclass
 class GpuStatus:
     uuid: str
     index: int
@@ -47,6 +61,7 @@ class GpuStatus:
     cores_allocated_percent: int = 0
     slices_used: int = 0
     pods: list[PodOnGpu] = field(default_factory=list)
+    claims: list[ClaimOnGpu] = field(default_factory=list)
     # From the node agent's metrics (NVML), when reachable.
     memory_used_bytes: int | None = None
     utilization_ratio: float | None = None
@@ -61,6 +76,8 @@ class NodeStatus:
     gpus: list[GpuStatus] = field(default_factory=list)
     # "ok", "not reachable: ...", or "no node agent pod".
     metrics: str = "not asked"
+    # Its GPUs are the DRA driver's devices (its ResourceSlice), shared by claims; it has no heartbeat.
+    dra: bool = False
 
 
 @dataclass

@@ -33,6 +33,8 @@ class _Paint:
 
 
 HEADER = ("NODE / GPU / POD", "MODEL", "MEMORY GiB", "CORES %", "SLICES", "STATE", "USE")
+# A DRA node's state: its GPUs are its driver's devices, shared by claims; it has no heartbeat.
+DRA_STATE = "DRA driver"
 
 
 def render_table(report: Status, out: TextIO, colour: bool) -> None:
@@ -44,8 +46,8 @@ def render_table(report: Status, out: TextIO, colour: bool) -> None:
 
     row(HEADER, ("bold",) * len(HEADER))
     for node in report.nodes:
-        stale = node.heartbeat_age_seconds is None or node.heartbeat_age_seconds > 60
-        state = node.error or _age(node.heartbeat_age_seconds)
+        stale = not node.dra and (node.heartbeat_age_seconds is None or node.heartbeat_age_seconds > 60)
+        state = node.error or (DRA_STATE if node.dra else _age(node.heartbeat_age_seconds))
         row(
             (node.name, "", "", "", "", state, "" if node.metrics == "ok" else f"metrics: {node.metrics}"),
             ("bold", "", "", "", "", "red" if node.error or stale else "green", "dim"),
@@ -63,7 +65,7 @@ def render_table(report: Status, out: TextIO, colour: bool) -> None:
                     gpu.model,
                     f"{_gib(gpu.memory_allocated_bytes)} / {_gib(gpu.memory_bytes)}",
                     f"{gpu.cores_allocated_percent} / {MAX_CORES}",
-                    f"{gpu.slices_used} / {gpu.slices_total}",
+                    f"{gpu.slices_used} claims" if node.dra else f"{gpu.slices_used} / {gpu.slices_total}",
                     gpu.health,
                     ", ".join(use),
                 ),
@@ -90,6 +92,19 @@ def render_table(report: Status, out: TextIO, colour: bool) -> None:
                     ),
                     ("", "", "", "", "", "yellow" if pod.phase != "allocated" else ""),
                 )
+            for claim in gpu.claims:
+                used = "" if claim.memory_used_bytes is None else f"{_gib(claim.memory_used_bytes)} GiB used"
+                row(
+                    (
+                        f"    claim {pod_ref(claim.namespace, claim.claim)} ({', '.join(claim.pods)})",
+                        "",
+                        _gib(claim.memory_bytes),
+                        str(claim.cores_percent),
+                        "",
+                        "reserved" if claim.pods else "allocated",
+                        used,
+                    ),
+                )
     widths = [max(len(cells[i]) for cells, _ in rows) for i in range(len(HEADER))]
     for cells, colours in rows:
         padded = [
@@ -97,7 +112,10 @@ def render_table(report: Status, out: TextIO, colour: bool) -> None:
         ]
         out.write("  ".join(padded).rstrip() + "\n")
     if not report.nodes:
-        out.write("no node has a Tessera GPU inventory (is the device plugin running?)\n")
+        out.write(
+            "no node has a Tessera GPU inventory or DRA ResourceSlice (is the device plugin or the DRA "
+            "driver running?)\n"
+        )
     if report.pending:
         out.write("\n" + paint("PENDING", "bold") + "\n")
         width = max(len(pod_ref(p.namespace, p.pod)) for p in report.pending)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from deviceplugin.metricsserver import MetricsServer, ServerLimits
+from nodeagent.metricsserver import MetricsServer, ServerLimits
 from tessera.scrapeauth import ALLOWED, Access
 from tests.scraping import get
 from tests.waiting import wait_for

@@ -1,7 +1,7 @@
-"""The node agent's /metrics server: a scrape must be authorized (tessera.scrapeauth), and no client
-can hold the server: a connection gets ``idle_timeout`` between reads and ``request_timeout`` in all
-to send its request and take the answer, and at most ``max_connections`` are served at once (more are
-closed at once, unanswered).
+"""The /metrics server of either node agent (the device plugin, the DRA driver): a scrape must be
+authorized (tessera.scrapeauth), and no client can hold the server: a connection gets
+``idle_timeout`` between reads and ``request_timeout`` in all to send its request and take the
+answer, and at most ``max_connections`` are served at once (more are closed at once, unanswered).
 
 prometheus_client's own server has none of this (a thread per connection, held for as long as the
 client likes): any pod on the node's network could read other namespaces' pods and use, or exhaust
@@ -23,13 +23,21 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from tessera.scrapeauth import METRICS_PATH, Access
+from tessera.contract import JsonObject
+from tessera.scrapeauth import METRICS_PATH, Access, AccessCache, Review, drive, review_scrape
 
 log = logging.getLogger(__name__)
 
 # Whether a scrape with this Authorization header (None: none) may read the metrics; raises when the
 # API server cannot say (the scrape is answered 503).
 Authorize = Callable[[str | None], Access]
+
+
+def scrape_authorizer(post: Callable[[Review], JsonObject]) -> Authorize:
+    """Scrapes reviewed by the API server with ``post`` (tessera.scrapeauth), answers kept a while
+    per token."""
+    scrapes = AccessCache()
+    return lambda header: drive(review_scrape(header, scrapes), post)
 
 
 @dataclass(frozen=True)
@@ -156,3 +164,17 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+
+
+def serve_metrics(
+    address: str, port: int, registry: CollectorRegistry, authorize: Authorize | None
+) -> MetricsServer:
+    """The agent's metrics server, started, and said where in the log."""
+    server = MetricsServer(address, port, registry, authorize)
+    log.info(
+        "metrics on http://%s:%d/metrics (%s)",
+        address,
+        server.port,
+        "scrapes authorized by the API server" if authorize else "open to anyone reaching the port",
+    )
+    return server
