@@ -17,7 +17,9 @@ The compared systems differ in the request they make of the core and in the poli
 * ``speed-aware``: Tessera's ``binpack`` with the speed profiles.
 * ``dra``: the DRA path: the same shares as claims, placed by kube-scheduler's default profile and
   its DRA allocator (:class:`KubeDraScheduler`, the model in :mod:`simulator.kubedra`), not by the
-  placement core; on request only.
+  placement core; on request only. ``dra-mostallocated``, ``dra-ratio``, ``dra-bestfit`` and
+  ``dra-mostallocated-bestfit``: the same under another scheduler profile or device order
+  (:class:`simulator.kubedra.Profile`); on request only.
 
 The research baselines ``hami-like`` and ``fgd-paper`` are policies of the simulator's own
 (:data:`SIM_POLICIES`: the product's ``POLICIES`` and these); the product never offers them.
@@ -107,6 +109,8 @@ class System:
     policy: str
     request: Request
     speed_aware: bool = False
+    # The DRA path's systems: kube-scheduler's placement under this profile, not the core's.
+    kube_profile: kubedra.Profile | None = None
 
 
 SYSTEMS: tuple[System, ...] = (
@@ -125,6 +129,36 @@ SYSTEMS: tuple[System, ...] = (
         "DRA claims, kube-scheduler's default profile and allocator",
         KUBE_SCHEDULER_DRA,
         Request.SHARES,
+        kube_profile=kubedra.Profile(),
+    ),
+    # Not compared by default: issue 26's levers on the DRA path, to measure what each closes.
+    System(
+        "dra-mostallocated",
+        "DRA claims, a profile with NodeResourcesFit MostAllocated",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(kubedra.Scoring.MOST_ALLOCATED),
+    ),
+    System(
+        "dra-ratio",
+        "DRA claims, a profile with NodeResourcesFit RequestedToCapacityRatio (binpacking)",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(kubedra.Scoring.REQUESTED_TO_CAPACITY_RATIO),
+    ),
+    System(
+        "dra-bestfit",
+        "DRA claims, default profile, devices listed best fit first",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(best_fit_devices=True),
+    ),
+    System(
+        "dra-mostallocated-bestfit",
+        "DRA claims, MostAllocated profile, devices listed best fit first",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(kubedra.Scoring.MOST_ALLOCATED, best_fit_devices=True),
     ),
 )
 
@@ -239,8 +273,11 @@ class KubeDraScheduler:
     ties go to a node drawn from a generator seeded by ``seed``."""
 
     def __init__(self, cluster: Cluster, system: System, seed: int, percentage_of_nodes: int = 0) -> None:
+        if system.kube_profile is None:
+            raise ValueError(f"system: {system.name!r} is not placed by kube-scheduler (no kube_profile)")
         self.cluster = cluster
         self.system = system
+        self._profile = system.kube_profile
         self._shapes: dict[SimPod, PodShape] = {}
         self._nodes = {n.name: n for n in sorted(node_states(cluster, seed, dra=True), key=lambda n: n.name)}
         self._order = list(self._nodes)
@@ -269,11 +306,15 @@ class KubeDraScheduler:
             kept = self._outcomes[name] = (node, {})
         outcomes = kept[1]
         if number not in outcomes:
-            placement = kubedra.allocate(node, shape) if kubedra.host_fits(node, shape) else None
+            profile = self._profile
+            # The profile is the GPU pods' (their schedulerName); pods without claims keep the default.
+            scoring = profile.scoring if shape.containers else kubedra.Scoring.LEAST_ALLOCATED
+            fits = kubedra.host_fits(node, shape)
+            placement = kubedra.allocate(node, shape, profile.best_fit_devices) if fits else None
             outcomes[number] = (
                 None
                 if placement is None
-                else (placement, kubedra.node_score(node, self._nonzero_used[name], shape))
+                else (placement, kubedra.node_score(node, self._nonzero_used[name], shape, scoring))
             )
         return outcomes[number]
 
@@ -350,6 +391,6 @@ def make_scheduler(
     cluster: Cluster, system: System, profiles: SpeedProfiles, target: Iterable[SimPod], seed: int
 ) -> Scheduler:
     """The scheduler of ``system``: the placement core's, or kube-scheduler's for the DRA path."""
-    if system.policy == KUBE_SCHEDULER_DRA:
+    if system.kube_profile is not None:
         return KubeDraScheduler(cluster, system, seed)
     return SimScheduler(cluster, system, profiles, target, seed)
