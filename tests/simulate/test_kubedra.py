@@ -235,9 +235,32 @@ def test_only_the_dra_systems_have_a_kube_scheduler() -> None:
         "dra",
         "dra-mostallocated",
         "dra-ratio",
+        "dra-packwhole",
+        "dra-packwhole-bestfit",
         "dra-bestfit",
         "dra-mostallocated-bestfit",
     ]
     assert system_named("dra-bestfit").kube_profile == kubedra.Profile(best_fit_devices=True)
     with pytest.raises(ValueError, match="system: 'fragmentation' is not placed by kube-scheduler"):
         KubeDraScheduler(small_cluster(64000), system_named("fragmentation"), seed=1)
+
+
+def test_whole_gpu_pods_scored_by_the_extended_resource_pack_devices() -> None:
+    # A share on a device counts it as allocated: 2 of 4 devices used, a pod asking 1 -> 75.
+    shared = node(gpu(0, used_cores=10), gpu(1), gpu(2, used_cores=100), gpu(3))
+    whole = PodShape((ContainerShape(1, None, 100),), PodPreferences(), 1000, 1024)
+    assert kubedra.whole_gpu_score(shared, whole) == 75
+    assert kubedra.whole_gpu_score(node(gpu(0), gpu(1)), whole) == 50
+    # More asked than the node has counts as full.
+    assert kubedra.whole_gpu_score(node(gpu(0, used_cores=5)), whole) == 100
+    # In the scheduler: the second whole GPU joins the first (100 against 50); the default profile
+    # spreads it to the node with more CPU left.
+    pods = [SimPod("a", 1000, 1024, 1, 1000), SimPod("b", 1000, 1024, 1, 1000)]
+    for name, together in (("dra-packwhole", True), ("dra", False)):
+        scheduler = KubeDraScheduler(small_cluster(64000, 64000), system_named(name), seed=2)
+        first, second = (scheduler.place(p) for p in pods)
+        assert first is not None and second is not None and (first.name == second.name) is together
+    # Shares keep the default profile's scoring.
+    scheduler = KubeDraScheduler(small_cluster(64000, 64000), system_named("dra-packwhole"), seed=2)
+    first, second = (scheduler.place(SimPod(n, 1000, 1024, 1, 300)) for n in "ab")
+    assert first is not None and second is not None and first.name != second.name

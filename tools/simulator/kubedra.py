@@ -27,8 +27,13 @@ states and pod shapes in, placements and scores out.
 * **Other profiles** (:class:`Profile`, issue 26's levers for the DRA path's placement):
   NodeResourcesFit's other scoring strategies, ``MostAllocated`` and ``RequestedToCapacityRatio``
   (``framework/plugins/noderesources/most_allocated.go``, ``requested_to_capacity_ratio.go``), still
-  over CPU and memory, which a scheduler profile may set; and a driver that lists a node's devices
-  best fit first (least capacity left first), so that the allocator's first fit is a best fit.
+  over CPU and memory, which a scheduler profile may set; a profile for the pods that ask whole
+  GPUs by the DRA-backed extended resource (docs/dra.md, "Whole GPUs through the extended
+  resource"), whose NodeResourcesFit scores that resource MostAllocated: the one way a default
+  plugin sees devices (``resource_allocation.go``, ``calculateDRAResourceTotals``: the class's
+  devices on the node, and those with any allocation, shares included; only for a pod that asks
+  the resource, so never for a share's claim); and a driver that lists a node's devices best fit
+  first (least capacity left first), so that the allocator's first fit is a best fit.
 * **Ties** between the highest totals go to a uniformly random node (``framework/sorted_nodes.go``:
   a random key per node breaks them); the caller draws it from its seeded generator.
 """
@@ -73,6 +78,9 @@ class Profile:
 
     scoring: Scoring = Scoring.LEAST_ALLOCATED
     best_fit_devices: bool = False
+    # Whole-GPU pods ask the extended resource under a profile of their own: NodeResourcesFit
+    # MostAllocated over that resource alone (:func:`whole_gpu_score`).
+    pack_whole_gpus: bool = False
 
 
 def nodes_to_find(total: int, percentage: int = 0) -> int:
@@ -193,6 +201,15 @@ def fit_score(
         return (2 * sum(scores) + len(scores)) // (2 * len(scores)) if scores else 0
     scorer = _most_requested if scoring is Scoring.MOST_ALLOCATED else _least_requested
     return sum(scorer(r, c) for r, c in pairs) // len(pairs) if pairs else 0
+
+
+def whole_gpu_score(node: NodeState, shape: PodShape) -> int:
+    """NodeResourcesFit's MostAllocated score (0..100) over the DRA-backed extended resource alone,
+    for a pod asking its GPUs as whole ones: the node's devices with any allocation (a share counts
+    the device as allocated) plus the pod's count, over the node's devices."""
+    allocated = sum(1 for gpu in node.gpus if gpu.used_cores or gpu.used_memory_mib)
+    asked = sum(container.gpu_count for container in shape.containers)
+    return _most_requested(allocated + asked, len(node.gpus)) if node.gpus else 0
 
 
 def least_allocated(node: NodeState, nonzero_used: tuple[int, int], shape: PodShape) -> int:

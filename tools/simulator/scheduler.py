@@ -147,6 +147,20 @@ SYSTEMS: tuple[System, ...] = (
         kube_profile=kubedra.Profile(kubedra.Scoring.REQUESTED_TO_CAPACITY_RATIO),
     ),
     System(
+        "dra-packwhole",
+        "DRA claims, whole GPUs by the extended resource under a profile scoring it MostAllocated",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(pack_whole_gpus=True),
+    ),
+    System(
+        "dra-packwhole-bestfit",
+        "DRA claims, whole GPUs packed by the extended resource, devices listed best fit first",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(best_fit_devices=True, pack_whole_gpus=True),
+    ),
+    System(
         "dra-bestfit",
         "DRA claims, default profile, devices listed best fit first",
         KUBE_SCHEDULER_DRA,
@@ -306,17 +320,24 @@ class KubeDraScheduler:
             kept = self._outcomes[name] = (node, {})
         outcomes = kept[1]
         if number not in outcomes:
-            profile = self._profile
-            # The profile is the GPU pods' (their schedulerName); pods without claims keep the default.
-            scoring = profile.scoring if shape.containers else kubedra.Scoring.LEAST_ALLOCATED
             fits = kubedra.host_fits(node, shape)
-            placement = kubedra.allocate(node, shape, profile.best_fit_devices) if fits else None
-            outcomes[number] = (
-                None
-                if placement is None
-                else (placement, kubedra.node_score(node, self._nonzero_used[name], shape, scoring))
-            )
+            placement = kubedra.allocate(node, shape, self._profile.best_fit_devices) if fits else None
+            outcomes[number] = None if placement is None else (placement, self._score(name, shape))
         return outcomes[number]
+
+    def _score(self, name: str, shape: PodShape) -> int:
+        """The node's total for the pod under the profile the pod names (its schedulerName): the
+        profile's for GPU pods (whole-GPU pods' own with ``pack_whole_gpus``), the default for the
+        others."""
+        node, profile = self._nodes[name], self._profile
+        if (
+            profile.pack_whole_gpus
+            and shape.containers
+            and all(c.memory_quota_mib is None for c in shape.containers)
+        ):
+            return kubedra.whole_gpu_score(node, shape) + kubedra.balanced_allocation(node, shape)
+        scoring = profile.scoring if shape.containers else kubedra.Scoring.LEAST_ALLOCATED
+        return kubedra.node_score(node, self._nonzero_used[name], shape, scoring)
 
     def _number(self, shape: PodShape) -> int:
         return self._shape_numbers.setdefault(shape, len(self._shape_numbers))
