@@ -237,6 +237,8 @@ def test_only_the_dra_systems_have_a_kube_scheduler() -> None:
         "dra-ratio",
         "dra-packwhole",
         "dra-packwhole-bestfit",
+        "dra-extender",
+        "dra-extender-bestfit",
         "dra-bestfit",
         "dra-mostallocated-bestfit",
     ]
@@ -264,3 +266,28 @@ def test_whole_gpu_pods_scored_by_the_extended_resource_pack_devices() -> None:
     scheduler = KubeDraScheduler(small_cluster(64000, 64000), system_named("dra-packwhole"), seed=2)
     first, second = (scheduler.place(SimPod(n, 1000, 1024, 1, 300)) for n in "ab")
     assert first is not None and second is not None and first.name != second.name
+
+
+def test_tessera_s_extender_filter_chooses_the_node_and_the_allocator_the_device() -> None:
+    pods = [SimPod(n, 1000, 1024, 1, 300) for n in "ab"]
+    target = [*pods, SimPod("w", 1000, 1024, 2, 1000)]
+    for name, together in (("dra-extender", True), ("dra", False)):
+        scheduler = make_scheduler(
+            small_cluster(64000, 64000), system_named(name), SpeedProfiles(), target, 2
+        )
+        first, second = (scheduler.place(p) for p in pods)
+        # Fragmentation keeps the other node's two GPUs whole for the 2-GPU pods of the workload;
+        # LeastAllocated spreads.
+        assert first is not None and second is not None and (first.name == second.name) is together
+        if together:
+            # The allocator's first fit: GPU 0, which has room left for the second share too.
+            assert devices(first.placement) == devices(second.placement) == [0]
+            # The extender's view follows the allocator's placements: a release is seen.
+            scheduler.remove(pods[0], first)
+            assert scheduler.node(first.name).gpus[0].used_cores == 30
+    # Pods without GPUs are not the extender's (no claim): the default profile alone.
+    scheduler = make_scheduler(
+        small_cluster(16000, 64000), system_named("dra-extender"), SpeedProfiles(), (), 2
+    )
+    cpu_only = scheduler.place(SimPod("c", 4000, 1024, 0, 0))
+    assert cpu_only is not None and cpu_only.name.endswith("-n1")

@@ -55,6 +55,7 @@ from tessera.placement import (
     apply,
     choose,
     release,
+    score_nodes,
 )
 from tessera.placement.fragmentation import Fragmentation
 from tessera.placement.policies import Binpack, Spread
@@ -159,6 +160,20 @@ SYSTEMS: tuple[System, ...] = (
         KUBE_SCHEDULER_DRA,
         Request.SHARES,
         kube_profile=kubedra.Profile(best_fit_devices=True, pack_whole_gpus=True),
+    ),
+    System(
+        "dra-extender",
+        "DRA claims, Tessera's extender filtering nodes for them (fragmentation), default allocator",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(extender=True),
+    ),
+    System(
+        "dra-extender-bestfit",
+        "DRA claims, Tessera's extender filtering nodes for them, devices listed best fit first",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(best_fit_devices=True, extender=True),
     ),
     System(
         "dra-bestfit",
@@ -286,7 +301,14 @@ class KubeDraScheduler:
     Nodes are searched in the order of their seeded names, from where the previous search stopped;
     ties go to a node drawn from a generator seeded by ``seed``."""
 
-    def __init__(self, cluster: Cluster, system: System, seed: int, percentage_of_nodes: int = 0) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        system: System,
+        seed: int,
+        percentage_of_nodes: int = 0,
+        target: Iterable[SimPod] = (),
+    ) -> None:
         if system.kube_profile is None:
             raise ValueError(f"system: {system.name!r} is not placed by kube-scheduler (no kube_profile)")
         self.cluster = cluster
@@ -306,6 +328,14 @@ class KubeDraScheduler:
         # score, or None when the pod does not fit.
         self._outcomes: dict[str, tuple[NodeState, dict[int, tuple[Placement, int] | None]]] = {}
         self._shape_numbers: dict[PodShape, int] = {}
+        # The extender's view (kube_profile.extender): the core's fragmentation policy over the same
+        # nodes, kept in step with the allocator's placements; ``target`` is its shape mix.
+        self._extender: PlacementEngine | None = None
+        if self._profile.extender:
+            context = ClusterContext(shape_mix(self.shape(p) for p in target), learns=False)
+            self._extender = PlacementEngine(SpeedProfiles(), SIM_POLICIES["fragmentation"], context)
+            for state in self._nodes.values():
+                self._extender.set_node(state)
 
     def shape(self, pod: SimPod) -> PodShape:
         shape = self._shapes.get(pod)
@@ -356,22 +386,41 @@ class KubeDraScheduler:
             if outcome is not None:
                 feasible.append((name, *outcome))
         self._start = (self._start + checked) % total
+        if self._extender is not None and shape.containers:
+            feasible = self._extender_filter(shape, feasible)
         if not feasible:
             return None
         best = max(score for _, _, score in feasible)
         tied = [f for f in feasible if f[2] == best]
         name, placement, _ = tied[self._rng.randrange(len(tied))] if len(tied) > 1 else tied[0]
         fit = NodeFit(self._nodes[name], placement, best / (2 * kubedra.MAX_NODE_SCORE), 1.0)
-        self._nodes[name] = apply(self._nodes[name], placement, shape)
+        self._set_node(apply(self._nodes[name], placement, shape))
         cpu, memory = kubedra.nonzero_request(shape)
         used_cpu, used_memory = self._nonzero_used[name]
         self._nonzero_used[name] = (used_cpu + cpu, used_memory + memory)
         return fit
 
+    def _extender_filter(
+        self, shape: PodShape, feasible: list[tuple[str, Placement, int]]
+    ) -> list[tuple[str, Placement, int]]:
+        """The feasible nodes the extender's filter answers: those with its top score."""
+        assert self._extender is not None
+        fits = self._extender.evaluate(shape, [name for name, _, _ in feasible]).fits
+        if not fits:
+            return []
+        scores = score_nodes(fits)
+        top = max(scores.values())
+        return [f for f in feasible if scores.get(f[0]) == top]
+
+    def _set_node(self, state: NodeState) -> None:
+        self._nodes[state.name] = state
+        if self._extender is not None:
+            self._extender.set_node(state)
+
     def remove(self, pod: SimPod, fit: NodeFit) -> None:
         """``pod``, placed as ``fit``, ends and gives its resources back."""
         shape = self.shape(pod)
-        self._nodes[fit.name] = release(self._nodes[fit.name], fit.placement, shape)
+        self._set_node(release(self._nodes[fit.name], fit.placement, shape))
         cpu, memory = kubedra.nonzero_request(shape)
         used_cpu, used_memory = self._nonzero_used[fit.name]
         self._nonzero_used[fit.name] = (used_cpu - cpu, used_memory - memory)
@@ -413,5 +462,5 @@ def make_scheduler(
 ) -> Scheduler:
     """The scheduler of ``system``: the placement core's, or kube-scheduler's for the DRA path."""
     if system.kube_profile is not None:
-        return KubeDraScheduler(cluster, system, seed)
+        return KubeDraScheduler(cluster, system, seed, target=target)
     return SimScheduler(cluster, system, profiles, target, seed)
