@@ -81,8 +81,8 @@ class Profile:
     # Whole-GPU pods ask the extended resource under a profile of their own: NodeResourcesFit
     # MostAllocated over that resource alone (:func:`whole_gpu_score`).
     pack_whole_gpus: bool = False
-    # Tessera's extender called for the claim pods too (it would need empty managedResources, so
-    # kube-scheduler calls it for every pod): its filter keeps the feasible nodes with the
+    # Tessera's extender called for the claim pods too: with empty managedResources, as it must be
+    # for them, kube-scheduler calls it for every pod. Its filter keeps the feasible nodes with the
     # fragmentation policy's top score (the product's --filter-keeps=best); the allocator still
     # picks the devices. Modelled in simulator.scheduler, where the placement core is at hand.
     extender: bool = False

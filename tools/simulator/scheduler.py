@@ -386,7 +386,7 @@ class KubeDraScheduler:
             if outcome is not None:
                 feasible.append((name, *outcome))
         self._start = (self._start + checked) % total
-        if self._extender is not None and shape.containers:
+        if self._extender is not None:
             feasible = self._extender_filter(shape, feasible)
         if not feasible:
             return None
