@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from simulator import kubedra
 from simulator.experiment import Experiment, Options, run_system
 from simulator.inputs import Inputs
 from simulator.model import Cluster, SimNode, SimPod, Workload
-from simulator.scheduler import KubeDraScheduler, make_scheduler, system_named
+from simulator.scheduler import SYSTEMS, KubeDraScheduler, make_scheduler, system_named
 from tessera.contract import PodPreferences
 from tessera.placement import ContainerShape, GpuState, NodeState, Placement, PodShape, SpeedProfiles
 
@@ -171,3 +173,115 @@ def test_the_dra_system_runs_in_both_experiments() -> None:
     result = run_system(Inputs(cluster, pods, "test"), DRA, options, SpeedProfiles())
     assert result.packing is not None and result.packing.placed == 8
     assert result.time is not None and result.time.finished == 8
+
+
+MOST = kubedra.Scoring.MOST_ALLOCATED
+RATIO = kubedra.Scoring.REQUESTED_TO_CAPACITY_RATIO
+
+
+def test_most_allocated_and_requested_to_capacity_ratio_scores() -> None:
+    shape = share(30, cpu=8000)  # 8 vCPU, 1 GiB
+    empty = node(gpu(0), cpu=64000, memory=65536)
+    # MostAllocated: CPU 8 / 64 -> 12, memory 1 / 64 GiB -> 1; mean 6 (integers).
+    assert kubedra.fit_score(empty, (0, 0), shape, MOST) == (12 + 1) // 2 == 6
+    # RequestedToCapacityRatio, binpacking shape: the same utilizations, the mean rounded (6.5 -> 7).
+    assert kubedra.fit_score(empty, (0, 0), shape, RATIO) == 7
+    # Half the CPU taken: MostAllocated 50 and 1 -> 25 (LeastAllocated 50 and 98 -> 74).
+    assert kubedra.fit_score(empty, (24000, 0), shape, MOST) == (50 + 1) // 2 == 25
+    assert kubedra.fit_score(empty, (24000, 0), shape) == (50 + 98) // 2 == 74
+    # RequestedToCapacityRatio leaves out a resource that scores 0: 200 MiB of 256 GiB is 0%.
+    roomy = node(gpu(0), cpu=64000, memory=262144)
+    nothing = PodShape((ContainerShape(1, 1024, 10),))
+    assert kubedra.fit_score(roomy, (31900, 0), nothing, RATIO) == 50
+    assert kubedra.fit_score(roomy, (31900, 0), nothing, MOST) == (50 + 0) // 2 == 25
+    # More requested than the node has (the defaults of pods without requests) counts as full.
+    assert kubedra.fit_score(node(gpu(0), cpu=4000, memory=65536), (3950, 65500), nothing, MOST) == 100
+    assert kubedra.fit_score(node(gpu(0), cpu=4000, memory=65536), (3950, 65500), nothing, RATIO) == 100
+    # The profile's total adds BalancedAllocation as before.
+    assert kubedra.node_score(empty, (0, 0), shape, MOST) == 6 + kubedra.balanced_allocation(empty, shape)
+
+
+def test_a_best_fit_slice_order_makes_the_first_fit_the_best_fit() -> None:
+    partly_used = node(gpu(0, used_cores=20), gpu(1, used_cores=60), gpu(2))
+    assert kubedra.slice_order(partly_used) == [0, 1, 2]
+    assert kubedra.slice_order(partly_used, best_fit=True) == [1, 0, 2]
+    # 30% fits in GPU 1's 40% left, the least that takes it; index order would take GPU 0.
+    assert devices(kubedra.allocate(partly_used, share(30), best_fit=True)) == [1]
+    assert devices(kubedra.allocate(partly_used, share(30))) == [0]
+    # 50% does not fit GPU 1: the next in the order, GPU 0; two devices: distinct, in that order.
+    assert devices(kubedra.allocate(partly_used, share(50), best_fit=True)) == [0]
+    assert devices(kubedra.allocate(partly_used, share(30, gpus=2), best_fit=True)) == [1, 0]
+    # Equal compute left: the least memory left first.
+    by_memory = node(gpu(0, model="V100", memory=32768), gpu(1))
+    assert kubedra.slice_order(by_memory, best_fit=True) == [1, 0]
+
+
+def test_a_most_allocated_profile_packs_gpu_pods_and_leaves_the_others_to_the_default() -> None:
+    system = system_named("dra-mostallocated")
+    assert system.kube_profile == kubedra.Profile(MOST)
+    scheduler = KubeDraScheduler(small_cluster(16000, 64000), system, seed=3)
+    small = next(n.name for n in scheduler.nodes if n.name.endswith("-n0"))
+    # 4 vCPU is a larger share of the 16-vCPU node: MostAllocated sends the GPU pod there.
+    fit = scheduler.place(SimPod("p", 4000, 1024, 1, 300))
+    assert fit is not None and fit.name == small
+    # A pod without GPUs has no claim and no schedulerName: the default profile spreads it.
+    cpu_only = scheduler.place(SimPod("c", 4000, 1024, 0, 0))
+    assert cpu_only is not None and cpu_only.name != small
+
+
+def test_only_the_dra_systems_have_a_kube_scheduler() -> None:
+    dra_systems = [s.name for s in SYSTEMS if s.kube_profile is not None]
+    assert dra_systems == [
+        "dra",
+        "dra-mostallocated",
+        "dra-ratio",
+        "dra-packwhole",
+        "dra-packwhole-bestfit",
+        "dra-extender",
+        "dra-extender-bestfit",
+        "dra-bestfit",
+        "dra-mostallocated-bestfit",
+    ]
+    assert system_named("dra-bestfit").kube_profile == kubedra.Profile(best_fit_devices=True)
+    with pytest.raises(ValueError, match="system: 'fragmentation' is not placed by kube-scheduler"):
+        KubeDraScheduler(small_cluster(64000), system_named("fragmentation"), seed=1)
+
+
+def test_whole_gpu_pods_scored_by_the_extended_resource_pack_devices() -> None:
+    # A share on a device counts it as allocated: 2 of 4 devices used, a pod asking 1 -> 75.
+    shared = node(gpu(0, used_cores=10), gpu(1), gpu(2, used_cores=100), gpu(3))
+    whole = PodShape((ContainerShape(1, None, 100),), PodPreferences(), 1000, 1024)
+    assert kubedra.whole_gpu_score(shared, whole) == 75
+    assert kubedra.whole_gpu_score(node(gpu(0), gpu(1)), whole) == 50
+    # More asked than the node has counts as full.
+    assert kubedra.whole_gpu_score(node(gpu(0, used_cores=5)), whole) == 100
+    # In the scheduler: the second whole GPU joins the first (100 against 50); the default profile
+    # spreads it to the node with more CPU left.
+    pods = [SimPod("a", 1000, 1024, 1, 1000), SimPod("b", 1000, 1024, 1, 1000)]
+    for name, together in (("dra-packwhole", True), ("dra", False)):
+        scheduler = KubeDraScheduler(small_cluster(64000, 64000), system_named(name), seed=2)
+        first, second = (scheduler.place(p) for p in pods)
+        assert first is not None and second is not None and (first.name == second.name) is together
+    # Shares keep the default profile's scoring.
+    scheduler = KubeDraScheduler(small_cluster(64000, 64000), system_named("dra-packwhole"), seed=2)
+    first, second = (scheduler.place(SimPod(n, 1000, 1024, 1, 300)) for n in "ab")
+    assert first is not None and second is not None and first.name != second.name
+
+
+def test_tessera_s_extender_filter_chooses_the_node_and_the_allocator_the_device() -> None:
+    pods = [SimPod(n, 1000, 1024, 1, 300) for n in "ab"]
+    target = [*pods, SimPod("w", 1000, 1024, 2, 1000)]
+    for name, together in (("dra-extender", True), ("dra", False)):
+        scheduler = make_scheduler(
+            small_cluster(64000, 64000), system_named(name), SpeedProfiles(), target, 2
+        )
+        first, second = (scheduler.place(p) for p in pods)
+        # Fragmentation keeps the other node's two GPUs whole for the 2-GPU pods of the workload;
+        # LeastAllocated spreads.
+        assert first is not None and second is not None and (first.name == second.name) is together
+        if together:
+            # The allocator's first fit: GPU 0, which has room left for the second share too.
+            assert devices(first.placement) == devices(second.placement) == [0]
+            # A release gives the first share back.
+            scheduler.remove(pods[0], first)
+            assert scheduler.node(first.name).gpus[0].used_cores == 30

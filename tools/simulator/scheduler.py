@@ -17,7 +17,9 @@ The compared systems differ in the request they make of the core and in the poli
 * ``speed-aware``: Tessera's ``binpack`` with the speed profiles.
 * ``dra``: the DRA path: the same shares as claims, placed by kube-scheduler's default profile and
   its DRA allocator (:class:`KubeDraScheduler`, the model in :mod:`simulator.kubedra`), not by the
-  placement core; on request only.
+  placement core; on request only. ``dra-mostallocated``, ``dra-ratio``, ``dra-bestfit`` and
+  ``dra-mostallocated-bestfit``: the same under another scheduler profile or device order
+  (:class:`simulator.kubedra.Profile`); on request only.
 
 The research baselines ``hami-like`` and ``fgd-paper`` are policies of the simulator's own
 (:data:`SIM_POLICIES`: the product's ``POLICIES`` and these); the product never offers them.
@@ -53,6 +55,7 @@ from tessera.placement import (
     apply,
     choose,
     release,
+    score_nodes,
 )
 from tessera.placement.fragmentation import Fragmentation
 from tessera.placement.policies import Binpack, Spread
@@ -107,6 +110,8 @@ class System:
     policy: str
     request: Request
     speed_aware: bool = False
+    # The DRA path's systems: kube-scheduler's placement under this profile, not the core's.
+    kube_profile: kubedra.Profile | None = None
 
 
 SYSTEMS: tuple[System, ...] = (
@@ -125,6 +130,64 @@ SYSTEMS: tuple[System, ...] = (
         "DRA claims, kube-scheduler's default profile and allocator",
         KUBE_SCHEDULER_DRA,
         Request.SHARES,
+        kube_profile=kubedra.Profile(),
+    ),
+    # Not compared by default: issue 26's levers on the DRA path, to measure what each closes.
+    System(
+        "dra-mostallocated",
+        "DRA claims, a profile with NodeResourcesFit MostAllocated",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(kubedra.Scoring.MOST_ALLOCATED),
+    ),
+    System(
+        "dra-ratio",
+        "DRA claims, a profile with NodeResourcesFit RequestedToCapacityRatio (binpacking)",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(kubedra.Scoring.REQUESTED_TO_CAPACITY_RATIO),
+    ),
+    System(
+        "dra-packwhole",
+        "DRA claims, whole GPUs by the extended resource under a profile scoring it MostAllocated",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(pack_whole_gpus=True),
+    ),
+    System(
+        "dra-packwhole-bestfit",
+        "DRA claims, whole GPUs packed by the extended resource, devices listed best fit first",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(best_fit_devices=True, pack_whole_gpus=True),
+    ),
+    System(
+        "dra-extender",
+        "DRA claims, Tessera's extender filtering nodes for them (fragmentation), default allocator",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(extender=True),
+    ),
+    System(
+        "dra-extender-bestfit",
+        "DRA claims, Tessera's extender filtering nodes for them, devices listed best fit first",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(best_fit_devices=True, extender=True),
+    ),
+    System(
+        "dra-bestfit",
+        "DRA claims, default profile, devices listed best fit first",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(best_fit_devices=True),
+    ),
+    System(
+        "dra-mostallocated-bestfit",
+        "DRA claims, MostAllocated profile, devices listed best fit first",
+        KUBE_SCHEDULER_DRA,
+        Request.SHARES,
+        kube_profile=kubedra.Profile(kubedra.Scoring.MOST_ALLOCATED, best_fit_devices=True),
     ),
 )
 
@@ -238,9 +301,19 @@ class KubeDraScheduler:
     Nodes are searched in the order of their seeded names, from where the previous search stopped;
     ties go to a node drawn from a generator seeded by ``seed``."""
 
-    def __init__(self, cluster: Cluster, system: System, seed: int, percentage_of_nodes: int = 0) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        system: System,
+        seed: int,
+        percentage_of_nodes: int = 0,
+        target: Iterable[SimPod] = (),
+    ) -> None:
+        if system.kube_profile is None:
+            raise ValueError(f"system: {system.name!r} is not placed by kube-scheduler (no kube_profile)")
         self.cluster = cluster
         self.system = system
+        self._profile = system.kube_profile
         self._shapes: dict[SimPod, PodShape] = {}
         self._nodes = {n.name: n for n in sorted(node_states(cluster, seed, dra=True), key=lambda n: n.name)}
         self._order = list(self._nodes)
@@ -255,6 +328,14 @@ class KubeDraScheduler:
         # score, or None when the pod does not fit.
         self._outcomes: dict[str, tuple[NodeState, dict[int, tuple[Placement, int] | None]]] = {}
         self._shape_numbers: dict[PodShape, int] = {}
+        # The extender's view (kube_profile.extender): the core's fragmentation policy over the same
+        # nodes, kept in step with the allocator's placements; ``target`` is its shape mix.
+        self._extender: PlacementEngine | None = None
+        if self._profile.extender:
+            context = ClusterContext(shape_mix(self.shape(p) for p in target), learns=False)
+            self._extender = PlacementEngine(SpeedProfiles(), SIM_POLICIES["fragmentation"], context)
+            for state in self._nodes.values():
+                self._extender.set_node(state)
 
     def shape(self, pod: SimPod) -> PodShape:
         shape = self._shapes.get(pod)
@@ -269,13 +350,24 @@ class KubeDraScheduler:
             kept = self._outcomes[name] = (node, {})
         outcomes = kept[1]
         if number not in outcomes:
-            placement = kubedra.allocate(node, shape) if kubedra.host_fits(node, shape) else None
-            outcomes[number] = (
-                None
-                if placement is None
-                else (placement, kubedra.node_score(node, self._nonzero_used[name], shape))
-            )
+            fits = kubedra.host_fits(node, shape)
+            placement = kubedra.allocate(node, shape, self._profile.best_fit_devices) if fits else None
+            outcomes[number] = None if placement is None else (placement, self._score(name, shape))
         return outcomes[number]
+
+    def _score(self, name: str, shape: PodShape) -> int:
+        """The node's total for the pod under the profile the pod names (its schedulerName): the
+        profile's for GPU pods (whole-GPU pods' own with ``pack_whole_gpus``), the default for the
+        others."""
+        node, profile = self._nodes[name], self._profile
+        if (
+            profile.pack_whole_gpus
+            and shape.containers
+            and all(c.memory_quota_mib is None for c in shape.containers)
+        ):
+            return kubedra.whole_gpu_score(node, shape) + kubedra.balanced_allocation(node, shape)
+        scoring = profile.scoring if shape.containers else kubedra.Scoring.LEAST_ALLOCATED
+        return kubedra.node_score(node, self._nonzero_used[name], shape, scoring)
 
     def _number(self, shape: PodShape) -> int:
         return self._shape_numbers.setdefault(shape, len(self._shape_numbers))
@@ -294,22 +386,41 @@ class KubeDraScheduler:
             if outcome is not None:
                 feasible.append((name, *outcome))
         self._start = (self._start + checked) % total
+        if self._extender is not None:
+            feasible = self._extender_filter(shape, feasible)
         if not feasible:
             return None
         best = max(score for _, _, score in feasible)
         tied = [f for f in feasible if f[2] == best]
         name, placement, _ = tied[self._rng.randrange(len(tied))] if len(tied) > 1 else tied[0]
         fit = NodeFit(self._nodes[name], placement, best / (2 * kubedra.MAX_NODE_SCORE), 1.0)
-        self._nodes[name] = apply(self._nodes[name], placement, shape)
+        self._set_node(apply(self._nodes[name], placement, shape))
         cpu, memory = kubedra.nonzero_request(shape)
         used_cpu, used_memory = self._nonzero_used[name]
         self._nonzero_used[name] = (used_cpu + cpu, used_memory + memory)
         return fit
 
+    def _extender_filter(
+        self, shape: PodShape, feasible: list[tuple[str, Placement, int]]
+    ) -> list[tuple[str, Placement, int]]:
+        """The feasible nodes the extender's filter answers: those with its top score."""
+        assert self._extender is not None
+        fits = self._extender.evaluate(shape, [name for name, _, _ in feasible]).fits
+        if not fits:
+            return []
+        scores = score_nodes(fits)
+        top = max(scores.values())
+        return [f for f in feasible if scores.get(f[0]) == top]
+
+    def _set_node(self, state: NodeState) -> None:
+        self._nodes[state.name] = state
+        if self._extender is not None:
+            self._extender.set_node(state)
+
     def remove(self, pod: SimPod, fit: NodeFit) -> None:
         """``pod``, placed as ``fit``, ends and gives its resources back."""
         shape = self.shape(pod)
-        self._nodes[fit.name] = release(self._nodes[fit.name], fit.placement, shape)
+        self._set_node(release(self._nodes[fit.name], fit.placement, shape))
         cpu, memory = kubedra.nonzero_request(shape)
         used_cpu, used_memory = self._nonzero_used[fit.name]
         self._nonzero_used[fit.name] = (used_cpu - cpu, used_memory - memory)
@@ -350,6 +461,6 @@ def make_scheduler(
     cluster: Cluster, system: System, profiles: SpeedProfiles, target: Iterable[SimPod], seed: int
 ) -> Scheduler:
     """The scheduler of ``system``: the placement core's, or kube-scheduler's for the DRA path."""
-    if system.policy == KUBE_SCHEDULER_DRA:
-        return KubeDraScheduler(cluster, system, seed)
+    if system.kube_profile is not None:
+        return KubeDraScheduler(cluster, system, seed, target=target)
     return SimScheduler(cluster, system, profiles, target, seed)
