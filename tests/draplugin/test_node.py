@@ -15,6 +15,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.stream import stream
+from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
 import fakegpu
@@ -23,13 +24,16 @@ from sandbox import cluster as sandbox_cluster
 from sandbox import gpu, install
 from sandbox.controlplane import DRA_K8S_VERSION
 from sandbox.layout import Layout
+from simulator.kubedra import allocate
 from tessera.contract import (
     CONTAINER_COORDINATION_DIR,
     CONTAINER_LIMITS_FILE,
     COORDINATION_SLOT_BYTES,
     COORDINATION_SLOT_SUFFIX,
     KEYS,
+    MIB,
 )
+from tessera.placement import ContainerShape, GpuState, NodeState, PodShape, apply
 from tessera.placement.qos import QOS_LOWERED_REASON
 from tests.draplugin.conftest import Cluster, namespace_view
 from tests.hook.test_qos import (
@@ -365,6 +369,39 @@ def test_three_15g_claims_on_the_40g_gpu_two_fit_and_deleting_a_pod_frees_its_sh
     )
     assert cluster.allocated("c3", timeout=120)["device"] == "gpu-0"
     assert probe_report(cluster, "p3")["total_mib"] == "15360"
+
+
+# (memory, cores) of each claim in turn: they fill the A100, spill to the T4, come back to the A100's
+# last 4 GiB, and end with one that fits nowhere by memory and one that fits nowhere by cores.
+SHARES = (("20Gi", 30), ("16Gi", 20), ("8Gi", 60), ("4Gi", 10), ("12Gi", 10), ("2Gi", 30), ("1Gi", 20))
+
+
+def test_claims_land_on_the_devices_the_simulators_model_of_kube_scheduler_chooses(
+    node: Sandbox, cluster: Cluster
+) -> None:
+    """The real 1.37 allocator and the simulator's model of it (``simulator.kubedra.allocate``: the
+    first device in slice order whose capacity left fits) place a sequence of claims alike: the same
+    device for each, and no device where the model finds none."""
+    state = NodeState(
+        node.state.node,
+        tuple(
+            GpuState(g.uuid, i, g.model, g.total_memory_mib, slices=10)
+            for i, g in enumerate(gpu.SANDBOX_GPUS)
+        ),
+    )
+    for n, (memory, cores) in enumerate(SHARES):
+        name = f"share-{n}"
+        shape = PodShape((ContainerShape(1, int(parse_quantity(memory)) // MIB, cores),))
+        placement = allocate(state, shape)
+        cluster.create_claim(name, {"memory": memory, "cores": str(cores)})
+        cluster.create_pod(name, name)
+        if placement is None:
+            assert "cannot allocate all claims" in cluster.unschedulable(name), (name, memory, cores)
+            continue
+        ((grant,),) = placement.containers
+        assert cluster.allocated(name)["device"] == f"gpu-{grant.gpu}", (name, memory, cores)
+        state = apply(state, placement)
+    assert [g.free_memory_mib for g in state.gpus] == [0, 5120]  # the sequence did what it says
 
 
 def _driver_away(node: Sandbox, away: bool) -> None:
