@@ -80,21 +80,30 @@ fi
 dra_version="${1:?$usage}"
 mkdir -p "$logs"
 rm -f "$build_rc"
-# Each in its own session, so that the trap stops the whole of it (go and the compilers; pytest and
-# its clusters) when the run ends early: a failure here, Ctrl-C, CI's timeout.
-setsid nice -n 19 ionice -c 3 bash -c 'K8S_VERSION="$1" hack/k8s-binaries.sh >"$2" 2>&1; echo $? >"$3"' \
-  _ "$dra_version" "$build_log" "$build_rc" &
-build=$!
-setsid "$0" --lane sandbox "$dra_version" >"$logs/sandbox.log" 2>&1 &
+# Everything runs in sessions of its own, in the background, so that the EXIT trap stops the whole
+# of each (go and the compilers; pytest and its clusters) when the run ends early: a failure here,
+# Ctrl-C, CI's timeout. A signal ends `wait` at once (it would wait for a foreground command first).
+sessions=()
+start() {
+  setsid "$@" &
+  sessions+=("$!")
+}
+trap 'for s in "${sessions[@]}"; do kill -- -"$s" 2>/dev/null; done' EXIT
+trap 'exit 143' TERM INT HUP
+
+start nice -n 19 ionice -c 3 bash -c 'K8S_VERSION="$1" hack/k8s-binaries.sh >"$2" 2>&1; echo $? >"$3"' \
+  _ "$dra_version" "$build_log" "$build_rc"
+start "$0" --lane sandbox "$dra_version" >"$logs/sandbox.log" 2>&1
 sandbox=$!
-trap 'kill -- -"$build" -"$sandbox" 2>/dev/null' EXIT
 echo "run-tests: the sandbox lane runs beside this one (log: $logs/sandbox.log)" >&2
 
-run nice -n 10 "$0" --lane other "$dra_version"
+start nice -n 10 "$0" --lane other "$dra_version"
+run wait "$!"
 # The tests that hold host latencies to tight bounds, once the other lane is done: beside the sandbox
 # lane, which mostly waits, at nice -15, so that its processes never wait on the lane's (they sleep
 # most of their time and take little CPU).
-run nice -n -15 $pytest -m alone
+start nice -n -15 $pytest -m alone
+run wait "$!"
 wait "$sandbox"
 sandbox_status=$?
 echo "run-tests: the sandbox lane ended ($sandbox_status); its output:" >&2
