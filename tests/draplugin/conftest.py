@@ -230,6 +230,11 @@ class Cluster:
         found: tuple[str, str] = wait_for(condition, timeout, f"pod {pod} not scheduled")
         return found
 
+    def events(self, pod: str, reason: str) -> list[Any]:
+        """The pod's events of ``reason``, as the API server keeps them."""
+        found = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={pod}")
+        return [e for e in found.items if e.reason == reason]
+
     def unschedulable(self, pod: str, timeout: float = 90.0) -> str:
         """The message of the pod's PodScheduled=False condition with reason Unschedulable."""
         reason, message = self.not_scheduled(pod, timeout)

@@ -358,13 +358,7 @@ def test_a_claim_asking_more_than_its_pods_priority_grants_is_lowered_with_an_ev
         assert "qos best-effort" in limits
         assert len(list((tmp_path / "state" / "coordination").glob(f"*/best-effort/{uid}"))) == 1
         events = wait_for(
-            lambda: [
-                e
-                for e in cluster.core.list_namespaced_event(
-                    cluster.namespace, field_selector="involvedObject.name=scavenger"
-                ).items
-                if e.reason == QOS_LOWERED_REASON
-            ],
+            lambda: cluster.events("scavenger", QOS_LOWERED_REASON),
             30.0,
             "the QosClassLowered event",
         )
@@ -425,13 +419,7 @@ def test_a_failed_gpu_is_tainted_within_5s_new_claims_avoid_it_its_pods_are_told
     assert device_taints(driver, cluster.api)[1] == []
 
     [event] = wait_for(
-        lambda: [
-            e
-            for e in cluster.core.list_namespaced_event(
-                cluster.namespace, field_selector="involvedObject.name=victim"
-            ).items
-            if e.reason == GPU_UNHEALTHY_REASON
-        ],
+        lambda: cluster.events("victim", GPU_UNHEALTHY_REASON),
         30.0,
         "the TesseraGpuUnhealthy event",
     )

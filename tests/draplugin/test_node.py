@@ -144,8 +144,7 @@ def driver_written(node: Sandbox, claim_uid: str) -> dict[str, bytes]:
 
 
 def events(cluster: Cluster, pod: str, reason: str) -> list[str]:
-    found = cluster.core.list_namespaced_event(cluster.namespace, field_selector=f"involvedObject.name={pod}")
-    return [e.message for e in found.items if e.reason == reason]
+    return [e.message for e in cluster.events(pod, reason)]
 
 
 def test_two_claims_share_the_a100_each_held_to_its_own_share(node: Sandbox, cluster: Cluster) -> None:
