@@ -148,6 +148,7 @@ def latencies(request: Callable[[], None], gap_s: float) -> Result:
     return {
         "requests": len(timings),
         "p50_ms": round(timings[len(timings) // 2], 3),
+        "p90_ms": round(timings[min(len(timings) - 1, int(0.90 * len(timings)))], 3),
         "p99_ms": round(timings[min(len(timings) - 1, int(0.99 * len(timings)))], 3),
         "max_ms": round(timings[-1], 3),
         "window": [start, end],
