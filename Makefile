@@ -57,10 +57,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Everything the tests need but the DRA path's Kubernetes, three steps at a time: the Python
-# packages, the Debian packages and the base image download while Go compiles (docs/benchmarks.md,
-# "make test"). hack/run-tests.sh builds the DRA path's Kubernetes beside the first tests.
-test-deps: $(STAMP) native k8s-binaries-pinned prometheus-binaries sandbox-deps images lint
+# Everything the tests need, three steps at a time: the Python packages, the Debian packages and the
+# base image download while Go compiles (docs/benchmarks.md, "make test").
+test-deps: $(STAMP) native k8s-binaries prometheus-binaries sandbox-deps images lint
 
 test:
 	$(MAKE) --jobs=3 test-deps

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test run of `make test`, once `make test-deps` has built everything but the DRA path's
-# Kubernetes (the Makefile passes its version, DRA_K8S_VERSION). Two lanes run at once, because the
-# sandbox tests mostly wait (on pods, processes, timers) and leave a core idle:
+# The test run of `make test`, once `make test-deps` has built everything (the Makefile passes the DRA
+# path's Kubernetes version, DRA_K8S_VERSION). Two lanes run at once, because the sandbox tests mostly
+# wait (on pods, processes, timers) and leave a core idle:
 #
 #   the sandbox lane, at normal priority (the longest, so it sets the run's time): the tests that bring
 #     up a sandbox, one at a time (one sandbox fits a host: its bridge and the kubelet's host paths
@@ -14,10 +14,8 @@
 #     (the node agent's integration tests against its kube-apiserver, the extender behind its
 #     kube-scheduler).
 #
-# The DRA path's Kubernetes builds meanwhile at the lowest CPU and I/O priority (cold, that takes a
-# whole build off the critical path; warm, it finds its binaries and is done); each lane waits for it
-# only before its DRA tests. When the other lane is done, the tests that hold host latencies to tight
-# bounds run beside the sandbox lane at a high CPU priority.
+# When the other lane is done, the tests that hold host latencies to tight bounds run beside the
+# sandbox lane at a high CPU priority.
 #
 # Every step runs even when an earlier one failed; the exit status is the first failure's. The
 # sandbox lane's output goes to build/test-logs/sandbox.log, printed when the lane ends.
@@ -26,8 +24,6 @@ cd "$(dirname "$0")/.."
 
 usage="usage: hack/run-tests.sh DRA_K8S_VERSION"
 logs=build/test-logs
-build_log="$logs/k8s-binaries-dra.log"
-build_rc="$logs/k8s-binaries-dra.rc"
 pytest=.venv/bin/pytest
 
 status=0
@@ -37,14 +33,8 @@ run() {
   [ "$status" -ne 0 ] || status=$rc
 }
 
-# The DRA path's Kubernetes bin directory, once its build has ended; fails if the build failed.
+# The DRA path's Kubernetes bin directory (`make test-deps` built it).
 dra_bin() {
-  while [ ! -s "$build_rc" ]; do sleep 2; done
-  if [ "$(cat "$build_rc")" != 0 ]; then
-    echo "run-tests: building Kubernetes $dra_version failed:" >&2
-    tail -n 40 "$build_log" >&2
-    return 1
-  fi
   K8S_VERSION="$dra_version" hack/k8s-binaries.sh
 }
 
@@ -79,10 +69,9 @@ fi
 
 dra_version="${1:?$usage}"
 mkdir -p "$logs"
-rm -f "$build_rc"
 # Everything runs in sessions of its own, in the background, so that the EXIT trap stops the whole
-# of each (go and the compilers; pytest and its clusters) when the run ends early: a failure here,
-# Ctrl-C, CI's timeout. A signal ends `wait` at once (it would wait for a foreground command first).
+# of each (pytest and its clusters) when the run ends early: a failure here, Ctrl-C, CI's timeout. A
+# signal ends `wait` at once (it would wait for a foreground command first).
 sessions=()
 start() {
   setsid "$@" &
@@ -91,8 +80,6 @@ start() {
 trap 'for s in "${sessions[@]}"; do kill -- -"$s" 2>/dev/null; done' EXIT
 trap 'exit 143' TERM INT HUP
 
-start nice -n 19 ionice -c 3 bash -c 'K8S_VERSION="$1" hack/k8s-binaries.sh >"$2" 2>&1; echo $? >"$3"' \
-  _ "$dra_version" "$build_log" "$build_rc"
 start "$0" --lane sandbox "$dra_version" >"$logs/sandbox.log" 2>&1
 sandbox=$!
 echo "run-tests: the sandbox lane runs beside this one (log: $logs/sandbox.log)" >&2
