@@ -1,7 +1,8 @@
-"""Prometheus metrics: per GPU from NVML, per container from the hook's accounting regions (the
-series both agents serve, nodeagent/containermetrics.py), and per pod the cross-check of the two
-(:class:`AgentCollector`); the device plugin's own service to the kubelet, Allocate and
-registration, and the live resizes it followed (:class:`PluginMetrics`).
+"""Prometheus metrics: per GPU from NVML and the served records, and per container from the hook's
+accounting regions (the series both agents serve: nodeagent/gpumetrics.py, containermetrics.py),
+each GPU's slices, and per pod the cross-check of the two (:class:`AgentCollector`); the device
+plugin's own service to the kubelet, Allocate and registration, and the live resizes it followed
+(:class:`PluginMetrics`).
 
 The collector reads at scrape time, so a scrape always shows the current state and nothing is cached
 between them.
@@ -35,15 +36,14 @@ from deviceplugin.driveruse import (
     unmanaged_bytes,
 )
 from nodeagent.containermetrics import container_families, served_series
+from nodeagent.gpumetrics import GPU_LABELS, gpu_families
 from nodeagent.nvml import GpuReading
 from nodeagent.records import ServedRecord
 from nodeagent.statedir import ContainerDir, StateDir
-from tessera.contract import MIB, GpuGrant, GpuInfo, NodeGpuUsage, QosClass
+from tessera.contract import MIB, GpuInfo, NodeGpuUsage, QosClass
 
 log = logging.getLogger(__name__)
 
-# dcgm-exporter's label names, as the per-container series' (nodeagent/containermetrics.py).
-GPU_LABELS = ("Hostname", "UUID", "modelName")
 POD_LABELS = ("namespace", "pod", "Hostname", "UUID", "modelName")
 
 
@@ -132,10 +132,12 @@ class AgentCollector(Collector):
         # One read of the inventory and of the served records per scrape, shared by every family.
         inventory = self._inventory()
         records = [(where, record) for where, record in self._state.records()]
-        yield from self._gpu_metrics(inventory, records)
-        yield from container_families(
-            self._node, {gpu.uuid: gpu.model for gpu in inventory}, (served_series(w, r) for w, r in records)
-        )
+        series = [served_series(where, record) for where, record in records]
+        unhealthy = {gpu.uuid for gpu in inventory if not gpu.healthy}
+        quotas = (quota for one in series for quota in one.quotas)
+        yield from gpu_families(self._node, inventory, unhealthy, quotas, self._reading)
+        yield from self._slice_metrics(inventory, records)
+        yield from container_families(self._node, {gpu.uuid: gpu.model for gpu in inventory}, series)
         yield from self._driver_crosscheck(inventory, records)
         yield from self._oversubscription_metrics(inventory, records)
 
@@ -190,64 +192,23 @@ class AgentCollector(Collector):
                 measured_utilization.add_metric(labels, use.utilization_percent / 100)
         yield from (oversubscribed, refused, measured_used, measured_guaranteed, measured_utilization)
 
-    def _gpu_metrics(self, inventory: Inventory, records: Records) -> Iterator[GaugeMetricFamily]:
-        healthy = GaugeMetricFamily("tessera_gpu_healthy", "1 if the GPU is healthy", labels=GPU_LABELS)
-        capacity = GaugeMetricFamily(
-            "tessera_gpu_memory_capacity_bytes",
-            "GPU memory in the node's inventory: what quotas are allocated against",
-            labels=GPU_LABELS,
-        )
-        total = GaugeMetricFamily("tessera_gpu_memory_total_bytes", "GPU memory (NVML)", labels=GPU_LABELS)
-        used = GaugeMetricFamily("tessera_gpu_memory_used_bytes", "GPU memory in use", labels=GPU_LABELS)
-        utilization = GaugeMetricFamily(
-            "tessera_gpu_utilization_ratio", "Share of time a kernel ran, 0..1", labels=GPU_LABELS
-        )
+    def _slice_metrics(self, inventory: Inventory, records: Records) -> Iterator[GaugeMetricFamily]:
+        """The slices each GPU advertises to the kubelet, and those its served containers use."""
         slices = GaugeMetricFamily(
             "tessera_gpu_slices", "Slices advertised to the kubelet", labels=GPU_LABELS
         )
         slices_used = GaugeMetricFamily(
             "tessera_gpu_slices_used", "Containers served on the GPU (one slice each)", labels=GPU_LABELS
         )
-        memory_allocated = GaugeMetricFamily(
-            "tessera_gpu_memory_allocated_bytes",
-            "Sum of the memory quotas of the containers served on the GPU",
-            labels=GPU_LABELS,
-        )
-        cores_allocated = GaugeMetricFamily(
-            "tessera_gpu_cores_allocated_ratio",
-            "Sum of the compute quotas of the containers served on the GPU, 0..1 (beyond 1: overcommitted)",
-            labels=GPU_LABELS,
-        )
-        grants: dict[str, list[GpuGrant]] = defaultdict(list)
+        served: dict[str, int] = defaultdict(int)
         for _, record in records:
             for grant in record.gpus:
-                grants[grant.uuid].append(grant)
+                served[grant.uuid] += 1
         for gpu in inventory:
             labels = (self._node, gpu.uuid, gpu.model)
-            healthy.add_metric(labels, 1.0 if gpu.healthy else 0.0)
             slices.add_metric(labels, gpu.split)
-            capacity.add_metric(labels, gpu.total_memory_mib * MIB)
-            on_gpu = grants.get(gpu.uuid, [])
-            slices_used.add_metric(labels, len(on_gpu))
-            memory_allocated.add_metric(labels, sum(g.memory_quota_mib for g in on_gpu) * MIB)
-            cores_allocated.add_metric(labels, sum(g.cores for g in on_gpu) / 100)
-            reading = self._reading(gpu.uuid)
-            if reading is None:
-                continue
-            total.add_metric(labels, reading.memory_total_bytes)
-            used.add_metric(labels, reading.memory_used_bytes)
-            utilization.add_metric(labels, reading.utilization_ratio)
-        yield from (
-            healthy,
-            slices,
-            slices_used,
-            capacity,
-            memory_allocated,
-            cores_allocated,
-            total,
-            used,
-            utilization,
-        )
+            slices_used.add_metric(labels, served[gpu.uuid])
+        yield from (slices, slices_used)
 
     def _driver_crosscheck(self, inventory: Inventory, records: Records) -> Iterator[GaugeMetricFamily]:
         """Per pod and GPU: device memory its processes hold by NVML, and whether that exceeds what

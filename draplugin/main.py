@@ -164,7 +164,15 @@ def run(config: Config, stop: threading.Event) -> None:
     )
     publishing = HealthPublisher(book, gpus, config.keys, publisher, driver.tell_pods_on)
     registry = CollectorRegistry()
-    registry.register(ClaimCollector(config.node_name, gpus, state))
+    registry.register(
+        ClaimCollector(
+            config.node_name,
+            gpus,
+            state,
+            health=book.state,
+            reading=lambda uuid: nvml.reading(uuid) if nvml is not None else None,
+        )
+    )
     metrics = config.metrics
     authorize = scrape_authorizer(lambda review: post_review(api, review, TIMEOUT))
     metrics_server = serve_metrics(

@@ -529,8 +529,22 @@ def test_a_prepared_claims_series_are_served_to_an_allowed_scraper_only(
     assert series["tessera_container_compute_quota_ratio", labels] == 0.3
     assert series["tessera_container_memory_used_bytes", labels] == GIB
     assert series["tessera_container_memory_peak_bytes", labels] == GIB
-    # Unprepared: its series go with its record.
-    assert "tessera_container_memory_quota_bytes{" not in get(url, reader)[1]
+    # The GPU's series, as the device plugin's: its allocation is the claim's quotas; NVML's reading
+    # sees the process's gigabyte.
+    gpu = frozenset((k, v) for k, v in labels if k in {"Hostname", "UUID", "modelName"})
+    assert series["tessera_gpu_memory_allocated_bytes", gpu] == 2 * GIB
+    assert series["tessera_gpu_cores_allocated_ratio", gpu] == 0.3
+    assert series["tessera_gpu_healthy", gpu] == 1
+    assert series["tessera_gpu_memory_used_bytes", gpu] >= GIB
+    # Unprepared: its series go with its record, and its GPU's allocation with them.
+    after = get(url, reader)[1]
+    assert "tessera_container_memory_quota_bytes{" not in after
+    assert {
+        s.value
+        for family in text_string_to_metric_families(after)
+        for s in family.samples
+        if s.name == "tessera_gpu_memory_allocated_bytes"
+    } == {0}
 
 
 def test_status_lists_a_dra_claim_with_its_device_memory_cores_and_use(  # noqa: PLR0917 (fixtures are injected by name)

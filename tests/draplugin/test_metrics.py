@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,16 +18,23 @@ import fakegpu
 from draplugin.claims import claim_containers, plan_claim
 from draplugin.metrics import ClaimCollector
 from nodeagent.containermetrics import CONTAINER_LABELS
+from nodeagent.health import HealthBook
+from nodeagent.nvml import GpuReading
 from nodeagent.statedir import REGION_NAME, StateDir
-from tessera.contract import KEYS
+from tessera.contract import KEYS, MIB, GpuInfo
 from tests.draplugin.test_driver import A100, GIB, JOB, NODE, REF, T4, Claims, claim, driver, pod
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def scrape(state: StateDir) -> Series:
+def scrape(
+    state: StateDir,
+    book: HealthBook | None = None,
+    reading: Callable[[str], GpuReading | None] = lambda uuid: None,
+) -> Series:
+    health = (book or HealthBook((A100.uuid, T4.uuid), 1.0)).state
     registry = CollectorRegistry()
-    registry.register(ClaimCollector(NODE, (A100, T4), state))
+    registry.register(ClaimCollector(NODE, (A100, T4), state, health=health, reading=reading))
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
         for family in text_string_to_metric_families(generate_latest(registry).decode())
@@ -96,7 +104,7 @@ def test_a_pods_own_claim_has_the_container_series_with_its_pod_container_and_na
     # The device plugin's label names, no other.
     assert {name for lbls in (k[1] for k in found) for name, _ in lbls} == set(CONTAINER_LABELS)
     d.unprepare(REF)
-    assert scrape(d.state) == {}
+    assert not [name for name, _ in scrape(d.state) if name.startswith("tessera_container_")]
 
 
 def test_a_claim_that_is_not_one_pods_or_one_containers_names_none(tmp_path: Path) -> None:
@@ -117,6 +125,39 @@ def test_a_claim_that_is_not_one_pods_or_one_containers_names_none(tmp_path: Pat
     d = driver(tmp_path, Claims(owned(claim()), pods=(using(*JOB, "main", "helper"),)))
     d.prepare(REF)
     assert scrape(d.state)["tessera_container_memory_quota_bytes", labels(container="")] == GIB
+
+
+def gpu(info: GpuInfo) -> frozenset[tuple[str, str]]:
+    return frozenset({"Hostname": NODE, "UUID": info.uuid, "modelName": info.model}.items())
+
+
+def test_each_gpu_has_the_device_plugins_gpu_series_its_claims_quotas_adding_up(tmp_path: Path) -> None:
+    """The series the overcommit alerts and the dashboard's GPU panels read, as the device plugin
+    serves them: each GPU's allocation is the sum of the quotas of the claims prepared on it, its
+    health the health book's, its memory and utilisation NVML's."""
+    d = driver(tmp_path, Claims(owned(claim()), pods=(using(*JOB, "main"),)))
+    book = HealthBook((A100.uuid, T4.uuid), 1.0)
+    readings = {A100.uuid: GpuReading(A100.uuid, 40 * GIB, 3 * GIB, 0.25)}
+    a100, t4 = gpu(A100), gpu(T4)
+    assert scrape(d.state, book, readings.get)["tessera_gpu_memory_allocated_bytes", a100] == 0
+    d.prepare(REF)
+    found = scrape(d.state, book, readings.get)
+    assert found["tessera_gpu_memory_allocated_bytes", a100] == GIB
+    assert found["tessera_gpu_cores_allocated_ratio", a100] == 0.3
+    assert found["tessera_gpu_memory_capacity_bytes", a100] == A100.total_memory_mib * MIB
+    assert found["tessera_gpu_memory_allocated_bytes", t4] == 0
+    assert found["tessera_gpu_cores_allocated_ratio", t4] == 0
+    assert found["tessera_gpu_healthy", a100] == found["tessera_gpu_healthy", t4] == 1
+    assert found["tessera_gpu_memory_used_bytes", a100] == 3 * GIB
+    assert found["tessera_gpu_utilization_ratio", a100] == 0.25
+    # NVML has no reading of the T4: none of its NVML series, the others stay.
+    assert ("tessera_gpu_memory_used_bytes", t4) not in found
+    book.record_xid(A100.uuid, 79)
+    found = scrape(d.state, book, readings.get)
+    assert found["tessera_gpu_healthy", a100] == 0
+    assert found["tessera_gpu_healthy", t4] == 1
+    d.unprepare(REF)
+    assert scrape(d.state, book, readings.get)["tessera_gpu_memory_allocated_bytes", a100] == 0
 
 
 def test_what_a_tenant_writes_raises_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -157,7 +198,7 @@ def test_records_that_are_not_a_claims_own_are_skipped(
     with caplog.at_level(logging.WARNING):
         found = scrape(d.state)
         scrape(d.state)
-    assert {dict(k[1])["claim"] for k in found} == {REF.name}
+    assert {dict(k[1])["claim"] for k in found if k[0].startswith("tessera_container_")} == {REF.name}
     assert caplog.text.count(f"{broken.prepared}: not JSON") == 1
 
 

@@ -513,7 +513,12 @@ def test_dashboard_queries_only_metrics_the_components_export(repo_root: Path) -
     queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
     exported = "".join(
         (repo_root / source).read_text()
-        for source in ("deviceplugin/metrics.py", "nodeagent/containermetrics.py", "extender/metrics.py")
+        for source in (
+            "deviceplugin/metrics.py",
+            "nodeagent/gpumetrics.py",
+            "nodeagent/containermetrics.py",
+            "extender/metrics.py",
+        )
     )
     names = {re.sub(r"_(total|bucket)$", "", m) for q in queries for m in re.findall(r"tessera_[a-z_]+", q)}
     assert names, "the dashboard queries no Tessera metric"

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from deviceplugin.metrics import AgentCollector, PluginMetrics
 from draplugin.metrics import ClaimCollector
 from extender.metrics import Metrics
+from nodeagent.health import HealthBook
 from nodeagent.nvml import GpuReading
 from nodeagent.records import GpuQuota, PreparedRecord, ServedRecord, dump_record
 from nodeagent.statedir import StateDir
@@ -219,7 +220,8 @@ def test_every_dashboard_query_answers_with_data(prometheus: Prometheus) -> None
     }
 
 
-def test_the_alerts_load_and_evaluate(prometheus: Prometheus) -> None:
+def test_the_alerts_load_and_evaluate(prometheus: Prometheus, repo_root: Path) -> None:
+    rules_file = repo_root / "deploy" / "prometheus" / "tessera-alerts.yaml"
     deadline = time.monotonic() + 30
     while True:
         groups = prometheus.get("/api/v1/rules")["groups"]
@@ -230,7 +232,7 @@ def test_the_alerts_load_and_evaluate(prometheus: Prometheus) -> None:
         ):
             break
         time.sleep(0.5)
-    assert len(rules) == 9
+    assert len(rules) == sum(len(g["rules"]) for g in yaml.safe_load(rules_file.read_text())["groups"])
     assert {name: r["health"] for name, r in rules.items()} == dict.fromkeys(rules, "ok")
     # Nothing is wrong with these exporters: no alert fires (the tripwires least of all).
     assert prometheus.get("/api/v1/alerts")["alerts"] == []
@@ -268,7 +270,8 @@ def test_a_dra_claims_series_keep_its_labels_and_none_of_the_drivers_pod(
         ),
     )
     registry = CollectorRegistry()
-    registry.register(ClaimCollector(NODE, inventory, state))
+    book = HealthBook((GPUS[0],), 1.0)
+    registry.register(ClaimCollector(NODE, inventory, state, health=book.state, reading=lambda uuid: None))
     server, thread = start_http_server(0, "127.0.0.1", registry=registry)
     target = {"namespace": "kube-system", "pod": "tessera-dra-x7k2p", "container": "driver"}
     job = {
@@ -281,6 +284,7 @@ def test_a_dra_claims_series_keep_its_labels_and_none_of_the_drivers_pod(
             tmp_path, repo_root / "deploy" / "prometheus" / "tessera-alerts.yaml", [job]
         ) as p:
             found = p.query("tessera_container_memory_quota_bytes")
+            allocated = p.query("tessera_gpu_memory_allocated_bytes")
     finally:
         server.shutdown()
         thread.join(timeout=10)
@@ -293,3 +297,7 @@ def test_a_dra_claims_series_keep_its_labels_and_none_of_the_drivers_pod(
     }
     assert by_claim["shared"]["namespace"] == "ml"
     assert "pod" not in by_claim["shared"] and "container" not in by_claim["shared"], by_claim["shared"]
+    # The GPU's series, as the device plugin's: the dashboard's GPU panels and the tripwires read them.
+    [gpu] = allocated
+    assert gpu["metric"]["UUID"] == GPUS[0] and gpu["metric"]["job"] == "tessera-dra"
+    assert float(gpu["value"][1]) == 2 * 2**30

@@ -74,7 +74,12 @@ def test_alert_unit_test(test_file: Path) -> None:
 def test_alerts_query_only_metrics_the_components_export(repo_root: Path) -> None:
     exported = "".join(
         (repo_root / source).read_text()
-        for source in ("deviceplugin/metrics.py", "nodeagent/containermetrics.py", "extender/metrics.py")
+        for source in (
+            "deviceplugin/metrics.py",
+            "nodeagent/gpumetrics.py",
+            "nodeagent/containermetrics.py",
+            "extender/metrics.py",
+        )
     )
     names = {
         re.sub(r"_(total|bucket|count|sum)$", "", m)
