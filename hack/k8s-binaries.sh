@@ -172,7 +172,14 @@ build_containerd() {
 }
 
 link_tool etcd "$tools/etcd-$ETCD_VERSION/etcd" build_etcd
-build_helm
+# Helm is built per version (its default .Capabilities.KubeVersion is the minor it is built for), one
+# build at a time: the second then finds every package in Go's build cache and only links (seconds),
+# where two at once would each compile all of helm.
+mkdir -p "$tools"
+(
+  flock 9
+  build_helm
+) 9>"$tools/.helm-build.lock"
 build_kubernetes
 link_tool coredns "$tools/coredns-$COREDNS_VERSION/coredns" build_coredns
 # The shim and ctr are built with containerd; containerd is linked last, so a build cut short is redone.
