@@ -34,8 +34,9 @@ from typing import Any, NamedTuple
 from bench.fleet import GPUS_PER_NODE, node_inventory
 from extender import wire
 from extender.metrics import Metrics
+from extender.podrecords import PodAllocation
 from extender.service import Extender, Refusal
-from extender.state import ClusterState, PodAllocation
+from extender.state import ClusterState
 from extender.watch import settle_heap
 from tessera.contract import (
     KEYS,

@@ -20,7 +20,8 @@ from operator import attrgetter, not_
 from extender.budgets import Budget, parse_budgets
 from extender.kube import PODS, ApiError, KubeApi
 from extender.metrics import BindFailure, Metrics
-from extender.state import ClusterState, PodAllocation, preemption_facts
+from extender.podrecords import PodAllocation, preemption_facts
+from extender.state import ClusterState
 from extender.wire import Victims
 from tessera.contract import (
     Allocation,
@@ -178,11 +179,8 @@ class Extender:
         # Beside a kube-scheduler that elects a leader: bind only while it leads (see leads).
         self.leader = leader
         self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
-        # Binds waiting for a change of pods in flight (see _decide_waiting).
-        self._waiting_binds: set[asyncio.Event] = set()
         # Background checks of reservations (see _reserve).
         self._checks: set[asyncio.Task[None]] = set()
-        state.on_pods_changed = self._wake_waiting_binds
 
     # ----------------------------------------------------------------------------------------------
     # filter
@@ -298,7 +296,7 @@ class Extender:
     async def _recheck(self, pod: JsonObject, nodes: Sequence[str]) -> bool:
         """The pods of ``nodes`` read from the API server into the state; whether any pod's
         allocation or phase changed meanwhile (by this read, or by the watch while it waited)."""
-        changes = self.state.pod_changes
+        changes = self.state.changes.count
         try:
             async with asyncio.timeout(RECHECK_TIMEOUT):
                 listed = await asyncio.gather(*map(self._node_pods, nodes))
@@ -308,7 +306,7 @@ class Extender:
             return False
         for node_pods in listed:
             self._catch_up(node_pods)
-        changed = self.state.pod_changes != changes
+        changed = self.state.changes.count != changes
         self.metrics.filter_rechecks.labels("changed" if changed else "unchanged").inc()
         return changed
 
@@ -724,19 +722,7 @@ class Extender:
             remaining = deadline - time.monotonic()
             if not isinstance(decided, Refusal) or decided.reason != "inflight" or remaining <= 0:
                 return decided
-            changed = asyncio.Event()
-            self._waiting_binds.add(changed)
-            try:
-                async with asyncio.timeout(remaining):
-                    await changed.wait()
-            except TimeoutError:
-                pass
-            finally:
-                self._waiting_binds.discard(changed)
-
-    def _wake_waiting_binds(self) -> None:
-        for changed in self._waiting_binds:
-            changed.set()
+            await self.state.changes.wait(remaining)
 
     def decide(self, pod: JsonObject, request: PodRequest, node: str, now: datetime) -> Allocation | Refusal:
         """Bind's in-memory half: the allocation on ``node`` against the current state, assumed at

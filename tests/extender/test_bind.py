@@ -344,7 +344,7 @@ def test_a_filter_the_inflight_rule_refused_reads_the_node_before_it_answers(sta
     api.pods["first"]["metadata"]["annotations"][KEYS.allocation_phase] = Phase.ALLOCATED.value
     assert filtered().passed == ["n"]
     assert rechecks("changed") == 1
-    assert state.counted("uid-first").phase == Phase.ALLOCATED.value  # type: ignore[union-attr]
+    assert state.counted_as("uid-first").phase == Phase.ALLOCATED.value  # type: ignore[union-attr]
     # Counted once per call, rechecked or not.
     assert ext.metrics.pods_filtered.labels("infeasible")._value.get() == 1
     assert ext.metrics.pods_filtered.labels("feasible")._value.get() == 1

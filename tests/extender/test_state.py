@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from extender.state import ClusterState, PodAllocation
+from extender.podrecords import PodAllocation
+from extender.state import ClusterState
 from tessera.contract import (
     KEYS,
     Allocation,
