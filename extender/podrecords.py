@@ -18,6 +18,7 @@ from tessera.contract import (
     ContractError,
     ContractKeys,
     JsonObject,
+    Phase,
     PodShapeError,
     parse_allocation,
     pod_priority,
@@ -183,3 +184,17 @@ def with_resize(allocation: Allocation, resized: Allocation | None) -> Allocatio
             )
         )
     return allocation.model_copy(update={"containers": tuple(containers)})
+
+
+def bound_record(pod: JsonObject, allocation: Allocation, bind_time: datetime) -> PodAllocation:
+    """The record of ``pod`` bound here with ``allocation`` at ``bind_time`` (phase allocating)."""
+    metadata = pod.get("metadata") or {}
+    return PodAllocation(
+        uid=str(metadata.get("uid")),
+        namespace=str(metadata.get("namespace")),
+        name=str(metadata.get("name")),
+        allocation=allocation,
+        phase=Phase.ALLOCATING.value,
+        bind_time=bind_time,
+        **preemption_facts(pod),
+    )

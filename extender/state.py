@@ -209,3 +209,14 @@ class ClusterState:
 
     def oversubscribed_gpus(self) -> int:
         return self.counted.oversubscribed_gpus()
+
+
+class NotSyncedError(RuntimeError):
+    """The caches are not yet filled from the API server (just started): deciding now could give
+    away capacity that pods already hold, so every verb refuses until they are."""
+
+
+def require_synced(state: ClusterState) -> None:
+    missing = state.unsynced()
+    if missing:
+        raise NotSyncedError(f"tessera extender is starting: caches not synced ({', '.join(missing)})")

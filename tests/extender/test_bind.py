@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from extender.filtering import FilterAnswer
 from extender.kube import ApiError
+from extender.leader import LeaderLease
 from extender.metrics import Metrics
-from extender.service import Extender, FilterAnswer, LeaderLease
+from extender.service import Extender
 from extender.state import ClusterState
 from tessera.contract import KEYS, JsonObject, Phase, QosClass, parse_allocation
 from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles
@@ -102,7 +104,12 @@ def state() -> ClusterState:
     return s
 
 
-def extender(state: ClusterState, api: FakeApi, qos_thresholds: QosThresholds | None = None) -> Extender:
+def extender(
+    state: ClusterState,
+    api: FakeApi,
+    qos_thresholds: QosThresholds | None = None,
+    leader: LeaderLease | None = None,
+) -> Extender:
     return Extender(
         state,
         api,  # type: ignore[arg-type]
@@ -112,6 +119,7 @@ def extender(state: ClusterState, api: FakeApi, qos_thresholds: QosThresholds | 
         clock=lambda: NOW,
         inflight_wait=timedelta(milliseconds=50),
         qos_thresholds=qos_thresholds,
+        leader=leader,
     )
 
 
@@ -217,8 +225,7 @@ def test_only_the_leading_replica_binds(state: ClusterState) -> None:
     """Beside a leader-elected kube-scheduler, an extender binds only while its own scheduler holds
     the Lease: a replica that lost it (or released it on its way out) may still have binds queued."""
     api = FakeApi([api_pod("p")])
-    ext = extender(state, api)
-    ext.leader = LeaderLease("tessera-system", "tessera-scheduler", "sched-a")
+    ext = extender(state, api, leader=LeaderLease("tessera-system", "tessera-scheduler", "sched-a"))
     for holder in ("sched-b_4f1d", ""):
         api.lease_holder = holder
         refused = bind(ext, "default", "p", "uid-p", "n")
@@ -423,7 +430,7 @@ def test_unchecked_reservations_are_bounded(state: ClusterState) -> None:
     async def flood() -> int:
         for i in range(200):
             ext.filter(gpu_pod(f"fake-{i}", uid=f"uid-fake-{i}", memory=1), ["n"])
-        count = len(ext._checks)
+        count = ext.reserver.unchecked()
         await asyncio.sleep(0.01)
         return count
 

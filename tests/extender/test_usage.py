@@ -192,14 +192,14 @@ def test_an_old_measurement_holds_as_of_a_newer_heartbeat() -> None:
 def test_an_unreadable_measurement_leaves_the_node_unmeasured_with_a_log_line(
     text: str, field: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="extender.state"):
+    with caplog.at_level(logging.WARNING, logger="extender.nodebook"):
         state = make_state(RULE, text, [guaranteed()])
     assert measured(state) is None
     assert state.engine.nodes["n"].schedulable  # by requests, the node serves as ever
     [line] = [r.getMessage() for r in caplog.records]
     assert "node 'n'" in line and field in line
     # The same text again (the node updated for its heartbeat): no second line.
-    with caplog.at_level(logging.WARNING, logger="extender.state"):
+    with caplog.at_level(logging.WARNING, logger="extender.nodebook"):
         state.upsert_node(gpu_node(text), NOW + timedelta(seconds=5))
     assert len(caplog.records) == 1
     # Fixed: measured at once.
