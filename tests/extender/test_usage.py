@@ -26,8 +26,8 @@ from tessera.contract import (
     parse_allocation,
 )
 from tessera.placement import PlacementEngine, SpeedProfiles, UsageRule
+from tests.extender.bindcase import FakeApi, api_pod, bind, extender
 from tests.extender.helpers import bound_to, gpu_pod, inventory, node_object
-from tests.extender.test_bind import FakeApi, api_pod, bind, extender
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 RULE = UsageRule(margin_mib=1024, margin_percent=10, max_age=timedelta(seconds=30))
