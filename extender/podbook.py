@@ -14,12 +14,12 @@ state in the engine (:class:`CountedNodes`); a change of a pod's allocation or p
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import Iterable
 
 from extender.countednodes import CountedNodes
 from extender.inflightbook import InflightBook
+from extender.podchanges import PodChanges
 from extender.podrecords import PodAllocation, PodRecord, parse_pod, resource_version, with_resize
 from tessera.contract import Allocation, ContractKeys, JsonObject
 from tessera.inflight import is_allocating
@@ -29,32 +29,6 @@ from tessera.placement import NodeFit
 # applied after it cannot bring the pod back (a UID is never reused). A read is applied within
 # seconds of being served; this many deletions take far longer on any cluster.
 REMEMBERED_GONE = 65536
-
-
-class PodChanges:
-    """How many times a pod's counted allocation or phase changed (what was decided before an await
-    may be outdated after it), and the binds waiting for the next change (the in-flight rule)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._waiting: set[asyncio.Event] = set()
-
-    def changed(self) -> None:
-        self.count += 1
-        for waiting in self._waiting:
-            waiting.set()
-
-    async def wait(self, timeout: float) -> None:
-        """Until the next change, or ``timeout`` seconds."""
-        changed = asyncio.Event()
-        self._waiting.add(changed)
-        try:
-            async with asyncio.timeout(timeout):
-                await changed.wait()
-        except TimeoutError:
-            pass
-        finally:
-            self._waiting.discard(changed)
 
 
 class PodBook:

@@ -9,7 +9,7 @@ decisions: the parts, composed, behind the one object the verbs, the watches and
   answers there.
 * :class:`CountedNodes` (``countednodes.py``): the placement engine's nodes, rebuilt from the books;
   the verbs' questions to the engine.
-* :class:`PodChanges` (``podbook.py``): how many times pods changed; binds waiting for the next.
+* :class:`PodChanges` (``podchanges.py``): how many times pods changed; binds waiting for the next.
 
 Not thread-safe, by design, and no part takes a lock: the extender's event loop owns the state
 (watches, the heartbeat sweep and the HTTP handlers are all tasks on that one loop), and no method
@@ -26,7 +26,8 @@ from extender.budgets import Budget
 from extender.countednodes import CountedNodes
 from extender.inflightbook import InflightBook, InflightPods
 from extender.nodebook import NodeBook
-from extender.podbook import PodBook, PodChanges
+from extender.podbook import PodBook
+from extender.podchanges import PodChanges
 from extender.podrecords import PodAllocation
 from extender.reservations import Reservations
 from tessera.contract import Allocation, ContractKeys, JsonObject

@@ -3,11 +3,8 @@ the changes binds wait for."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from extender.podbook import PodChanges
 from extender.state import ClusterState
 from tests.extender.statecase import NOW, allocation, one_node_state, pod, record, used
 
@@ -108,18 +105,6 @@ def test_every_counted_change_is_told_and_the_echo_of_a_bind_is_not(state: Clust
     assert state.changes.count == changes + 1
     state.pods.upsert(pod("a", bound=True, phase="allocated"))
     assert state.changes.count == changes + 2
-
-
-def test_a_waiting_bind_wakes_on_the_next_change_or_its_timeout(state: ClusterState) -> None:
-    async def scenario() -> None:
-        waiting = asyncio.create_task(state.changes.wait(5.0))
-        await asyncio.sleep(0)
-        state.pods.assume(record("a"))
-        async with asyncio.timeout(1.0):
-            await waiting
-        await PodChanges().wait(0.01)  # nobody changes anything: back after the timeout
-
-    asyncio.run(scenario())
 
 
 def test_the_pods_kube_scheduler_could_evict_are_bound_and_not_being_deleted(state: ClusterState) -> None:
