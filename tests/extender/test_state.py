@@ -8,6 +8,7 @@ import pytest
 
 from extender.state import ClusterState
 from tessera.contract import KEYS
+from tessera.placement import PlacementEngine, SpeedProfiles
 from tests.extender.helpers import inventory, node_object
 from tests.extender.statecase import NOW, one_node_state
 
@@ -38,3 +39,16 @@ def test_unreadable_inventory_is_a_reason_and_no_inventory_is_no_node(state: Clu
     )
     state.upsert_node(node_object("n", None, NOW), NOW)
     assert "n" not in state.engine.nodes
+
+
+def test_a_relist_of_nodes_drops_the_ones_not_listed_and_marks_them_synced() -> None:
+    state = ClusterState(PlacementEngine(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(seconds=60))
+    assert state.unsynced() == ["nodes", "pods"]
+    state.replace_nodes(
+        [node_object(name, inventory(name, "Tesla T4", 15360), NOW) for name in ("n", "m")], NOW
+    )
+    assert state.unsynced() == ["pods"] and state.node_count() == 2
+    state.replace_nodes([node_object("m", inventory("m", "Tesla T4", 15360), NOW)], NOW)
+    assert not state.knows_node("n") and state.node("m") is not None
+    state.replace_pods([])
+    assert state.unsynced() == []
