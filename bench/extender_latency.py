@@ -33,9 +33,11 @@ from typing import Any, NamedTuple
 
 from bench.fleet import GPUS_PER_NODE, node_inventory
 from extender import wire
+from extender.deciding import Refusal
 from extender.metrics import Metrics
-from extender.service import Extender, Refusal
-from extender.state import ClusterState, PodAllocation
+from extender.podrecords import PodAllocation
+from extender.service import Extender
+from extender.state import ClusterState
 from extender.watch import settle_heap
 from tessera.contract import (
     KEYS,
@@ -182,7 +184,7 @@ def schedule(extender: Extender, pod: dict[str, Any], names: list[str]) -> Timed
     filtered = handle_filter(extender, body)
     wall, cpu = time.perf_counter() - started, time.thread_time() - started_cpu
     passed = json.loads(filtered)["NodeNames"]
-    if extender.filter_keeps_best or not passed:
+    if extender.filtering.keeps_best or not passed:
         return Timed(passed[0] if passed else None, wall, cpu)
     body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed}).encode()
     started, started_cpu = time.perf_counter(), time.thread_time()

@@ -26,7 +26,8 @@ from datetime import UTC, datetime, timedelta
 
 from extender.budgets import parse_budgets
 from extender.metrics import Metrics
-from extender.service import PREEMPT_SETS, Extender
+from extender.preempting import PREEMPT_SETS
+from extender.service import Extender
 from extender.state import ClusterState
 from extender.wire import Victims
 from tessera.contract import (

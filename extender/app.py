@@ -23,7 +23,8 @@ from extender import wire
 from extender.kube import ApiError
 from extender.metrics import Metrics, VerbName
 from extender.server import Limits
-from extender.service import Extender, NotSyncedError
+from extender.service import Extender
+from extender.state import NotSyncedError
 from extender.watch import Watcher
 from tessera.contract import PodShapeError
 from tessera.scrapeauth import AccessCache, drive_async, review_scrape

@@ -18,11 +18,13 @@ import uvloop
 from kubernetes.config import ConfigException
 
 from extender.app import ExtenderApp, create_app
+from extender.binding import DEFAULT_SCHEDULER_NAME
 from extender.kube import KubeApi, load_configuration
+from extender.leader import LeaderLease
 from extender.metrics import Metrics
 from extender.resizing import Resizer
 from extender.server import Limits, uvicorn_options
-from extender.service import DEFAULT_SCHEDULER_NAME, Extender, LeaderLease
+from extender.service import Extender
 from extender.state import ClusterState
 from extender.watch import Watcher
 from tessera.cliargs import (

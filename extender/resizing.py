@@ -27,7 +27,8 @@ from enum import Enum
 
 from extender.kube import ApiError, KubeApi
 from extender.metrics import Metrics
-from extender.state import TERMINAL_POD_PHASES, ClusterState
+from extender.podrecords import TERMINAL_POD_PHASES
+from extender.state import ClusterState
 from tessera.contract import (
     Allocation,
     ContractError,

@@ -20,8 +20,8 @@ from tessera.contract import KEYS, JsonObject
 from tessera.placement import PlacementEngine, SpeedProfiles
 from tessera.placement.engine import UNKNOWN_NODE
 from tessera.scrapeauth import TOKEN_REVIEWS, AccessCache, Review
+from tests.extender.bindcase import extender
 from tests.extender.helpers import gpu_pod, inventory, node_object
-from tests.extender.test_bind import extender
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -16,8 +16,9 @@ import pytest
 
 from extender.kube import ApiError
 from extender.metrics import Metrics
+from extender.podrecords import PodAllocation
 from extender.resizing import DRA_REFUSAL, Resizer
-from extender.state import ClusterState, PodAllocation
+from extender.state import ClusterState
 from tessera.contract import (
     KEYS,
     JsonObject,

@@ -26,8 +26,8 @@ from tessera.contract import (
     parse_allocation,
 )
 from tessera.placement import PlacementEngine, SpeedProfiles, UsageRule
+from tests.extender.bindcase import FakeApi, api_pod, bind, extender
 from tests.extender.helpers import bound_to, gpu_pod, inventory, node_object
-from tests.extender.test_bind import FakeApi, api_pod, bind, extender
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 RULE = UsageRule(margin_mib=1024, margin_percent=10, max_age=timedelta(seconds=30))
@@ -192,14 +192,14 @@ def test_an_old_measurement_holds_as_of_a_newer_heartbeat() -> None:
 def test_an_unreadable_measurement_leaves_the_node_unmeasured_with_a_log_line(
     text: str, field: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="extender.state"):
+    with caplog.at_level(logging.WARNING, logger="extender.nodebook"):
         state = make_state(RULE, text, [guaranteed()])
     assert measured(state) is None
     assert state.engine.nodes["n"].schedulable  # by requests, the node serves as ever
     [line] = [r.getMessage() for r in caplog.records]
     assert "node 'n'" in line and field in line
     # The same text again (the node updated for its heartbeat): no second line.
-    with caplog.at_level(logging.WARNING, logger="extender.state"):
+    with caplog.at_level(logging.WARNING, logger="extender.nodebook"):
         state.upsert_node(gpu_node(text), NOW + timedelta(seconds=5))
     assert len(caplog.records) == 1
     # Fixed: measured at once.

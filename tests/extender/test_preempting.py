@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 from extender.app import create_app
 from extender.kube import ApiError
 from extender.metrics import Metrics
-from extender.service import DISRUPTION_BUDGETS, Extender
+from extender.preempting import DISRUPTION_BUDGETS
+from extender.service import Extender
 from extender.state import ClusterState
 from tessera.contract import KEYS, JsonObject
 from tessera.placement import PlacementEngine, SpeedProfiles
