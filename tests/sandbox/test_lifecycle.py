@@ -1,18 +1,23 @@
 """The sandbox's infrastructure on a real host: `up` refuses what it cannot run and cleans up after a
-failed start; the demo, with a clean `down` after it. `down` after the kubelet died:
-test_cluster_services.py, on the shared sandbox."""
+failed start; the demo, with a clean `down` after it; `down` where the runtime left a container frozen.
+`down` after the kubelet died: test_chaos.py, last on the shared sandbox."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from sandbox import cluster
+from sandbox import cluster, host
 from sandbox.controlplane import ControlPlaneError
+from sandbox.layout import CGROUP_ROOT, Layout
 from tests.sandbox.conftest import HostView, differences
 
 pytestmark = pytest.mark.sandbox
@@ -85,3 +90,42 @@ def test_demo_shows_placements_quota_refusals_and_the_pending_reason_then_cleans
     assert "no GPU with 81920 MiB of memory; largest has 40960 MiB" in out
     assert out.rstrip().endswith("sandbox down: nothing left on the host")
     assert differences(host_before, sandbox_root) == []
+
+
+def _freezer() -> tuple[Path, str, str]:
+    """The freezer: the v1 hierarchy's (file, frozen value), or cgroup v2's."""
+    v1 = host.CGROUP_MOUNT / "freezer"
+    if (v1 / "cgroup.procs").exists():
+        return v1, "freezer.state", "FROZEN"
+    return host.CGROUP_MOUNT, "cgroup.freeze", "1"
+
+
+def test_down_kills_a_container_its_runtime_left_frozen(sandbox_root: Path, host_before: HostView) -> None:
+    """runc freezes a container's cgroup while it changes its device rules (cgroup v1) and thaws it
+    after; killed in between (the chaos test kills containerd at random, and a full run once left a
+    pod's `sleep` so, SIGKILL pending for good), it leaves the container frozen. `down` thaws the
+    sandbox's cgroups before it kills, and the host is clean."""
+    sandbox_root.mkdir()
+    host.take_snapshot(Layout(sandbox_root))  # an `up` began here: `down` cleans the host
+    hierarchy, control, frozen = _freezer()
+    group = hierarchy / CGROUP_ROOT / "container"
+    group.mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        (group / "cgroup.procs").write_text(str(sleeper.pid))
+        (group / control).write_text(frozen)
+        deadline = time.monotonic() + 10
+        while (group / control).read_text().strip() != frozen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(sleeper.pid, signal.SIGKILL)
+        time.sleep(0.5)
+        assert sleeper.poll() is None, "a frozen process acted on SIGKILL: the test shows nothing"
+        assert cluster.down(sandbox_root, report=lambda _: None) == []
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert not group.exists()
+        assert differences(host_before, sandbox_root) == []
+    finally:
+        with contextlib.suppress(OSError):
+            (group / control).write_text("THAWED" if control == "freezer.state" else "0")
+        sleeper.kill()
+        sleeper.wait(timeout=10)

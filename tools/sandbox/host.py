@@ -333,6 +333,18 @@ def component_processes(layout: Layout) -> set[int]:
     return found
 
 
+def thaw_cgroups() -> None:
+    """Thaw the sandbox's frozen cgroups, whose processes would never act on SIGKILL. runc freezes a
+    container's cgroup while it changes its device rules (cgroup v1) and thaws it after; killed in
+    between (the chaos test kills containerd and the kubelet at random), it leaves the container
+    frozen: a `down` after it found a pod's `sleep` in state D with SIGKILL pending, its cgroup
+    FROZEN, for as long as it tried."""
+    for directory in cgroup_dirs():
+        for name, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+            with contextlib.suppress(OSError):  # not a freezer hierarchy's, or gone meanwhile
+                (directory / name).write_text(thawed)
+
+
 def kill_all(pids: Iterable[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -452,6 +464,7 @@ def _remove_own_entries(layout: Layout) -> None:
 
 def restore_host(layout: Layout) -> None:
     """Everything after the processes are gone: mounts, devices, cgroups, host dirs, sysctls."""
+    thaw_cgroups()
     kill_all(cgroup_pids())
     kill_all(component_processes(layout))
     unmount(mount_points([layout.root, HOST_CONTAINERD_RUN, HOST_KUBELET_DIR]))
