@@ -318,11 +318,6 @@ class ContractKeys:
         """The CDI ``vendor/class`` of the devices the DRA driver prepares."""
         return f"{self.domain}/gpu-share"
 
-    @property
-    def placement_annotations(self) -> tuple[str, str, str]:
-        """The annotations only Tessera writes on a pod: the decision and its progress."""
-        return (self.allocation, self.allocation_phase, self.bind_time)
-
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -342,7 +337,6 @@ KEYS = keys_for(os.environ.get(DOMAIN_ENV, DEFAULT_DOMAIN))
 
 DRA_MEMORY_CAPACITY = "memory"  # bytes
 DRA_CORES_CAPACITY = "cores"  # percent of the GPU's time; 0 = no compute quota
-GPU_SHARE_CONFIG_KIND = "GpuShareConfig"
 
 
 class GpuShareConfig(BaseModel):
