@@ -36,7 +36,7 @@ from nodeagent.health import health_threads
 from nodeagent.kubeapi import load_api
 from nodeagent.metricsserver import scrape_authorizer, serve_metrics
 from nodeagent.nodelock import serve_holding_node
-from nodeagent.nvml import GpuReading, discover_gpus
+from nodeagent.nvml import discover_gpus, gpu_reader
 from nodeagent.statedir import StateDir
 from tessera.contract import GpuInfo, SharingMode
 
@@ -123,8 +123,7 @@ def run(config: Config, stop: threading.Event) -> None:
         report = DaemonReport(config.mps_control, mps_paths(config.state_dir))
         report.wait(stop, config.mps_wait_seconds)
 
-    def reading(uuid: str) -> GpuReading | None:
-        return nvml.reading(uuid) if nvml is not None else None
+    reading = gpu_reader(nvml)
 
     def utilization(uuid: str) -> int | None:
         read = reading(uuid)

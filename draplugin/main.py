@@ -35,7 +35,7 @@ from nodeagent.health import HealthBook, health_threads
 from nodeagent.kubeapi import load_api, post_review
 from nodeagent.metricsserver import scrape_authorizer, serve_metrics
 from nodeagent.nodelock import serve_holding_node
-from nodeagent.nvml import discover_gpus
+from nodeagent.nvml import discover_gpus, gpu_reader
 from nodeagent.statedir import StateDir
 from tessera.cliargs import add_qos_class_flags, add_speed_profiles, qos_thresholds, seconds
 from tessera.contract import ContractError, ContractKeys
@@ -170,7 +170,7 @@ def run(config: Config, stop: threading.Event) -> None:
             gpus,
             state,
             health=book.state,
-            reading=lambda uuid: nvml.reading(uuid) if nvml is not None else None,
+            reading=gpu_reader(nvml),
         )
     )
     metrics = config.metrics

@@ -30,7 +30,6 @@ class ClaimCollector(Collector):
     ) -> None:
         self._node = node
         self._gpus = tuple(gpus)
-        self._models = {gpu.uuid: gpu.model for gpu in gpus}
         self._state = state
         self._health = health
         self._reading = reading
@@ -40,4 +39,4 @@ class ClaimCollector(Collector):
         unhealthy = {uuid for uuid, health in self._health().gpus.items() if not health.healthy}
         quotas = (quota for one in series for quota in one.quotas)
         yield from gpu_families(self._node, self._gpus, unhealthy, quotas, self._reading)
-        yield from container_families(self._node, self._models, series)
+        yield from container_families(self._node, {gpu.uuid: gpu.model for gpu in self._gpus}, series)

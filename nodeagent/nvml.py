@@ -197,6 +197,11 @@ class Nvml:
             pynvml.nvmlEventSetFree(events)
 
 
+def gpu_reader(nvml: Nvml | None) -> Callable[[str], GpuReading | None]:
+    """NVML's reading of a GPU by UUID, as both agents' metrics take it; none where NVML is absent."""
+    return nvml.reading if nvml is not None else lambda uuid: None
+
+
 def discover_gpus(split: int) -> tuple[Nvml | None, tuple[GpuInfo, ...]]:
     """The node's GPUs; none, with one log line saying why, when NVML is missing or finds none."""
     try:

@@ -15,6 +15,7 @@ from kubernetes import client
 
 from sandbox.controlplane import ControlPlane, find_binaries
 from tessera.contract import KEYS, ContractError, Policy, SharingMode, keys_for
+from tests.monitoring.dashboard_queries import exporter_sources
 
 pytestmark = pytest.mark.k8s
 
@@ -511,15 +512,7 @@ def test_dashboard_queries_only_metrics_the_components_export(repo_root: Path) -
     dashboard = json.loads((repo_root / "deploy" / "grafana" / "tessera-dashboard.json").read_text())
     queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
-    exported = "".join(
-        (repo_root / source).read_text()
-        for source in (
-            "deviceplugin/metrics.py",
-            "nodeagent/gpumetrics.py",
-            "nodeagent/containermetrics.py",
-            "extender/metrics.py",
-        )
-    )
+    exported = exporter_sources(repo_root)
     names = {re.sub(r"_(total|bucket)$", "", m) for q in queries for m in re.findall(r"tessera_[a-z_]+", q)}
     assert names, "the dashboard queries no Tessera metric"
     missing = sorted(n for n in names if f'"{n}"' not in exported)

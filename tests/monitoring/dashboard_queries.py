@@ -15,6 +15,18 @@ from pathlib import Path
 from typing import Any
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "tessera-dashboard.json"
+# The modules that declare every metric Tessera exports.
+EXPORTERS = (
+    "deviceplugin/metrics.py",
+    "nodeagent/gpumetrics.py",
+    "nodeagent/containermetrics.py",
+    "extender/metrics.py",
+)
+
+
+def exporter_sources(repo_root: Path) -> str:
+    """The text of :data:`EXPORTERS`, where an exported metric's name stands in quotes."""
+    return "".join((repo_root / source).read_text() for source in EXPORTERS)
 
 
 class Prometheus:

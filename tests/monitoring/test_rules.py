@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from sandbox import monitoring
+from tests.monitoring.dashboard_queries import exporter_sources
 
 HERE = Path(__file__).parent
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -72,15 +73,7 @@ def test_alert_unit_test(test_file: Path) -> None:
 
 
 def test_alerts_query_only_metrics_the_components_export(repo_root: Path) -> None:
-    exported = "".join(
-        (repo_root / source).read_text()
-        for source in (
-            "deviceplugin/metrics.py",
-            "nodeagent/gpumetrics.py",
-            "nodeagent/containermetrics.py",
-            "extender/metrics.py",
-        )
-    )
+    exported = exporter_sources(repo_root)
     names = {
         re.sub(r"_(total|bucket|count|sum)$", "", m)
         for rule in alerts(repo_root)
