@@ -125,12 +125,15 @@ def test_each_health_change_is_published_at_once_and_only_changes_are_written(ru
         "xid-92",
         "NoSchedule",
     )
+    # The pods are told after the slice is written: wait for the telling too.
+    wait_for(lambda: len(told) >= 1, timeout=2.0, what="the T4's pods told")
     assert told == [("gpu-1", GPU_UNHEALTHY_REASON, unhealthy_message(T4, GpuHealth(fault_xid=92), KEYS))]
     assert store.writes == 2
     assert store.slice is not None and store.slice["spec"]["pool"]["generation"] == 2
 
     book.record_presence(T4.uuid, False)  # now fatal: NoExecute, and the pods told again
     wait_for(lambda: store.taints()[1][0]["effect"] == "NoExecute", timeout=2.0, what="the T4 gone")
+    wait_for(lambda: len(told) >= 2, timeout=2.0, what="the T4's pods told again")
     assert [t[0] for t in told] == ["gpu-1", "gpu-1"] and "gone" in told[1][2]
     book.record_presence(T4.uuid, True)  # back: healthy again, the taint goes, nobody is told
     wait_for(lambda: store.taints() == [[], []], timeout=2.0, what="the taint gone")
