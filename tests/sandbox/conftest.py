@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from sandbox import cluster, host, kubeapi
-from sandbox.layout import BRIDGE, CGROUP_ROOT, Layout
+from sandbox import cluster, host, kubeapi, record
+from sandbox.layout import BRIDGE, CGROUP_ROOT, HOST_NODE_PATHS, Layout
 from tests.waiting import wait_for
 
 
@@ -42,7 +42,7 @@ class HostView:
     @staticmethod
     def now() -> HostView:
         return HostView(
-            dirs={str(p): p.exists() for p in host.HOST_PATHS},
+            dirs={str(p): p.exists() for p in HOST_NODE_PATHS},
             sysctls={
                 k: (Path("/proc/sys") / k).read_text().strip()
                 for k in host.TRACKED_SYSCTLS
@@ -80,8 +80,12 @@ def differences(before: HostView, root: Path) -> list[str]:
     found += [
         f"link {line.split(':')[1].strip()}"
         for line in links.splitlines()
-        if BRIDGE in line or "veth" in line
+        if BRIDGE in line or "veth" in line or "tsnode" in line
     ]
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    found += [f"network namespace {line.split()[0]}" for line in namespaces.splitlines() if "tessera" in line]
+    routes = subprocess.run(["ip", "route", "show"], capture_output=True, text=True, check=True).stdout
+    found += [f"route {line}" for line in routes.splitlines() if line.startswith("10.244.")]
     found += [f"iptables chain {c}" for c in kube_iptables_chains()]
     after = HostView.now()
     found += [f"directory {d}" for d, existed in before.dirs.items() if not existed and after.dirs[d]]
@@ -96,7 +100,7 @@ def differences(before: HostView, root: Path) -> list[str]:
 @dataclass
 class Sandbox:
     root: Path
-    state: cluster.SandboxState
+    state: record.SandboxState
     api: client.ApiClient
 
     @property
@@ -143,15 +147,15 @@ def sandbox_root() -> Iterator[Path]:
 
 @contextlib.contextmanager
 def running_sandbox(
-    name: str, values: tuple[str, ...] = (), *, monitoring: bool = False, dra: bool = False
+    name: str, values: tuple[str, ...] = (), *, monitoring: bool = False, dra: bool = False, nodes: int = 1
 ) -> Iterator[tuple[Sandbox, HostView]]:
     """A sandbox for a whole test module (Tessera installed with these extra chart ``values``, and
-    Prometheus with ``monitoring``; the DRA path with ``dra``), always brought down, with the host as
-    it was before."""
+    Prometheus with ``monitoring``; the DRA path with ``dra``; ``nodes`` real nodes), always brought
+    down, with the host as it was before."""
     before = HostView.now()
     root = Path(f"/tmp/tessera-{name}-{os.getpid()}")
     try:
-        options = cluster.Options(root=root, values=values, monitoring=monitoring)
+        options = cluster.Options(root=root, values=values, monitoring=monitoring, nodes=nodes)
         if dra:
             options = cluster.dra(options)
         state = cluster.up(options, report=lambda _: None)

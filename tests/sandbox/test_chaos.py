@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,8 @@ class Invariants:
     """What must hold at every moment; violations are collected, not raised, from the checker thread."""
 
     sbx: Sandbox
-    state_dir: StateDir
+    state_dirs: Mapping[str, StateDir]
+    """Each node's Tessera state directory (the hooks' accounting regions), by node name."""
     capacity: dict[str, int]
     seen: dict[str, str] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
@@ -143,7 +144,10 @@ class Invariants:
                 for g in container.gpus:
                     memory[g.uuid] += g.memory_quota_mib
                     cores[g.uuid] += g.cores
-                region = self.state_dir.container(uid, container.name).state / "region"
+                state_dir = self.state_dirs.get(pod.spec.node_name or "")
+                if state_dir is None:
+                    continue
+                region = state_dir.container(uid, container.name).state / "region"
                 with contextlib.suppress(RegionError):  # not served yet, or already torn down
                     usage = read_region(region)
                     for g in container.gpus:
@@ -343,7 +347,9 @@ def test_waves_of_gpu_pods_survive_components_killed_at_random(chaos_sandbox: Sa
     capacity = {
         g.uuid: g.total_memory_mib for g in parse_inventory(node.metadata.annotations[KEYS.node_gpus])
     }
-    invariants = Invariants(sbx, StateDir(install.host_dirs(Layout(sbx.root)).state), capacity)
+    invariants = Invariants(
+        sbx, {sbx.state.node: StateDir(install.host_dirs(Layout(sbx.root)).state)}, capacity
+    )
     chaos = Chaos(sbx.root, random.Random(SEED + 1))
     waves = Waves(client.CoreV1Api(invariants.api), invariants, random.Random(SEED))
     stop = threading.Event()

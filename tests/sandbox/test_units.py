@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import ipaddress
 import json
 import os
 import signal
@@ -33,7 +34,7 @@ from sandbox import (
     processes,
 )
 from sandbox.controlplane import DRA_K8S_VERSION, bin_dir_for
-from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, POD_SUBNET, SERVICE_CIDR, Layout
+from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, POD_NETWORK, POD_SUBNET, SERVICE_CIDR, Layout
 from tessera.contract import KEYS
 
 LAYOUT = Layout(Path("/srv/sbx"))
@@ -99,8 +100,8 @@ def test_probe_image_holds_glibc_probe_and_the_driver_mount_target() -> None:
 def test_containerd_config_carries_the_settings_this_host_needs() -> None:
     config = tomllib.loads(containerd.render_config(LAYOUT))
     assert config["version"] == 2
-    assert config["root"] == "/srv/sbx/containerd/root"
-    assert config["grpc"]["address"] == "/srv/sbx/containerd/containerd.sock"
+    assert config["root"] == "/srv/sbx/node/containerd/root"
+    assert config["grpc"]["address"] == "/srv/sbx/node/containerd/containerd.sock"
     cri = config["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["sandbox_image"] == images.PAUSE_IMAGE
     assert cri["restrict_oom_score_adj"] is True
@@ -108,9 +109,9 @@ def test_containerd_config_carries_the_settings_this_host_needs() -> None:
     assert cri["netns_mounts_under_state_dir"] is True
     assert cri["containerd"]["default_runtime_name"] == "nvidia"
     runtime = cri["containerd"]["runtimes"]["nvidia"]
-    assert runtime["base_runtime_spec"] == "/srv/sbx/containerd/nvidia-base-spec.json"
+    assert runtime["base_runtime_spec"] == "/srv/sbx/node/containerd/nvidia-base-spec.json"
     assert runtime["options"]["SystemdCgroup"] is False
-    assert cri["cni"]["conf_dir"] == "/srv/sbx/cni/net.d"
+    assert cri["cni"]["conf_dir"] == "/srv/sbx/node/cni/net.d"
     assert config["plugins"]["io.containerd.internal.v1.opt"]["path"].startswith("/srv/sbx/")
     assert "enable_cdi" not in cri and "runtime_path" not in runtime  # the host's containerd 1.6
 
@@ -118,9 +119,9 @@ def test_containerd_config_carries_the_settings_this_host_needs() -> None:
 def test_a_built_containerd_runs_its_own_shim_and_reads_cdi_specs_from_the_sandbox() -> None:
     cri = tomllib.loads(containerd.render_config(LAYOUT, built=True))["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["enable_cdi"] is True
-    assert cri["cdi_spec_dirs"] == ["/srv/sbx/cdi"]
+    assert cri["cdi_spec_dirs"] == ["/srv/sbx/node/cdi"]
     runtime = cri["containerd"]["runtimes"]["nvidia"]
-    assert runtime["runtime_path"] == "/srv/sbx/containerd/bin/containerd-shim-runc-v2"
+    assert runtime["runtime_path"] == "/srv/sbx/node/containerd/bin/containerd-shim-runc-v2"
 
 
 def test_the_dra_sandbox_runs_the_newest_kubernetes_with_its_containerd_and_the_chart_in_dra_mode() -> None:
@@ -153,7 +154,7 @@ def test_base_spec_adds_bind_mounts_and_environment() -> None:
 def test_cni_config_keeps_ipam_state_in_the_sandbox() -> None:
     (bridge,) = containerd.cni_config(LAYOUT)["plugins"]
     assert bridge["ipMasq"] is False
-    assert bridge["ipam"]["dataDir"] == "/srv/sbx/cni/ipam"
+    assert bridge["ipam"]["dataDir"] == "/srv/sbx/node/cni/ipam"
 
 
 def test_kubelet_config_for_cgroup_v1_without_cap_sys_resource() -> None:
@@ -162,8 +163,8 @@ def test_kubelet_config_for_cgroup_v1_without_cap_sys_resource() -> None:
     assert config["cgroupDriver"] == "cgroupfs"
     assert config["oomScoreAdj"] == 0
     assert config["cgroupRoot"] == f"/{CGROUP_ROOT}"
-    assert config["containerRuntimeEndpoint"] == "unix:///srv/sbx/containerd/containerd.sock"
-    assert config["address"] == config["healthzBindAddress"] == "127.0.0.1"
+    assert config["containerRuntimeEndpoint"] == "unix:///srv/sbx/node/containerd/containerd.sock"
+    assert config["address"] == "10.244.77.1" and config["healthzBindAddress"] == "127.0.0.1"
     assert config["readOnlyPort"] == 0
     assert config["makeIPTablesUtilChains"] is False
     assert config["authorization"] == {"mode": "AlwaysAllow"}
@@ -178,7 +179,7 @@ def _facts(**changes: object) -> host.HostFacts:
         kubernetes_bin="/k8s/bin",
         taken_ports=(),
         running_runtimes=(),
-        socket_path="/srv/sbx/containerd/containerd.sock",
+        socket_path="/srv/sbx/node/containerd/containerd.sock",
         already_up=False,
         node_name="vm",
         node_name_is_loopback=True,
@@ -233,7 +234,9 @@ def test_only_host_directories_the_sandbox_created_are_removed() -> None:
 def test_gpu_files_place_the_driver_where_the_container_toolkit_does() -> None:
     files = gpu.files_for(LAYOUT)
     mounts = {m.destination: m for m in files.container_mounts()}
-    assert mounts["/usr/lib/x86_64-linux-gnu/libcuda.so.1"].source == Path("/srv/sbx/gpu/driver/libcuda.so.1")
+    assert mounts["/usr/lib/x86_64-linux-gnu/libcuda.so.1"].source == Path(
+        "/srv/sbx/node/gpu/driver/libcuda.so.1"
+    )
     assert mounts["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"].read_only
     assert not mounts[gpu.CONTAINER_GPU_STATE].read_only  # shared by every process on the fake GPU
     assert files.container_env() == {
@@ -264,11 +267,11 @@ def test_tessera_is_installed_by_helm_with_the_sandbox_values_and_its_host_dirs(
     ]
     assert args[6:8] == ["--values", str(install.SANDBOX_VALUES)]
     assert [a for a in args[8:] if a != "--set-string"] == [
-        "devicePlugin.stateDir=/srv/sbx/tessera/state",
-        "devicePlugin.hookDir=/srv/sbx/tessera/hook",
-        "devicePlugin.podResourcesDir=/srv/sbx/kubelet/pod-resources",
-        "dra.kubeletDir=/srv/sbx/kubelet",
-        "dra.cdiDir=/srv/sbx/cdi",
+        "devicePlugin.stateDir=/srv/sbx/node/tessera/state",
+        "devicePlugin.hookDir=/srv/sbx/node/tessera/hook",
+        "devicePlugin.podResourcesDir=/srv/sbx/node/kubelet/pod-resources",
+        "dra.kubeletDir=/srv/sbx/node/kubelet",
+        "dra.cdiDir=/srv/sbx/node/cdi",
     ]
 
 
@@ -357,10 +360,11 @@ def test_kube_chains_and_the_rules_jumping_into_them_are_found_in_iptables_save_
     ]
 
 
-def test_kube_proxy_runs_iptables_mode_over_the_pod_subnet_and_leaves_host_sysctls_alone() -> None:
-    config = addons.kube_proxy_config(LAYOUT, Path("/srv/sbx/cluster/admin.kubeconfig"), "vm", 1, 2)
+def test_kube_proxy_runs_iptables_mode_over_every_nodes_pods_and_leaves_host_sysctls_alone() -> None:
+    config = addons.kube_proxy_config(Path("/srv/sbx/cluster/admin.kubeconfig"), "vm", 1, 2)
     assert config["mode"] == "iptables"
-    assert config["clusterCIDR"] == POD_SUBNET
+    assert config["clusterCIDR"] == POD_NETWORK
+    assert ipaddress.ip_network(POD_SUBNET).subnet_of(ipaddress.ip_network(POD_NETWORK))
     assert config["hostnameOverride"] == "vm"
     assert config["healthzBindAddress"] == "127.0.0.1:1" and config["metricsBindAddress"] == "127.0.0.1:2"
     assert config["conntrack"]["maxPerCore"] == 0 and config["conntrack"]["min"] == 0
@@ -379,9 +383,9 @@ def test_cluster_dns_is_a_service_in_front_of_coredns_on_the_bridge() -> None:
     assert config["clusterDNS"] == [CLUSTER_DNS_IP] and config["clusterDomain"] == "cluster.local"
 
 
-def test_pods_route_the_service_range_through_the_bridge() -> None:
+def test_pods_route_the_service_range_and_every_nodes_pods_through_the_bridge() -> None:
     ipam = containerd.cni_config(LAYOUT)["plugins"][0]["ipam"]
-    assert ipam["routes"] == [{"dst": SERVICE_CIDR}]
+    assert ipam["routes"] == [{"dst": SERVICE_CIDR}, {"dst": POD_NETWORK}]
 
 
 def test_controller_manager_runs_what_a_chart_needs_but_not_node_lifecycle() -> None:

@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from sandbox.layout import (
     BRIDGE_ADDRESS,
     CLUSTER_DNS_IP,
     CLUSTER_DOMAIN,
+    POD_NETWORK,
     POD_SUBNET,
     Layout,
 )
@@ -36,19 +38,21 @@ DNS_SERVICE = "kube-dns"
 
 
 def kube_proxy_config(
-    layout: Layout, kubeconfig: Path, node: str, healthz_port: int, metrics_port: int
+    kubeconfig: Path, node: str, healthz_port: int, metrics_port: int, address: str = LOOPBACK
 ) -> dict[str, Any]:
-    """The KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1)."""
+    """The KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1); its health and metrics on
+    ``address`` (a further node's own, in its network namespace)."""
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "mode": "iptables",
         "hostnameOverride": node,
-        # Traffic from outside this range to a Service is masqueraded (detectLocalMode ClusterCIDR).
-        "clusterCIDR": POD_SUBNET,
-        "healthzBindAddress": f"{LOOPBACK}:{healthz_port}",
-        "metricsBindAddress": f"{LOOPBACK}:{metrics_port}",
+        # Traffic from outside this range (every node's pods) to a Service is masqueraded
+        # (detectLocalMode ClusterCIDR).
+        "clusterCIDR": POD_NETWORK,
+        "healthzBindAddress": f"{address}:{healthz_port}",
+        "metricsBindAddress": f"{address}:{metrics_port}",
         # Leave the host's conntrack sysctls alone (0: do not set); `down` could not tell kube-proxy's
         # values from anyone else's.
         "conntrack": {
@@ -65,15 +69,23 @@ def kube_proxy_config(
 
 
 def write_kube_proxy_config(
-    layout: Layout, kubeconfig: Path, node: str, healthz_port: int, metrics_port: int
+    layout: Layout,
+    kubeconfig: Path,
+    node: str,
+    healthz_port: int,
+    metrics_port: int,
+    *,
+    address: str = LOOPBACK,
 ) -> None:
-    config = kube_proxy_config(layout, kubeconfig, node, healthz_port, metrics_port)
-    layout.kube_proxy_config.write_text(yaml.safe_dump(config, sort_keys=False))
+    config = kube_proxy_config(kubeconfig, node, healthz_port, metrics_port, address)
+    layout.place(layout.kube_proxy_config).write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def start_kube_proxy(layout: Layout, binary: Path) -> Started:
-    argv = [str(binary), f"--config={layout.kube_proxy_config}", "--v=1"]
-    return start("kube-proxy", argv, layout.log("kube-proxy"))
+def start_kube_proxy(
+    layout: Layout, binary: Path, *, name: str = "kube-proxy", enter: Sequence[str] = ()
+) -> Started:
+    argv = [*enter, str(binary), f"--config={layout.kube_proxy_config}", "--v=1"]
+    return start(name, argv, layout.log(name.replace("/", "-")))
 
 
 def cleanup_kube_proxy(binary: Path) -> None:

@@ -21,16 +21,28 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from kubernetes import client, config
-from pydantic import BaseModel, ConfigDict
 
-from sandbox import addons, containerd, fakenode, gpu, host, images, install, kubeapi, kubelet, monitoring
+from sandbox import (
+    addons,
+    containerd,
+    fakenode,
+    gpu,
+    host,
+    images,
+    install,
+    kubeapi,
+    kubelet,
+    monitoring,
+    nodelife,
+    nodes,
+)
 from sandbox.controlplane import (
     CONTROLLERS,
     DRA_CONTROLLERS,
@@ -44,6 +56,7 @@ from sandbox.controlplane import (
 )
 from sandbox.layout import BRIDGE_ADDRESS, Layout
 from sandbox.processes import Started, StartError, adopt, alive, kill, start, stop, wait_for
+from sandbox.record import FurtherNode, Mode, SandboxState, api_client, load_state, node_ready, save_state
 from tessera.contract import KEYS, ContractError, parse_allocation, parse_inventory
 
 CONTAINERD_PROGRAMS = ("containerd", containerd.SHIM, "ctr")
@@ -69,8 +82,6 @@ DEFAULT_SCHEDULER_CONFIG = yaml.safe_dump(
 )
 
 
-Mode = Literal["deviceplugin", "dra"]
-MODES: tuple[Mode, ...] = ("deviceplugin", "dra")
 # The chart in DRA mode: tessera-dra as the node agent, placement by the cluster's kube-scheduler, so
 # neither the chart's scheduler (whose image is built for the pinned Kubernetes only) nor the extender.
 DRA_VALUES = ("mode=dra", "scheduler.enabled=false", "extender.enabled=false")
@@ -81,36 +92,6 @@ SCRAPER_TOKEN_SECONDS = 7 * 24 * 3600
 def default_node_name() -> str:
     """This host's name, as the kubelet would use: it resolves to 127.0.0.1 on these machines."""
     return socket.gethostname().lower()
-
-
-class SandboxState(BaseModel):
-    """``sandbox.json``: what `up` started, for `down`, `status`, `restart` and the tests."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    node: str
-    kubeconfig: str
-    api_url: str
-    kubernetes_bin: str
-    """The Kubernetes binaries, helm and kubectl included, the sandbox runs."""
-    kubelet_port: int
-    kubelet_healthz_port: int
-    processes: list[Started]
-    mode: Mode = "deviceplugin"
-    ready_seconds: float = 0.0
-    prometheus_url: str = ""
-    """The sandbox's Prometheus (`up --monitoring`); empty without."""
-    health: dict[str, str] = {}
-    """A health URL for each component `restart` waits on besides the kubelet and the plugin."""
-
-    def process(self, name: str) -> Started:
-        for p in self.processes:
-            if p.name == name:
-                return p
-        raise KeyError(f"no process named {name!r} in the sandbox state")
-
-    def replace(self, new: Started) -> None:
-        self.processes = [new if p.name == new.name else p for p in self.processes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +110,10 @@ class Options:
     mode: Mode = "deviceplugin"
     # The directory of a containerd (with its shim and ctr) to run instead of the host's.
     containerd_bin: Path | None = None
+    # How many nodes (sandbox.nodes), and the GPU models of the nodes after the first, in order
+    # (sandbox.fakenode.PRESETS names; nodelife.DEFAULT_GPUS for those not given).
+    nodes: int = 1
+    node_gpus: tuple[tuple[str, ...], ...] = ()
 
 
 def dra(options: Options) -> Options:
@@ -138,32 +123,10 @@ def dra(options: Options) -> Options:
     return dataclasses.replace(options, kubernetes_bin=binaries, containerd_bin=binaries, mode="dra")
 
 
-def load_state(layout: Layout) -> SandboxState | None:
-    if not layout.state_file.exists():
-        return None
-    return SandboxState.model_validate_json(layout.state_file.read_text())
-
-
-def save_state(layout: Layout, state: SandboxState) -> None:
-    layout.state_file.write_text(state.model_dump_json(indent=2))
-
-
 def _recorded(process: ManagedProcess) -> Started:
     """A control-plane process (started by sandbox.controlplane) in the sandbox's own record."""
     assert process.popen is not None, f"{process.name} was not started"
     return adopt(process.name, process.popen.pid, process.log_path, process.args)
-
-
-def api_client(state: SandboxState) -> client.ApiClient:
-    return config.new_client_from_config(config_file=state.kubeconfig)
-
-
-def node_ready(api: client.ApiClient, node: str) -> bool:
-    try:
-        status = client.CoreV1Api(api).read_node_status(node).status
-    except client.ApiException:
-        return False
-    return any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
 
 
 def node_slice_devices(api: client.ApiClient, node: str) -> int:
@@ -218,10 +181,11 @@ def _controller_manager_health(argv: Sequence[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Node:
-    """The sandbox's node: its name and its kubelet's port."""
+    """A node of the sandbox: its name and where its kubelet serves."""
 
     node: str
     kubelet_port: int
+    address: str = BRIDGE_ADDRESS
 
 
 @dataclass
@@ -257,8 +221,31 @@ def _start_kubelet(options: Options, layout: Layout, kubeconfig: Path) -> Starte
     return kubelet.start_kubelet(layout, options.kubernetes_bin / "kubelet", kubeconfig, options.node)
 
 
+def _start_further(
+    options: Options,
+    layout: Layout,
+    kubeconfig: Path,
+    tarballs: Mapping[str, Path],
+    further: Sequence[FurtherNode],
+    *,
+    starting: _Starting,
+    api: client.ApiClient,
+) -> None:
+    """The nodes after the first, made one after another, then waited for together."""
+    setup = nodelife.Cluster(layout, kubeconfig, options.kubernetes_bin, options.containerd_bin, tarballs)
+    for node in further:
+        nodelife.create(setup, node, starting.add, options.timeout)
+    for node in further:
+        kubelet_process = next(p for p in starting.started if p.name == node.process_name("kubelet"))
+        nodelife.wait_ready(api, node, kubelet_process, options.timeout)
+
+
 def _start_all(
-    options: Options, layout: Layout, starting: _Starting, report: Callable[[str], None]
+    options: Options,
+    layout: Layout,
+    starting: _Starting,
+    report: Callable[[str], None],
+    further: Sequence[FurtherNode] = (),
 ) -> ControlPlane:
     """Every component in order, each waited for, then Tessera installed by its chart."""
     report("images, fake GPUs and containerd")
@@ -289,7 +276,9 @@ def _start_all(
 
     with contextlib.closing(config.new_client_from_config(config_file=str(plane.kubeconfig))) as api:
         report(f"kubelet (node {options.node})")
-        kubelet.write_files(layout, options.kubelet_port, options.kubelet_healthz_port)
+        kubelet.write_files(
+            layout, kubelet.render_config(layout, options.kubelet_port, options.kubelet_healthz_port)
+        )
         host.create_cgroup_root()
         node_agent = starting.add(_start_kubelet(options, layout, plane.kubeconfig))
         _wait_node(api, "Ready", node_ready, node=options.node, process=node_agent, timeout=options.timeout)
@@ -316,10 +305,19 @@ def _start_all(
             options.timeout,
         )
 
+        if further:
+            report(f"further nodes: {', '.join(n.name for n in further)}")
+            _start_further(options, layout, plane.kubeconfig, tarballs, further, starting=starting, api=api)
+
         report(f"Tessera: helm install {install.RELEASE} charts/tessera -n {install.NAMESPACE}")
         values = (*DRA_VALUES, *options.values) if options.mode == "dra" else options.values
         install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, values)
-        _wait_installed(api, layout, _Node(options.node, options.kubelet_port), options.mode, options.timeout)
+        every = [
+            _Node(options.node, options.kubelet_port),
+            *(_Node(n.name, nodelife.KUBELET_PORT, n.addresses.address) for n in further),
+        ]
+        for node in every:
+            _wait_installed(api, layout, node, options.mode, options.timeout)
     if options.monitoring:
         report("Prometheus (Kubernetes discovery of Tessera's pods)")
         port = free_port()
@@ -365,6 +363,10 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
     """Start the sandbox; raises :class:`StartError` (after stopping what it started and cleaning the
     host) on failure."""
     layout = Layout(options.root)
+    try:
+        further = nodelife.plan(options.node, options.nodes, options.node_gpus)
+    except (nodes.NodeError, ValueError) as e:
+        raise StartError(f"cannot start the sandbox: {e}") from None
     found = preflight(options, layout)
     if found:
         raise StartError("cannot start the sandbox:\n  - " + "\n  - ".join(found))
@@ -373,7 +375,7 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
     host.take_snapshot(layout)
     starting = _Starting()
     try:
-        plane = _start_all(options, layout, starting, report)
+        plane = _start_all(options, layout, starting, report, further)
     except BaseException:
         starting.undo()
         host.restore_host(layout)
@@ -390,6 +392,7 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
         prometheus_url=starting.prometheus_url,
         health=starting.health,
         ready_seconds=round(time.monotonic() - began, 1),
+        nodes=list(further),
     )
     save_state(layout, state)
     return state
@@ -492,7 +495,9 @@ def _wait_dra_driver(api: client.ApiClient, layout: Layout, node: _Node, timeout
     registry = f"{layout.kubelet_root / 'plugins_registry'}/"
     install.wait(
         f"node {node.node}: the kubelet registered the DRA driver",
-        lambda: any(p.startswith(registry) for p in kubelet.registered_plugins(node.kubelet_port)),
+        lambda: any(
+            p.startswith(registry) for p in kubelet.registered_plugins(node.kubelet_port, node.address)
+        ),
         timeout,
         lambda: install.describe_pods(api),
     )
@@ -616,7 +621,7 @@ def down(root: Path, report: Callable[[str], None] = print) -> list[str]:
     return left
 
 
-def _node_summary(node: Any) -> dict[str, Any]:
+def _node_summary(node: Any, further: Mapping[str, FurtherNode]) -> dict[str, Any]:
     annotations = node.metadata.annotations or {}
     allocatable = node.status.allocatable or {}
     summary: dict[str, Any] = {
@@ -625,6 +630,11 @@ def _node_summary(node: Any) -> dict[str, Any]:
         "slices": int(allocatable.get(KEYS.vgpu, "0")),
         "gpus": [],
     }
+    record = further.get(node.metadata.name)
+    if record is not None:
+        summary["address"] = record.addresses.address
+        summary["stopped"] = record.stopped
+        summary["partitioned"] = record.partitioned
     text = annotations.get(KEYS.node_gpus)
     if text:
         try:
@@ -668,12 +678,13 @@ def status(root: Path) -> dict[str, Any]:
     if state is None:
         return {"up": False}
     api = api_client(state)
+    further = {n.name: n for n in state.nodes}
     try:
         core = client.CoreV1Api(api)
         return {
             "up": True,
             "processes": {p.name: ("running" if alive(p) else "exited") for p in state.processes},
-            "nodes": [_node_summary(n) for n in core.list_node().items],
+            "nodes": [_node_summary(n, further) for n in core.list_node().items],
             "pods": [_pod_summary(p) for p in core.list_pod_for_all_namespaces().items],
         }
     finally:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sandbox import cluster, demo, fakenode, install
+from sandbox import cluster, demo, fakenode, install, nodelife, record
 from sandbox.controlplane import DRA_K8S_VERSION, K8S_VERSION, ControlPlaneError
 from sandbox.layout import DEFAULT_ROOT
 from sandbox.processes import StartError
@@ -20,7 +20,7 @@ def _progress(message: str) -> None:
     print(f"sandbox: {message}", file=sys.stderr, flush=True)
 
 
-def _options(args: argparse.Namespace, mode: cluster.Mode = "deviceplugin") -> cluster.Options:
+def _options(args: argparse.Namespace, mode: record.Mode = "deviceplugin") -> cluster.Options:
     options = cluster.Options(
         root=args.dir,
         node=args.node or cluster.default_node_name(),
@@ -41,14 +41,32 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_gpus(text: str) -> tuple[str, ...]:
+    """``--node-gpus a100,t4``: one further node's GPU models."""
+    models = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [m for m in models if m not in fakenode.PRESETS]
+    if not models or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a comma-separated list of GPU models, each one of "
+            + ", ".join(sorted(fakenode.PRESETS))
+        )
+    return models
+
+
 def _up(args: argparse.Namespace) -> int:
-    options = dataclasses.replace(_options(args, args.mode), monitoring=args.monitoring)
+    options = dataclasses.replace(
+        _options(args, args.mode),
+        monitoring=args.monitoring,
+        nodes=args.nodes,
+        node_gpus=tuple(args.node_gpus),
+    )
     try:
         state = cluster.up(options, report=_progress)
     except (StartError, ControlPlaneError) as e:
         print(f"tessera sandbox up: {e}", file=sys.stderr)
         return 1
-    print(f"sandbox ready in {state.ready_seconds:.1f}s: node {state.node}, apiserver {state.api_url}")
+    names = ", ".join([state.node, *(n.name for n in state.nodes)])
+    print(f"sandbox ready in {state.ready_seconds:.1f}s: node(s) {names}, apiserver {state.api_url}")
     print(f"Tessera installed by helm in namespace {install.NAMESPACE}; logs in {args.dir / 'logs'}")
     print(f"export KUBECONFIG={state.kubeconfig}")
     print(f"export PATH={options.kubernetes_bin}:$PATH   # kubectl")
@@ -97,6 +115,25 @@ def _add_node(args: argparse.Namespace) -> int:
     return 0
 
 
+NODE_COMMANDS = {
+    "stop": (nodelife.stop_node, "stopped: its kubelet, containerd, kube-proxy and pods killed"),
+    "start": (nodelife.start_node, "started again and Ready"),
+    "partition": (nodelife.partition_node, "cut off from the control plane"),
+    "heal": (nodelife.heal_node, "joined to the control plane again"),
+}
+
+
+def _node(args: argparse.Namespace) -> int:
+    change, done = NODE_COMMANDS[args.action]
+    try:
+        change(args.dir, args.name)
+    except StartError as e:
+        print(f"tessera sandbox node {args.action}: {e}", file=sys.stderr)
+        return 1
+    print(f"node {args.name}: {done}")
+    return 0
+
+
 def _print_status(status: dict[str, Any]) -> None:
     if not status["up"]:
         print("sandbox: not up")
@@ -108,7 +145,12 @@ def _print_status(status: dict[str, Any]) -> None:
     print("nodes:")
     for node in status["nodes"]:
         ready = "Ready" if node["ready"] else "NotReady"
-        print(f"  {node['name']:<28} {ready:<9} {node['slices']} slices  {node.get('error', '')}")
+        power = "stopped" if node.get("stopped") else "partitioned" if node.get("partitioned") else ""
+        where = node.get("address", "host")
+        print(
+            f"  {node['name']:<28} {ready:<9} {where:<12} {node['slices']} slices  {power}"
+            f" {node.get('error', '')}"
+        )
         for gpu in node["gpus"]:
             models[gpu["uuid"]] = gpu["model"]
             print(f"    {gpu['uuid']}  {gpu['model']}  {gpu['memory_mib']} MiB")
@@ -169,8 +211,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(hack/prometheus-binaries.sh builds it; docs/observability.md)",
     )
     up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="how many nodes, each a kubelet with its own containerd (the first in the host's "
+        "network, the others each in network and mount namespaces of their own; docs/sandbox.md)",
+    )
+    up.add_argument(
+        "--node-gpus",
+        action="append",
+        type=_node_gpus,
+        default=[],
+        metavar="MODEL,MODEL",
+        help="the GPU models of the next further node (repeat for each, in order; default: "
+        f"{' / '.join(','.join(g) for g in nodelife.DEFAULT_GPUS)} in turn; the first node has an A100 "
+        "and a T4)",
+    )
+    up.add_argument(
         "--mode",
-        choices=cluster.MODES,
+        choices=record.MODES,
         default="deviceplugin",
         help="the chart's node agent: the device plugin with the extender on Kubernetes "
         f"{K8S_VERSION} and the host's containerd (default), or the DRA driver on Kubernetes "
@@ -211,6 +270,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a GPU model; repeat for several GPUs",
     )
     add_node.set_defaults(func=_add_node)
+
+    node = commands.add_parser(
+        "node",
+        help="stop a further node as a power loss would, start it again, cut it off from the control "
+        "plane or join it again",
+    )
+    common(node)
+    node.add_argument("action", choices=tuple(NODE_COMMANDS))
+    node.add_argument("name", help="a node after the first (`status` lists them)")
+    node.set_defaults(func=_node)
 
     status = commands.add_parser("status", help="processes, nodes, GPUs, slices and pods")
     common(status)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.images import PAUSE_IMAGE
-from sandbox.layout import BRIDGE, NETWORK_NAME, POD_SUBNET, SERVICE_CIDR, Layout
+from sandbox.layout import BRIDGE, NETWORK_NAME, POD_NETWORK, POD_SUBNET, SERVICE_CIDR, Layout
 from sandbox.processes import Started, start, wait_for
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -132,9 +132,11 @@ def base_spec(
     return spec
 
 
-def cni_config(layout: Layout) -> dict[str, Any]:
-    """A bridge network for pods. No masquerading: pods only talk to the host, to each other and
-    to ClusterIP Services (routed through the bridge's address, where kube-proxy's rules apply)."""
+def cni_config(layout: Layout, subnet: str = POD_SUBNET) -> dict[str, Any]:
+    """A bridge network for the node's pods (``subnet``). No masquerading: pods only talk to the
+    host, to each other (other nodes' pods through their gateway, the host routing between nodes)
+    and to ClusterIP Services (routed through the bridge's address, where kube-proxy's rules
+    apply)."""
     return {
         "cniVersion": "1.0.0",
         "name": NETWORK_NAME,
@@ -147,8 +149,8 @@ def cni_config(layout: Layout) -> dict[str, Any]:
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": POD_SUBNET}]],
-                    "routes": [{"dst": SERVICE_CIDR}],
+                    "ranges": [[{"subnet": subnet}]],
+                    "routes": [{"dst": SERVICE_CIDR}, {"dst": POD_NETWORK}],
                     "dataDir": str(layout.cni_ipam_dir),
                 },
             }
@@ -164,7 +166,7 @@ def program(layout: Layout, name: str) -> str:
     """The sandbox's containerd, shim or ctr: from ``layout.containerd_bin`` when the sandbox runs
     a built containerd, else the host's on PATH."""
     built = layout.containerd_bin / name
-    return str(built) if built.exists() else shutil.which(name) or name
+    return str(built) if layout.place(built).exists() else shutil.which(name) or name
 
 
 def ctr(layout: Layout, *args: str, timeout: float = 60.0) -> str:
@@ -172,7 +174,7 @@ def ctr(layout: Layout, *args: str, timeout: float = 60.0) -> str:
         [
             program(layout, "ctr"),
             "--address",
-            str(layout.containerd_socket),
+            str(layout.place(layout.containerd_socket)),
             "--namespace",
             K8S_NAMESPACE,
             *args,
@@ -189,31 +191,39 @@ def ctr(layout: Layout, *args: str, timeout: float = 60.0) -> str:
 
 def default_oci_spec(layout: Layout) -> dict[str, Any]:
     """containerd's own default spec, the one CRI uses when no base spec is configured."""
-    argv = [program(layout, "ctr"), "oci", "spec"]
+    argv = [str(layout.place(Path(program(layout, "ctr")))), "oci", "spec"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     spec: dict[str, Any] = json.loads(out)
     return spec
 
 
 def write_files(
-    layout: Layout, mounts: Sequence[BindMount], env: Mapping[str, str], binaries: Path | None = None
+    layout: Layout,
+    mounts: Sequence[BindMount],
+    env: Mapping[str, str],
+    binaries: Path | None = None,
+    subnet: str = POD_SUBNET,
 ) -> None:
-    """The configuration, base spec and CNI network; ``binaries``: the directory of a built
-    containerd to run instead of the host's (linked as ``layout.containerd_bin``)."""
+    """The configuration, base spec and CNI network (pods in ``subnet``); ``binaries``: the
+    directory of a built containerd to run instead of the host's (linked as
+    ``layout.containerd_bin``)."""
+    place = layout.place
     for directory in (
         layout.containerd_root,
         layout.containerd_state,
         layout.cni_conf_dir,
         layout.cni_ipam_dir,
     ):
-        directory.mkdir(parents=True, exist_ok=True)
+        place(directory).mkdir(parents=True, exist_ok=True)
     if binaries is not None:
-        layout.cdi_dir.mkdir(parents=True, exist_ok=True)
-        layout.containerd_bin.unlink(missing_ok=True)
-        layout.containerd_bin.symlink_to(binaries.resolve(), target_is_directory=True)
-    layout.containerd_config.write_text(render_config(layout, built=binaries is not None))
-    layout.driver_spec.write_text(json.dumps(base_spec(default_oci_spec(layout), mounts, env), indent=2))
-    (layout.cni_conf_dir / "10-tessera.conflist").write_text(json.dumps(cni_config(layout), indent=2))
+        place(layout.cdi_dir).mkdir(parents=True, exist_ok=True)
+        place(layout.containerd_bin).unlink(missing_ok=True)
+        place(layout.containerd_bin).symlink_to(binaries.resolve(), target_is_directory=True)
+    place(layout.containerd_config).write_text(render_config(layout, built=binaries is not None))
+    spec = base_spec(default_oci_spec(layout), mounts, env)
+    place(layout.driver_spec).write_text(json.dumps(spec, indent=2))
+    conflist = place(layout.cni_conf_dir) / "10-tessera.conflist"
+    conflist.write_text(json.dumps(cni_config(layout, subnet), indent=2))
 
 
 def socket_answers(path: Path) -> bool:
@@ -225,13 +235,15 @@ def socket_answers(path: Path) -> bool:
         return True
 
 
-def start_containerd(layout: Layout, timeout: float = 60.0) -> Started:
-    process = start(
-        "containerd",
-        [program(layout, "containerd"), "--config", str(layout.containerd_config)],
-        layout.log("containerd"),
-    )
-    wait_for("the containerd socket", lambda: socket_answers(layout.containerd_socket), process, timeout)
+def start_containerd(
+    layout: Layout, timeout: float = 60.0, *, name: str = "containerd", enter: Sequence[str] = ()
+) -> Started:
+    """containerd, recorded as ``name``; ``enter``: the argv prefix that runs it in a further node's
+    namespaces (sandbox.nodes.enter)."""
+    argv = [*enter, program(layout, "containerd"), "--config", str(layout.containerd_config)]
+    process = start(name, argv, layout.log(name.replace("/", "-")))
+    socket = layout.place(layout.containerd_socket)
+    wait_for("the containerd socket", lambda: socket_answers(socket), process, timeout)
     return process
 
 

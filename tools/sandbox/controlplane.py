@@ -345,7 +345,8 @@ class ControlPlane:
                 "--allow-privileged=true",
                 *self._admission(),
                 *self._endpoint_reconciler(),
-                "--kubelet-preferred-address-types=Hostname,InternalIP",
+                # Every sandbox node's kubelet serves on its InternalIP; names of nodes resolve nowhere.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--v=1",
             ],
             self.work_dir / "logs" / "kube-apiserver.log",

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from sandbox import cluster, gpu, install
+from sandbox import cluster, gpu, install, record
 from sandbox.processes import StartError
 
 EXAMPLES = gpu.REPO / "deploy" / "examples"
@@ -69,7 +69,7 @@ def run(
     try:
         say(f"\nTessera, installed by helm (kubectl get pods -n {install.NAMESPACE}):")
         say(_kubectl(options, state.kubeconfig, "get", "pods", "-n", install.NAMESPACE).rstrip())
-        api = cluster.api_client(state)
+        api = record.api_client(state)
         try:
             core = client.CoreV1Api(api)
             pods = example_pods()

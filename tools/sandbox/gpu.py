@@ -11,10 +11,12 @@ every container that uses one fake GPU shares that GPU's state files, as they wo
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from fakegpu import BUILD_DIR, CONFIG_ENV, STATE_ENV, FakeGpuSpec, write_config
+from sandbox import fakenode
 from sandbox.containerd import BindMount
 from sandbox.images import DRIVER_LIBRARY_DIR
 from sandbox.layout import Layout
@@ -47,6 +49,23 @@ SANDBOX_GPUS = (
         numa_node=0,
     ),
 )
+
+
+def node_gpus(node: str, models: Sequence[str]) -> tuple[FakeGpuSpec, ...]:
+    """A further node's fake GPUs, by preset name (sandbox.fakenode.PRESETS), with the stable UUIDs a
+    fake node of that name would have."""
+    return tuple(
+        FakeGpuSpec(
+            model=g.model,
+            uuid=g.uuid,
+            total_memory_mib=g.total_memory_mib,
+            sm_count=g.sm_count,
+            compute_capability=g.compute_capability,
+            pci_bus_id=g.pci_bus_id,
+            numa_node=0,
+        )
+        for g in fakenode.inventory(node, models)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +105,14 @@ def files_for(layout: Layout) -> GpuFiles:
 
 
 def prepare(layout: Layout, gpus: tuple[FakeGpuSpec, ...] = SANDBOX_GPUS) -> GpuFiles:
+    """The node's fake GPUs and driver (paths as the node sees them; written where the host keeps
+    them, ``layout.place``)."""
     files = files_for(layout)
     for directory in (files.driver, files.state):
-        directory.mkdir(parents=True, exist_ok=True)
+        layout.place(directory).mkdir(parents=True, exist_ok=True)
     # Every container's processes write the GPU state (the device is shared by all of them).
-    files.state.chmod(0o1777)
+    layout.place(files.state).chmod(0o1777)
     for soname in DRIVER_SONAMES:
-        shutil.copy2(BUILD_DIR / soname, files.driver / soname)
-    write_config(files.config, gpus)
+        shutil.copy2(BUILD_DIR / soname, layout.place(files.driver) / soname)
+    write_config(layout.place(files.config), gpus)
     return files

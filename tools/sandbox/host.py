@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox import nodes
 from sandbox.layout import (
     BRIDGE,
     CGROUP_ROOT,
@@ -27,6 +28,7 @@ from sandbox.layout import (
     HOST_CONTAINERD_RUN,
     HOST_DEVICE_PLUGIN_DIR,
     HOST_KUBELET_DIR,
+    HOST_NODE_PATHS,
     NETWORK_NAME,
     Layout,
 )
@@ -60,15 +62,6 @@ TRACKED_SYSCTLS = (
 IPTABLES = (("iptables", "iptables-save"), ("ip6tables", "ip6tables-save"))
 IPTABLES_TABLES = ("filter", "nat", "mangle", "raw")
 CHAIN_PREFIX = "KUBE-"
-# Host directories the components create whatever they are configured with.
-HOST_PATHS = (
-    HOST_CONTAINERD_RUN,
-    HOST_CNI_STATE,
-    HOST_KUBELET_DIR,
-    Path("/var/log/containers"),
-    Path("/var/log/pods"),
-    Path("/opt/containerd"),
-)
 MAX_SOCKET_PATH = 107
 
 
@@ -245,7 +238,9 @@ def take_snapshot(layout: Layout) -> None:
     if layout.host_snapshot.exists():
         return
     layout.host_snapshot.write_text(
-        json.dumps({"sysctls": read_sysctls(), "existed": {str(p): p.exists() for p in HOST_PATHS}}, indent=2)
+        json.dumps(
+            {"sysctls": read_sysctls(), "existed": {str(p): p.exists() for p in HOST_NODE_PATHS}}, indent=2
+        )
     )
 
 
@@ -265,18 +260,22 @@ def cgroup_dirs() -> list[Path]:
     return found
 
 
-def create_cgroup_root() -> None:
-    """The kubelet's cgroupRoot must exist in every hierarchy before it starts."""
+def create_cgroup_root(path: str = f"/{CGROUP_ROOT}") -> None:
+    """A kubelet's cgroupRoot (the sandbox's, or a further node's inside it) must exist in every
+    hierarchy before it starts."""
     for hierarchy in CGROUP_MOUNT.iterdir():
         if not (hierarchy / "cgroup.procs").exists():
             continue
-        top = hierarchy / CGROUP_ROOT
-        top.mkdir(exist_ok=True)
-        # A new v1 cpuset starts with no CPUs and no memory nodes, so nothing could join it or its
-        # children: give it the parent's.
-        for name in ("cpuset.cpus", "cpuset.mems"):
-            if (hierarchy / name).exists() and not (top / name).read_text().strip():
-                (top / name).write_text((hierarchy / name).read_text())
+        parent = hierarchy
+        for part in path.strip("/").split("/"):
+            directory = parent / part
+            directory.mkdir(exist_ok=True)
+            # A new v1 cpuset starts with no CPUs and no memory nodes, so nothing could join it or
+            # its children: give it the parent's.
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                if (parent / name).exists() and not (directory / name).read_text().strip():
+                    (directory / name).write_text((parent / name).read_text())
+            parent = directory
 
 
 def cgroup_pids() -> set[int]:
@@ -306,6 +305,7 @@ COMPONENT_PROGRAMS = frozenset(
         "kube-controller-manager",
         "kube-proxy",
         "coredns",
+        nodes.HOLDER,
     }
 )
 COMPONENT_MODULES = frozenset({"extender.main", "deviceplugin.main", "sandbox.fakenode"})
@@ -468,6 +468,7 @@ def restore_host(layout: Layout) -> None:
     kill_all(cgroup_pids())
     kill_all(component_processes(layout))
     unmount(mount_points([layout.root, HOST_CONTAINERD_RUN, HOST_KUBELET_DIR]))
+    nodes.delete_networks()
     for device in network_devices():
         subprocess.run(["ip", "link", "delete", device], capture_output=True, check=False)
     remove_cgroups()
@@ -491,6 +492,7 @@ def leftovers(layout: Layout) -> list[str]:
     found += [f"mount {p}" for p in mount_points([layout.root, HOST_CONTAINERD_RUN, HOST_KUBELET_DIR])]
     found += [f"cgroup {d}" for d in cgroup_dirs()]
     found += [f"network device {d}" for d in network_devices()]
+    found += [f"network namespace {n}" for n in nodes.network_namespaces()]
     found += [f"iptables chain {c}" for c in kube_chains()]
     if layout.host_snapshot.exists():
         snapshot = json.loads(layout.host_snapshot.read_text())

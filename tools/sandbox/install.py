@@ -80,8 +80,8 @@ class HostDirs:
 
 def host_dirs(layout: Layout) -> HostDirs:
     return HostDirs(
-        state=layout.root / "tessera" / "state",
-        hook=layout.root / "tessera" / "hook",
+        state=layout.tessera_state,
+        hook=layout.tessera_hook,
         pod_resources=layout.kubelet_root / "pod-resources",
         kubelet=layout.kubelet_root,
         cdi=layout.cdi_dir,
@@ -112,10 +112,16 @@ def install_args(layout: Layout, values: Sequence[str] = ()) -> list[str]:
     return args
 
 
-def install(helm_binary: Path, kubeconfig: Path, layout: Layout, values: Sequence[str] = ()) -> str:
+def make_host_dirs(layout: Layout) -> None:
+    """The chart's host directories the node does not make itself (before the chart is installed,
+    and on every further node before its agent starts)."""
     dirs = host_dirs(layout)
     for directory in (dirs.state, dirs.hook):
-        directory.mkdir(parents=True, exist_ok=True)
+        layout.place(directory).mkdir(parents=True, exist_ok=True)
+
+
+def install(helm_binary: Path, kubeconfig: Path, layout: Layout, values: Sequence[str] = ()) -> str:
+    make_host_dirs(layout)
     return helm(helm_binary, kubeconfig, *install_args(layout, values))
 
 

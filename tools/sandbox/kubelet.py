@@ -10,6 +10,7 @@ import re
 import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,32 @@ import grpc
 import yaml
 
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
-from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, CLUSTER_DOMAIN, HOST_DEVICE_PLUGIN_DIR, Layout
+from sandbox.layout import (
+    BRIDGE_ADDRESS,
+    CGROUP_ROOT,
+    CLUSTER_DNS_IP,
+    CLUSTER_DOMAIN,
+    HOST_DEVICE_PLUGIN_DIR,
+    Layout,
+)
 from sandbox.processes import Started, start
 
 LOOPBACK = "127.0.0.1"
 
 
-def render_config(layout: Layout, port: int, healthz_port: int) -> dict[str, Any]:
-    """The KubeletConfiguration (kubelet.config.k8s.io/v1beta1)."""
+def render_config(
+    layout: Layout,
+    port: int,
+    healthz_port: int,
+    *,
+    address: str = BRIDGE_ADDRESS,
+    healthz_address: str = LOOPBACK,
+    cgroup_root: str = f"/{CGROUP_ROOT}",
+) -> dict[str, Any]:
+    """The KubeletConfiguration (kubelet.config.k8s.io/v1beta1). It serves on ``address``, the
+    node's InternalIP (the first node's: the pod bridge's, on the host; a further node's own, in its
+    network namespace), where the apiserver reaches it for logs and exec; its health on
+    ``healthz_address``; its pods under ``cgroup_root``."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -33,7 +52,7 @@ def render_config(layout: Layout, port: int, healthz_port: int) -> dict[str, Any
         # containerd runs runc with cgroupfs; containerd 1.6 cannot tell the kubelet which driver.
         "cgroupDriver": "cgroupfs",
         # Every pod cgroup goes under this one subtree, which `down` removes.
-        "cgroupRoot": f"/{CGROUP_ROOT}",
+        "cgroupRoot": cgroup_root,
         "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
         "failSwapOn": False,
         # False: the kubelet adjusts six kernel sysctls to its liking; `down` puts them back.
@@ -47,10 +66,10 @@ def render_config(layout: Layout, port: int, healthz_port: int) -> dict[str, Any
         # Pods with dnsPolicy ClusterFirst (the default) ask CoreDNS through the kube-dns Service.
         "clusterDNS": [CLUSTER_DNS_IP],
         "clusterDomain": CLUSTER_DOMAIN,
-        "address": LOOPBACK,
+        "address": address,
         "port": port,
         "readOnlyPort": 0,
-        "healthzBindAddress": LOOPBACK,
+        "healthzBindAddress": healthz_address,
         "healthzPort": healthz_port,
         "authentication": {
             "anonymous": {"enabled": True},
@@ -72,29 +91,40 @@ def render_config(layout: Layout, port: int, healthz_port: int) -> dict[str, Any
     }
 
 
-def write_files(layout: Layout, port: int, healthz_port: int) -> None:
+def write_files(layout: Layout, config: dict[str, Any]) -> None:
     for directory in (layout.kubelet_root, layout.kubelet_certs, layout.static_pods, layout.pod_logs):
-        directory.mkdir(parents=True, exist_ok=True)
-    layout.kubelet_config.write_text(
-        yaml.safe_dump(render_config(layout, port, healthz_port), sort_keys=False)
-    )
+        layout.place(directory).mkdir(parents=True, exist_ok=True)
+    layout.place(layout.kubelet_config).write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def start_kubelet(layout: Layout, binary: Path, kubeconfig: Path, node_name: str) -> Started:
+def start_kubelet(
+    layout: Layout,
+    binary: Path,
+    kubeconfig: Path,
+    node_name: str,
+    *,
+    name: str = "kubelet",
+    enter: Sequence[str] = (),
+    node_ip: str = BRIDGE_ADDRESS,
+) -> Started:
+    """The kubelet of node ``node_name``, recorded as ``name``; ``enter`` and ``node_ip``: a
+    further node's namespaces (sandbox.nodes.enter) and address (the first node's: the bridge's)."""
     argv = [
+        *enter,
         str(binary),
         f"--config={layout.kubelet_config}",
         f"--kubeconfig={kubeconfig}",
         f"--hostname-override={node_name}",
         f"--root-dir={layout.kubelet_root}",
         f"--cert-dir={layout.kubelet_certs}",
+        f"--node-ip={node_ip}",
         "--v=2",
     ]
-    return start("kubelet", argv, layout.log("kubelet"))
+    return start(name, argv, layout.log(name.replace("/", "-")))
 
 
 def pod_resources_socket(layout: Layout) -> Path:
-    return layout.kubelet_root / "pod-resources" / "kubelet.sock"
+    return layout.place(layout.kubelet_root / "pod-resources" / "kubelet.sock")
 
 
 def allocatable_devices(layout: Layout, resource: str) -> list[str]:
@@ -124,29 +154,30 @@ REGISTERED_PLUGIN = re.compile(
 )
 
 
-def metrics(port: int) -> str | None:
+def metrics(port: int, address: str = BRIDGE_ADDRESS) -> str | None:
     """The kubelet's Prometheus metrics (its serving port, anonymous access as configured above);
     None while they cannot be read."""
-    # Loopback only, the kubelet's self-signed serving certificate: nothing to verify it against.
+    # The sandbox's own networks only, the kubelet's self-signed serving certificate: nothing to
+    # verify it against.
     unverified = ssl.create_default_context()
     unverified.check_hostname = False
     unverified.verify_mode = ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(f"https://{LOOPBACK}:{port}/metrics", timeout=5, context=unverified) as r:
+        with urllib.request.urlopen(f"https://{address}:{port}/metrics", timeout=5, context=unverified) as r:
             return str(r.read().decode())
     except (urllib.error.URLError, OSError, ssl.SSLError):
         return None
 
 
-def registered_plugins(port: int) -> list[str]:
+def registered_plugins(port: int, address: str = BRIDGE_ADDRESS) -> list[str]:
     """The registration sockets of the plugins (DRA drivers, CSI) the kubelet has registered, from
     its metrics; empty while they cannot be read."""
-    return REGISTERED_PLUGIN.findall(metrics(port) or "")
+    return REGISTERED_PLUGIN.findall(metrics(port, address) or "")
 
 
-def healthy(healthz_port: int) -> bool:
+def healthy(healthz_port: int, address: str = LOOPBACK) -> bool:
     try:
-        with urllib.request.urlopen(f"http://{LOOPBACK}:{healthz_port}/healthz", timeout=2) as response:
+        with urllib.request.urlopen(f"http://{address}:{healthz_port}/healthz", timeout=2) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError, ssl.SSLError):
         return False

@@ -16,6 +16,16 @@ HOST_CONTAINERD_RUN = Path("/run/containerd")
 HOST_CNI_STATE = Path("/var/lib/cni")
 HOST_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 HOST_KUBELET_DIR = Path("/var/lib/kubelet")
+# Every such path (the host directories the components create whatever they are configured with):
+# a further node has its own directory at each (sandbox.nodes).
+HOST_NODE_PATHS = (
+    HOST_CONTAINERD_RUN,
+    HOST_CNI_STATE,
+    HOST_KUBELET_DIR,
+    Path("/var/log/containers"),
+    Path("/var/log/pods"),
+    Path("/opt/containerd"),
+)
 
 # The kubelet's pods live under this cgroup in every hierarchy (cgroupRoot), so cleanup has one
 # subtree to remove and never touches cgroups of anything else on the host.
@@ -24,6 +34,9 @@ CGROUP_ROOT = "tessera-sandbox"
 BRIDGE = "tessera0"
 NETWORK_NAME = "tessera-sandbox"
 POD_SUBNET = "10.244.77.0/24"
+# Every node's pod subnet is in this range (the first node's is POD_SUBNET; sandbox.nodes): kube-proxy's
+# clusterCIDR, and the pods' route to each other.
+POD_NETWORK = "10.244.0.0/16"
 # The bridge's own address (the pods' gateway); CoreDNS listens there, on the host.
 BRIDGE_ADDRESS = "10.244.77.1"
 # ClusterIP Services: kube-apiserver's --service-cluster-ip-range, kube-proxy's view of it, and the
@@ -35,7 +48,34 @@ CLUSTER_DOMAIN = "cluster.local"
 
 @dataclass(frozen=True, slots=True)
 class Layout:
+    """The sandbox's paths, as its processes see them. Everything one node keeps (its containerd,
+    kubelet, CNI, fake GPUs and Tessera's host directories) is under :attr:`node_root`. The first
+    node uses that directory as it is; each further node keeps its own (:meth:`node_home`) and sees it
+    at :attr:`node_root` in a mount namespace of its own (sandbox.nodes), so configuration files,
+    the chart's host paths and the processes name the same paths on every node. ``home``: the
+    directory on the host that :attr:`node_root` stands for here (:meth:`place` maps paths to it), for
+    writing a further node's files from the host; ``None``: the first node's."""
+
     root: Path
+    home: Path | None = None
+
+    @property
+    def node_root(self) -> Path:
+        return self.root / "node"
+
+    def node_home(self, node: str) -> Path:
+        """Where the host keeps a further node's own directory."""
+        return self.root / "nodes" / node
+
+    def of_node(self, node: str) -> Layout:
+        """This layout with a further node's files placed in its own directory."""
+        return Layout(self.root, self.node_home(node) / "root")
+
+    def place(self, path: Path) -> Path:
+        """Where ``path``, as the node sees it, is on the host."""
+        if self.home is None or not path.is_relative_to(self.node_root):
+            return path
+        return self.home / path.relative_to(self.node_root)
 
     @property
     def state_file(self) -> Path:
@@ -63,79 +103,88 @@ class Layout:
     # containerd
     @property
     def containerd_root(self) -> Path:
-        return self.root / "containerd" / "root"
+        return self.node_root / "containerd" / "root"
 
     @property
     def containerd_state(self) -> Path:
-        return self.root / "containerd" / "state"
+        return self.node_root / "containerd" / "state"
 
     @property
     def containerd_config(self) -> Path:
-        return self.root / "containerd" / "config.toml"
+        return self.node_root / "containerd" / "config.toml"
 
     @property
     def containerd_socket(self) -> Path:
-        return self.root / "containerd" / "containerd.sock"
+        return self.node_root / "containerd" / "containerd.sock"
 
     @property
     def containerd_bin(self) -> Path:
         """A link to the directory of the containerd the sandbox runs when it is not the host's
         (containerd, containerd-shim-runc-v2, ctr; see containerd.py); absent for the host's."""
-        return self.root / "containerd" / "bin"
+        return self.node_root / "containerd" / "bin"
 
     @property
     def cdi_dir(self) -> Path:
         """Where containerd reads CDI specs (cdi_spec_dirs) and the DRA driver writes them."""
-        return self.root / "cdi"
+        return self.node_root / "cdi"
 
     @property
     def driver_spec(self) -> Path:
         """The OCI base spec that places the GPU driver in every container (see containerd.py)."""
-        return self.root / "containerd" / "nvidia-base-spec.json"
+        return self.node_root / "containerd" / "nvidia-base-spec.json"
 
     @property
     def cni_conf_dir(self) -> Path:
-        return self.root / "cni" / "net.d"
+        return self.node_root / "cni" / "net.d"
 
     @property
     def cni_ipam_dir(self) -> Path:
-        return self.root / "cni" / "ipam"
+        return self.node_root / "cni" / "ipam"
 
     # kubelet
     @property
     def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
+        return self.node_root / "kubelet"
 
     @property
     def kubelet_config(self) -> Path:
-        return self.root / "kubelet-config.yaml"
+        return self.node_root / "kubelet-config.yaml"
 
     @property
     def kubelet_certs(self) -> Path:
-        return self.root / "kubelet-pki"
+        return self.node_root / "kubelet-pki"
 
     @property
     def static_pods(self) -> Path:
-        return self.root / "manifests"
+        return self.node_root / "manifests"
 
     @property
     def pod_logs(self) -> Path:
-        return self.root / "pod-logs"
+        return self.node_root / "pod-logs"
 
     # kube-proxy and CoreDNS
     @property
     def kube_proxy_config(self) -> Path:
-        return self.root / "kube-proxy.yaml"
+        return self.node_root / "kube-proxy.yaml"
 
     @property
     def corefile(self) -> Path:
         return self.root / "Corefile"
 
+    # Tessera's host directories (the chart's hostPaths, sandbox.install)
+    @property
+    def tessera_state(self) -> Path:
+        return self.node_root / "tessera" / "state"
+
+    @property
+    def tessera_hook(self) -> Path:
+        return self.node_root / "tessera" / "hook"
+
     # GPU side
     @property
     def gpu(self) -> Path:
         """The fake GPU's configuration and the device plugin's files."""
-        return self.root / "gpu"
+        return self.node_root / "gpu"
 
     # Prometheus (`up --monitoring`)
     @property

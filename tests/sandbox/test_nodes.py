@@ -1,0 +1,381 @@
+"""Three real nodes (`tessera sandbox up --nodes 3`, sandbox.nodes): each a kubelet with its own
+containerd, kube-proxy, fake GPUs and node agent, joined to one control plane. What must hold when
+nodes come and go: pods reach each other and the cluster's Services across nodes; a node that dies
+with GPU pods on it has them recreated elsewhere with their quotas, its shares counted until
+Kubernetes has deleted its pods and its leftovers cleaned when it returns; a drained node's GPU pods
+move with their quotas; a node cut off from the control plane keeps enforcing its pods' quotas.
+
+The node agent and the scheduler run as the chart installs them on any cluster: a DaemonSet on every
+node, two tessera-scheduler replicas (with the extender) on different nodes."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from nodeagent.statedir import StateDir
+from sandbox import cluster, install, kubeapi, nodelife
+from sandbox.layout import Layout
+from sandbox.record import FurtherNode, load_state
+from tessera.contract import KEYS, MIB, parse_allocation, parse_inventory
+from tests.sandbox.conftest import HostView, Sandbox, differences, running_sandbox
+from tests.sandbox.test_chaos import Invariants, limits_lines, mounted_limits
+from tests.sandbox.test_chart_lifecycle import probe_pod
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.sandbox
+
+NODES = 3
+# How long a Deployment's pods stay on a node that stopped answering (the default is 300 s).
+TOLERATION_SECONDS = 30
+# Kubernetes's own timings: node-monitor-grace-period (50 s) plus the toleration, plus the
+# controller's and the kubelet's sync periods; generous for a loaded 2-core host.
+EVICTION_TIMEOUT = 240.0
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[tuple[Sandbox, HostView]]:
+    with running_sandbox("nodes", nodes=NODES) as running:
+        yield running
+
+
+@pytest.fixture
+def sbx(fleet: tuple[Sandbox, HostView]) -> Iterator[Sandbox]:
+    """The fleet, with the test's pods and Deployments in ``default`` gone afterwards and every node
+    running and joined again (a failed test leaves none stopped or cut off)."""
+    sandbox = fleet[0]
+    yield sandbox
+    for node in _further(sandbox):
+        with contextlib.suppress(Exception):
+            nodelife.heal_node(sandbox.root, node.name)
+        if node.stopped:
+            nodelife.start_node(sandbox.root, node.name)
+    apps = client.AppsV1Api(sandbox.api)
+    for deployment in apps.list_namespaced_deployment("default").items:
+        kubeapi.delete(lambda d=deployment: apps.delete_namespaced_deployment(d.metadata.name, "default"))
+    for pod in sandbox.core.list_namespaced_pod("default").items:
+        kubeapi.delete_pod(sandbox.core, pod.metadata.name)
+    wait_for(lambda: not sandbox.core.list_namespaced_pod("default").items, timeout=180, what="pods gone")
+
+
+def _further(sbx: Sandbox) -> list[FurtherNode]:
+    """The further nodes as the sandbox records them now (the node commands change the record)."""
+    state = load_state(Layout(sbx.root))
+    assert state is not None
+    return state.nodes
+
+
+def _on_node(pod: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    return pod
+
+
+def _node_of(sbx: Sandbox, pod: str) -> str:
+    return str(sbx.core.read_namespaced_pod(pod, "default").spec.node_name)
+
+
+def _ready(sbx: Sandbox, node: str) -> bool:
+    status = sbx.core.read_node_status(node).status
+    return any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+
+
+def _check_limits(sbx: Sandbox, pod: Any) -> None:
+    """The container sees exactly its allocation (the limits file the node agent mounted)."""
+    allocation = parse_allocation(pod.metadata.annotations[KEYS.allocation])
+    for container in allocation.containers:
+        limits = mounted_limits(sbx.core, pod.metadata.name, container.name)
+        assert limits_lines(limits) == {
+            f"device {g.uuid} memory {g.memory_quota_mib * MIB} cores {g.cores}" for g in container.gpus
+        }, f"pod {pod.metadata.name} on {pod.spec.node_name}: {limits} against {allocation}"
+
+
+def _state_dirs(sbx: Sandbox) -> dict[str, StateDir]:
+    """Each node's Tessera state directory, where the host keeps it."""
+    layout = Layout(sbx.root)
+    dirs = {sbx.state.node: StateDir(install.host_dirs(layout).state)}
+    for node in sbx.state.nodes:
+        of_node = layout.of_node(node.name)
+        dirs[node.name] = StateDir(of_node.place(install.host_dirs(of_node).state))
+    return dirs
+
+
+def _capacity(sbx: Sandbox) -> dict[str, int]:
+    capacity = {}
+    for node in sbx.core.list_node().items:
+        for g in parse_inventory(node.metadata.annotations[KEYS.node_gpus]):
+            capacity[g.uuid] = g.total_memory_mib
+    return capacity
+
+
+@contextlib.contextmanager
+def _watched(sbx: Sandbox) -> Iterator[Invariants]:
+    """No GPU overcommitted at any moment, by every pod Kubernetes still has (checked every 2 s)."""
+    invariants = Invariants(sbx, _state_dirs(sbx), _capacity(sbx))
+    stop = threading.Event()
+    checker = threading.Thread(target=invariants.watch, args=(stop,), daemon=True)
+    checker.start()
+    try:
+        yield invariants
+    finally:
+        stop.set()
+        checker.join()
+        invariants.api.close()
+    assert not invariants.violations, invariants.violations
+    assert invariants.checks > 0
+
+
+def _deployment(name: str, replicas: int, nodes: list[str], memory_mib: int, cores: int) -> dict[str, Any]:
+    pod = _on_node(probe_pod(name, memory_mib, cores, idle=True), nodes)
+    spec = copy.deepcopy(pod["spec"])
+    spec["restartPolicy"] = "Always"
+    spec["tolerations"] = [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATION_SECONDS}
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": pod["metadata"].get("annotations", {})},
+                "spec": spec,
+            },
+        },
+    }
+
+
+def _pods_of(sbx: Sandbox, app: str) -> list[Any]:
+    return list(sbx.core.list_namespaced_pod("default", label_selector=f"app={app}").items)
+
+
+def _running(pods: list[Any]) -> list[Any]:
+    return [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+
+
+def test_three_nodes_each_run_gpu_pods_and_reach_each_other(sbx: Sandbox) -> None:
+    nodes = [sbx.state.node, *(n.name for n in sbx.state.nodes)]
+    assert len(nodes) == NODES and all(_ready(sbx, n) for n in nodes)
+    models = {
+        n.metadata.name: sorted(g.model for g in parse_inventory(n.metadata.annotations[KEYS.node_gpus]))
+        for n in sbx.core.list_node().items
+    }
+    assert len({tuple(m) for m in models.values()}) == NODES, models  # a mixed fleet
+    assert {n for n, m in models.items() if any("A100" in g for g in m)} and any(
+        all("T4" in g for g in m) for m in models.values()
+    ), models
+    agents = sbx.core.list_namespaced_pod(install.NAMESPACE, label_selector=install.AGENT_SELECTOR).items
+    assert sorted(p.spec.node_name for p in agents) == sorted(nodes)
+    schedulers = sbx.core.list_namespaced_pod(
+        install.NAMESPACE, label_selector=install.EXTENDER_SELECTOR
+    ).items
+    assert len({p.spec.node_name for p in schedulers}) == 2, [p.spec.node_name for p in schedulers]
+
+    # A GPU pod on every node, each seeing its own quota.
+    for i, node in enumerate(nodes):
+        kubeapi.create_pod(sbx.core, _on_node(probe_pod(f"gpu-{i}", 1024 + 512 * i, 20, idle=True), [node]))
+    for i, node in enumerate(nodes):
+        pod = sbx.wait_pod(f"gpu-{i}", "Running", timeout=120)
+        assert pod.spec.node_name == node
+        _check_limits(sbx, pod)
+
+    # Pods on different nodes reach each other, by pod IP and by a Service's name (CoreDNS and each
+    # node's kube-proxy).
+    server = _on_node(probe_pod("web", 256, 5, idle=True), [nodes[2]])
+    server["metadata"]["labels"] = {"app": "web"}
+    server["spec"]["containers"][0]["command"] = [
+        "/bin/sh", "-c", "mkdir -p /www && echo across-nodes > /www/index.html && exec httpd -f -p 8080 -h /www",
+    ]  # fmt: skip
+    kubeapi.create_pod(sbx.core, server)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    kubeapi.retried(lambda: sbx.core.create_namespaced_service("default", service))
+    try:
+        ip = sbx.wait_pod("web", "Running", timeout=120).status.pod_ip
+        # busybox nc (its static wget crashes on name lookups), HTTP/1.0 so the server closes.
+        for address, port in ((ip, 8080), ("web.default.svc.cluster.local", 80)):
+            client_pod = _on_node(probe_pod("fetch", 256, 5), [nodes[1]])
+            fetch = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {address} {port}"
+            client_pod["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", fetch]
+            kubeapi.create_pod(sbx.core, client_pod)
+            done = sbx.wait_pod("fetch", "Succeeded", timeout=120)
+            assert done.spec.node_name == nodes[1]
+            assert "across-nodes" in sbx.logs("fetch", until="across-nodes")
+            kubeapi.delete_pod(sbx.core, "fetch")
+            wait_for(lambda: "fetch" not in {p.metadata.name for p in sbx.core.list_namespaced_pod("default").items},
+                     timeout=60, what="the fetch pod gone")  # fmt: skip
+    finally:
+        kubeapi.delete(lambda: sbx.core.delete_namespaced_service("web", "default"))
+
+
+def test_a_dead_nodes_gpu_pods_move_and_its_leftovers_go_when_it_returns(sbx: Sandbox) -> None:
+    further = [n.name for n in sbx.state.nodes]
+    with _watched(sbx):
+        client.AppsV1Api(sbx.api).create_namespaced_deployment(
+            "default", _deployment("survivor", 3, further, 1024, 20)
+        )
+        wait_for(lambda: len(_running(_pods_of(sbx, "survivor"))) == 3, timeout=180, what="3 pods running")
+        before = _running(_pods_of(sbx, "survivor"))
+        counts = {n: sum(p.spec.node_name == n for p in before) for n in further}
+        victim = max(counts, key=lambda n: counts[n])
+        doomed = {p.metadata.uid for p in before if p.spec.node_name == victim}
+        assert doomed
+
+        nodelife.stop_node(sbx.root, victim)
+        wait_for(lambda: not _ready(sbx, victim), timeout=EVICTION_TIMEOUT, what=f"{victim} NotReady")
+
+        def moved() -> bool:
+            pods = _running(_pods_of(sbx, "survivor"))
+            return len(pods) == 3 and all(p.spec.node_name != victim for p in pods)
+
+        wait_for(moved, timeout=EVICTION_TIMEOUT, what="the dead node's pods recreated elsewhere")
+        for pod in _running(_pods_of(sbx, "survivor")):
+            _check_limits(sbx, pod)
+        # The dead node's pods are still there (Terminating: no kubelet confirms they stopped), so
+        # still counted: the watcher sums them with the new ones, and nothing is overcommitted.
+        left = {p.metadata.uid for p in _pods_of(sbx, "survivor") if p.spec.node_name == victim}
+        assert left == doomed, (left, doomed)
+
+        replacements = {p.metadata.uid: p for p in _running(_pods_of(sbx, "survivor"))}
+        nodelife.start_node(sbx.root, victim)
+        wait_for(
+            lambda: not any(p.spec.node_name == victim for p in _pods_of(sbx, "survivor")),
+            timeout=EVICTION_TIMEOUT,
+            what=f"the old pods deleted once {victim}'s kubelet is back",
+        )
+        # Its agent registered again: the node offers its GPU slices.
+        wait_for(
+            lambda: int(sbx.core.read_node(victim).status.allocatable.get(KEYS.vgpu, "0")) > 0,
+            timeout=120,
+            what=f"{victim}'s slices back",
+        )
+        state = _state_dirs(sbx)[victim]
+        wait_for(
+            lambda: (
+                not any((state.containers / uid).exists() for uid in doomed)
+                and not any(r.pod_uid in doomed for _, r in state.records())
+            ),
+            timeout=120,
+            what=f"{victim}'s records and limits files of the deleted pods cleaned",
+        )
+        # Nothing of the new pods was disturbed.
+        after = {p.metadata.uid: p for p in _running(_pods_of(sbx, "survivor"))}
+        assert after.keys() == replacements.keys()
+        for uid, pod in after.items():
+            assert (
+                pod.metadata.annotations[KEYS.allocation]
+                == replacements[uid].metadata.annotations[KEYS.allocation]
+            )
+            assert all(s.restart_count == 0 for s in pod.status.container_statuses or [])
+
+
+def test_drain_moves_gpu_pods_with_their_quotas_and_uncordon_brings_the_node_back(sbx: Sandbox) -> None:
+    further = [n.name for n in sbx.state.nodes]
+    kubectl = Path(sbx.state.kubernetes_bin) / "kubectl"
+    with _watched(sbx):
+        client.AppsV1Api(sbx.api).create_namespaced_deployment(
+            "default", _deployment("drained", 2, further, 2048, 30)
+        )
+        wait_for(lambda: len(_running(_pods_of(sbx, "drained"))) == 2, timeout=180, what="2 pods running")
+        victim = _running(_pods_of(sbx, "drained"))[0].spec.node_name
+        drain = subprocess.run(
+            [str(kubectl), f"--kubeconfig={sbx.state.kubeconfig}", "drain", victim,
+             "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s"],
+            capture_output=True, text=True, timeout=240, check=False,
+        )  # fmt: skip
+        assert drain.returncode == 0, drain.stderr
+
+        def moved() -> bool:
+            pods = _running(_pods_of(sbx, "drained"))
+            return len(pods) == 2 and all(p.spec.node_name != victim for p in pods)
+
+        wait_for(moved, timeout=180, what="the drained node's GPU pods moved")
+        for pod in _running(_pods_of(sbx, "drained")):
+            _check_limits(sbx, pod)
+        # The node agent is a DaemonSet pod: drain leaves it, the last to go.
+        agents = sbx.core.list_namespaced_pod(install.NAMESPACE, label_selector=install.AGENT_SELECTOR).items
+        assert victim in {p.spec.node_name for p in agents}
+        subprocess.run(
+            [str(kubectl), f"--kubeconfig={sbx.state.kubeconfig}", "uncordon", victim],
+            check=True,
+            capture_output=True,
+        )
+        assert not sbx.core.read_node(victim).spec.unschedulable
+
+
+def _log_lines(sbx: Sandbox, node: str, pod: Any, prefix: str) -> list[str]:
+    """The container's log lines starting with ``prefix``, read from the node's disk, not through the
+    API (which cannot reach a cut-off node)."""
+    layout = Layout(sbx.root).of_node(node)
+    directory = layout.place(layout.pod_logs) / f"default_{pod.metadata.name}_{pod.metadata.uid}"
+    lines = []
+    for log in sorted(directory.glob("*/*.log")):
+        lines += [line.split(" ", 3)[-1] for line in log.read_text().splitlines()]
+    return [line for line in lines if line.startswith(prefix)]
+
+
+def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_pods_quotas(sbx: Sandbox) -> None:
+    node = sbx.state.nodes[-1].name
+    pod = _on_node(probe_pod("cut-off", 1024, 20), [node])
+    # The probe again and again: the driver reports the quota and refuses past it, every 2 s.
+    pod["spec"]["containers"][0]["command"] = [
+        "/bin/sh", "-c", "trap 'exit 0' TERM; while :; do vgpu-probe 256; sleep 2 & wait $!; done",
+    ]  # fmt: skip
+    kubeapi.create_pod(sbx.core, pod)
+    running = sbx.wait_pod("cut-off", "Running", timeout=120)
+    wait_for(
+        lambda: _log_lines(sbx, node, running, "allocations_ok="), timeout=60, what="the probe's first run"
+    )
+
+    nodelife.partition_node(sbx.root, node)
+    began = len(_log_lines(sbx, node, running, "allocations_ok="))
+    wait_for(lambda: not _ready(sbx, node), timeout=EVICTION_TIMEOUT, what=f"{node} NotReady, cut off")
+    # Still running, still held to 1024 MiB: four 256 MiB blocks, then refused.
+    wait_for(
+        lambda: len(_log_lines(sbx, node, running, "allocations_ok=")) >= began + 3,
+        timeout=60,
+        what="the probe running on while cut off",
+    )
+    assert set(_log_lines(sbx, node, running, "allocations_ok=")) == {"allocations_ok=4"}
+    assert set(_log_lines(sbx, node, running, "total_mib=")) == {"total_mib=1024"}
+
+    nodelife.heal_node(sbx.root, node)
+    wait_for(lambda: _ready(sbx, node), timeout=EVICTION_TIMEOUT, what=f"{node} Ready again")
+    again = sbx.core.read_namespaced_pod("cut-off", "default")
+    assert again.metadata.uid == running.metadata.uid and again.status.phase == "Running"
+    assert again.metadata.annotations[KEYS.allocation] == running.metadata.annotations[KEYS.allocation]
+    assert all(s.restart_count == 0 for s in again.status.container_statuses or [])
+    _check_limits(sbx, again)
+
+
+def test_down_removes_every_node_from_the_host(fleet: tuple[Sandbox, HostView]) -> None:
+    sandbox, before = fleet
+    assert cluster.down(sandbox.root, report=lambda _: None) == []
+    assert differences(before, sandbox.root) == []

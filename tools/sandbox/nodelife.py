@@ -1,0 +1,223 @@
+"""A further node's life (sandbox.nodes says what one is): started by `up --nodes N`, stopped and
+started again as power would be (`tessera sandbox node stop|start NAME`), cut off from the control
+plane and joined again (`node partition|heal NAME`).
+
+Its kubelet, containerd and kube-proxy are recorded in the sandbox state as ``NAME/kubelet`` and so
+on, beside the first node's; `down` stops them with the rest and deletes the node's namespaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubernetes import client
+
+from sandbox import addons, containerd, gpu, host, install, kubelet, nodes
+from sandbox.layout import BRIDGE_ADDRESS, HOST_CONTAINERD_RUN, Layout
+from sandbox.processes import Started, StartError, alive, wait_for
+from sandbox.record import FurtherNode, SandboxState, api_client, load_state, node_ready, save_state
+
+# In the node's own network namespace, so every node has the same.
+KUBELET_PORT = 10250
+KUBELET_HEALTHZ_PORT = 10248
+PROXY_HEALTHZ_PORT = 10256
+PROXY_METRICS_PORT = 10249
+# The further nodes' fake GPUs by default, in turn: the fleet mixes models across nodes (the first
+# node has sandbox.gpu.SANDBOX_GPUS, an A100 and a T4).
+DEFAULT_GPUS: tuple[tuple[str, ...], ...] = (("t4", "t4"), ("a100",))
+COMPONENTS = ("holder", "containerd", "kubelet", "kube-proxy")
+
+
+def plan(first: str, count: int, gpus: Sequence[Sequence[str]] = ()) -> list[FurtherNode]:
+    """The nodes after the first of a sandbox of ``count`` nodes: ``FIRST-2``, ``FIRST-3``, ...,
+    with ``gpus[i]`` (or the defaults, in turn) as their GPU models."""
+    if count < 1:
+        raise nodes.NodeError(f"nodes: {count} is not a number of nodes (1 or more)")
+    if len(gpus) > count - 1:
+        raise nodes.NodeError(f"node-gpus: {len(gpus)} lists for {count - 1} further node(s)")
+    further = []
+    for index in range(1, count):
+        name = nodes.check_name(f"{first}-{index + 1}")
+        given = index - 1 < len(gpus)
+        models = tuple(gpus[index - 1]) if given else DEFAULT_GPUS[(index - 1) % len(DEFAULT_GPUS)]
+        gpu.node_gpus(name, models)  # refuses an unknown model before anything starts
+        nodes.NodeAddresses(index)  # refuses too many nodes
+        further.append(FurtherNode(name=name, index=index, gpus=models))
+    return further
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """What a further node's processes need from the sandbox around them."""
+
+    layout: Layout
+    kubeconfig: Path
+    kubernetes_bin: Path
+    containerd_bin: Path | None
+    # The images imported into the node's containerd when it is first made.
+    tarballs: Mapping[str, Path]
+
+
+def _write_files(cluster: Cluster, node: FurtherNode) -> None:
+    """Everything the node's processes read, in the node's own directory."""
+    layout = cluster.layout.of_node(node.name)
+    a = node.addresses
+    files = gpu.prepare(layout, gpu.node_gpus(node.name, node.gpus))
+    containerd.write_files(
+        layout, files.container_mounts(), files.container_env(), cluster.containerd_bin, subnet=a.pod_subnet
+    )
+    cgroup_root = nodes.cgroup_root(node.name)
+    config = kubelet.render_config(
+        layout,
+        KUBELET_PORT,
+        KUBELET_HEALTHZ_PORT,
+        address=a.address,
+        healthz_address=a.address,
+        cgroup_root=cgroup_root,
+    )
+    kubelet.write_files(layout, config)
+    addons.write_kube_proxy_config(
+        layout, cluster.kubeconfig, node.name, PROXY_HEALTHZ_PORT, PROXY_METRICS_PORT, address=a.address
+    )
+    install.make_host_dirs(layout)
+
+
+def _start_processes(
+    cluster: Cluster, node: FurtherNode, add: Callable[[Started], Started], *, first: bool, timeout: float
+) -> None:
+    """The holder, containerd (the images imported ``first``), the kubelet and kube-proxy."""
+    layout = cluster.layout.of_node(node.name)
+    host.create_cgroup_root(nodes.cgroup_root(node.name))
+    holder = add(nodes.start_holder(cluster.layout, node.name, node.addresses))
+    enter = nodes.enter(holder)
+    add(containerd.start_containerd(layout, timeout, name=node.process_name("containerd"), enter=enter))
+    if first:
+        containerd.import_images(layout, cluster.tarballs)
+    add(
+        kubelet.start_kubelet(
+            layout,
+            cluster.kubernetes_bin / "kubelet",
+            cluster.kubeconfig,
+            node.name,
+            name=node.process_name("kubelet"),
+            enter=enter,
+            node_ip=node.addresses.address,
+        )
+    )
+    add(
+        addons.start_kube_proxy(
+            layout, cluster.kubernetes_bin / "kube-proxy", name=node.process_name("kube-proxy"), enter=enter
+        )
+    )
+
+
+def create(cluster: Cluster, node: FurtherNode, add: Callable[[Started], Started], timeout: float) -> None:
+    """Make the node and start it (`up`): its network, its files, its processes."""
+    nodes.create_network(node.addresses)
+    _write_files(cluster, node)
+    _start_processes(cluster, node, add, first=True, timeout=timeout)
+
+
+def wait_ready(api: client.ApiClient, node: FurtherNode, kubelet_process: Started, timeout: float) -> None:
+    wait_for(f"node {node.name}: Ready", lambda: node_ready(api, node.name), kubelet_process, timeout)
+
+
+# --------------------------------------------------------------------------------------------------
+# The node commands, on a running sandbox.
+
+
+@contextlib.contextmanager
+def _node_state(root: Path, name: str) -> Iterator[tuple[Layout, SandboxState, FurtherNode]]:
+    """The sandbox's state and the node's record in it, saved back afterwards."""
+    layout = Layout(root)
+    state = load_state(layout)
+    if state is None:
+        raise StartError(f"no sandbox is up in {root}")
+    try:
+        node = state.further_node(name)
+    except KeyError:
+        names = ", ".join(n.name for n in state.nodes) or "none"
+        raise StartError(f"node {name!r}: not a further node of this sandbox (those: {names})") from None
+    yield layout, state, node
+    save_state(layout, state)
+
+
+def _processes(state: SandboxState, node: FurtherNode) -> list[Started]:
+    names = {node.process_name(c) for c in COMPONENTS}
+    return [p for p in state.processes if p.name in names]
+
+
+def stop_node(root: Path, name: str) -> None:
+    """`node stop NAME`: a power loss (:func:`kill_node`); the node's record says stopped."""
+    with _node_state(root, name) as (_, state, node):
+        if node.stopped:
+            raise StartError(f"node {name!r} is already stopped")
+        processes = _processes(state, node)
+        holder = next(p for p in processes if p.name == node.process_name("holder"))
+        kill_node(holder, nodes.cgroup_root(name), processes)
+        node.stopped = True
+
+
+def kill_node(
+    holder: Started, pods_cgroup: str, components: Sequence[Started], timeout: float = 30.0
+) -> None:
+    """The node's components, its containers' shims and its pods' processes killed at once, with no
+    chance to clean up; the mount namespace ends with the last of them."""
+    namespace = nodes.mount_namespace(holder.pid) if alive(holder) else None
+    deadline = time.monotonic() + timeout
+    while True:
+        host.thaw_cgroups()  # a frozen process never acts on SIGKILL
+        left = nodes.cgroup_pids(pods_cgroup)
+        left.update(p.pid for p in components if alive(p))
+        if namespace is not None:
+            left.update(nodes.processes_in(namespace))
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise StartError(f"processes {sorted(left)[:10]} outlived SIGKILL for {timeout:.0f}s")
+        host.kill_all(left)
+        time.sleep(0.2)
+
+
+def start_node(root: Path, name: str, timeout: float = 120.0) -> None:
+    """`node start NAME`: power back. What a reboot loses is gone (containerd's state and the
+    shims' sockets: the run directories); the kubelet finds its pods' containers dead and asks the
+    API what should run."""
+    with _node_state(root, name) as (layout, state, node):
+        if not node.stopped:
+            raise StartError(f"node {name!r} is running; stop it first")
+        home = layout.of_node(name)
+        shutil.rmtree(home.place(home.containerd_state), ignore_errors=True)
+        shutil.rmtree(nodes.host_dir(layout, name, HOST_CONTAINERD_RUN), ignore_errors=True)
+        cluster = Cluster(layout, Path(state.kubeconfig), Path(state.kubernetes_bin), None, {})
+        started: dict[str, Started] = {}
+
+        def add(process: Started) -> Started:
+            started[process.name] = process
+            state.replace(process)
+            return process
+
+        _start_processes(cluster, node, add, first=False, timeout=timeout)
+        with contextlib.closing(api_client(state)) as api:
+            wait_ready(api, node, started[node.process_name("kubelet")], timeout)
+        node.stopped = False
+
+
+def partition_node(root: Path, name: str) -> None:
+    """`node partition NAME`: nothing passes between the node and the control plane's address; its
+    pods keep running (the hook needs no API)."""
+    with _node_state(root, name) as (_, _state, node):
+        nodes.partition(node.addresses, BRIDGE_ADDRESS)
+        node.partitioned = True
+
+
+def heal_node(root: Path, name: str) -> None:
+    """`node heal NAME`: undoes :func:`partition_node`."""
+    with _node_state(root, name) as (_, _state, node):
+        nodes.heal(node.addresses)
+        node.partitioned = False
