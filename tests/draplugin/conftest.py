@@ -23,7 +23,6 @@ from kubernetes import client, config
 
 import fakegpu
 from sandbox.controlplane import (
-    DRA_CONTROLLERS,
     DRA_K8S_VERSION,
     ControlPlane,
     ManagedProcess,
@@ -38,6 +37,34 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER_SCRIPT = Path(sys.executable).parent / "tessera-dra"
 NODE = "dra-node"
 GROUP, VERSION = "resource.k8s.io", "v1"
+# Listed, not kube-controller-manager's default `*` (the sandbox's): node-lifecycle would mark NODE,
+# which has no kubelet and no heartbeat, not ready after its grace, taint it and evict its pods.
+# Workloads, service accounts and their tokens, garbage collection, endpoints, namespaces and quotas;
+# and the DRA path's: the ResourceClaim controller makes the claims of ResourceClaimTemplates, takes
+# deleted pods off their claims' reservedFor and deallocates claims nobody uses any more; the device
+# taint eviction controller deletes the pods whose claims use a device with a NoExecute taint (the
+# DRA driver's taint on a GPU that failed fatally).
+CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "daemonset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "garbage-collector-controller",
+    "pod-garbage-collector-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+    "namespace-controller",
+    "clusterrole-aggregation-controller",
+    "disruption-controller",
+    "resourcequota-controller",
+    "resourceclaim-controller",
+    "device-taint-eviction-controller",
+)
 SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
@@ -63,7 +90,7 @@ def dra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
         plane.start_scheduler(SCHEDULER_CONFIG)
         # The ResourceClaim controller takes a deleted pod off its claims' reservedFor and frees
         # the claims nobody uses any more; the garbage collector deletes claims made from templates.
-        plane.start_controller_manager(controllers=DRA_CONTROLLERS)
+        plane.start_controller_manager(controllers=CONTROLLERS)
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         try:
             core = client.CoreV1Api(api)

@@ -388,14 +388,6 @@ def test_pods_route_the_service_range_and_every_nodes_pods_through_the_bridge() 
     assert ipam["routes"] == [{"dst": SERVICE_CIDR}, {"dst": POD_NETWORK}]
 
 
-def test_controller_manager_runs_what_a_chart_needs_but_not_node_lifecycle() -> None:
-    wanted = {"deployment-controller", "daemonset-controller", "serviceaccount-token-controller"}
-    wanted |= {"garbage-collector-controller", "endpointslice-controller", "namespace-controller"}
-    wanted |= {"root-ca-certificate-publisher-controller", "replicaset-controller"}
-    assert wanted <= set(controlplane.CONTROLLERS)
-    assert "node-lifecycle-controller" not in controlplane.CONTROLLERS
-
-
 def test_registered_plugins_are_the_kubelets_actual_state_not_its_desired_one() -> None:
     text = (
         "# TYPE plugin_manager_total_plugins gauge\n"

@@ -44,8 +44,6 @@ from sandbox import (
     nodes,
 )
 from sandbox.controlplane import (
-    CONTROLLERS,
-    DRA_CONTROLLERS,
     DRA_K8S_VERSION,
     LOOPBACK,
     ControlPlane,
@@ -267,8 +265,7 @@ def _start_all(
         starting.add(_recorded(process))
     starting.health["etcd"] = f"{plane.etcd_url}/health"
     starting.health["kube-apiserver"] = f"{plane.api_url}/readyz"
-    controllers = DRA_CONTROLLERS if options.mode == "dra" else CONTROLLERS
-    manager = plane.start_controller_manager(timeout=options.timeout, controllers=controllers)
+    manager = plane.start_controller_manager(timeout=options.timeout)
     starting.add(_recorded(manager))
     starting.health["kube-controller-manager"] = _controller_manager_health(manager.args)
     scheduler = plane.start_scheduler(DEFAULT_SCHEDULER_CONFIG, timeout=options.timeout)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import socket
 import ssl
@@ -37,36 +38,6 @@ ADMIN_TOKEN = "tessera-admin-token"
 LOOPBACK = "127.0.0.1"
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
-
-# What a chart's workloads need: Deployments (and their ReplicaSets), DaemonSets, Jobs (Helm hooks),
-# service accounts with tokens and the kube-root-ca.crt ConfigMap their projected volumes read,
-# garbage collection by owner, Service endpoints, namespace deletion, aggregated ClusterRoles.
-# Not node-lifecycle: it would taint and evict the sandbox's fake nodes, which have no kubelet.
-CONTROLLERS = (
-    "deployment-controller",
-    "replicaset-controller",
-    "daemonset-controller",
-    "statefulset-controller",
-    "job-controller",
-    "serviceaccount-controller",
-    "serviceaccount-token-controller",
-    "root-ca-certificate-publisher-controller",
-    "garbage-collector-controller",
-    "pod-garbage-collector-controller",
-    "endpoints-controller",
-    "endpointslice-controller",
-    "endpointslice-mirroring-controller",
-    "namespace-controller",
-    "clusterrole-aggregation-controller",
-    "disruption-controller",
-    # ResourceQuotas' used: a namespace's quota on Tessera's resources bounds its pods and live resizes.
-    "resourcequota-controller",
-)
-# The DRA path's too: kube-scheduler allocates claims; the ResourceClaim controller makes the claims of
-# ResourceClaimTemplates, takes deleted pods off their claims' reservedFor and deallocates claims
-# nobody uses any more; the device taint eviction controller deletes the pods whose claims use a
-# device with a NoExecute taint (the DRA driver's taint on a GPU that failed fatally).
-DRA_CONTROLLERS = (*CONTROLLERS, "resourceclaim-controller", "device-taint-eviction-controller")
 
 
 class ControlPlaneError(RuntimeError):
@@ -356,9 +327,10 @@ class ControlPlane:
         self.kubeconfig_for(ADMIN_TOKEN, "admin")
 
     def _admission(self) -> list[str]:
-        # Without kube-controller-manager nothing would create default service accounts. No
-        # node-lifecycle controller runs either way (it would evict the pods of fake nodes, which
-        # have no kubelet lease), so nothing would lift the not-ready taint from new nodes.
+        # Without kube-controller-manager nothing would create default service accounts. The tests'
+        # control planes run no node-lifecycle controller (their fake nodes have no heartbeat), so
+        # nothing would lift the not-ready taint from their new nodes; the sandbox's node is waited
+        # for until Ready before anything is scheduled, so the taint would add nothing there.
         if self.service_accounts:
             return ["--disable-admission-plugins=TaintNodesByCondition"]
         return ["--disable-admission-plugins=ServiceAccount,TaintNodesByCondition"]
@@ -405,10 +377,15 @@ class ControlPlane:
         return scheduler
 
     def start_controller_manager(
-        self, timeout: float = 60.0, controllers: Sequence[str] = CONTROLLERS
+        self, timeout: float = 60.0, controllers: Sequence[str] = ("*",)
     ) -> ManagedProcess:
-        """Start kube-controller-manager with ``controllers`` (by default those a Helm chart's
-        workloads need); returns once its health endpoint answers."""
+        """Start kube-controller-manager with ``controllers`` (by default every controller a cluster
+        runs by default, as the sandbox does); returns once its health endpoint answers.
+
+        Not among them: bootstrap-signer and token-cleaner (off by default), node-ipam and the cloud
+        provider's (no --allocate-node-cidrs, no cloud), and certificatesigningrequest-signing,
+        which needs a CA's key: kube-apiserver's self-signed CA keeps its key to itself, and nothing
+        here asks for a certificate (kubelets authenticate with a token)."""
         find_binaries(self.bin_dir, ("kube-controller-manager",))
         certs = self.work_dir / "pki"
         port = free_port()
@@ -427,7 +404,7 @@ class ControlPlane:
                 # Tokens signed with the key whose public half kube-apiserver verifies
                 # (--service-account-key-file), and the CA pods use to verify kube-apiserver.
                 f"--service-account-private-key-file={certs / 'sa.key'}",
-                f"--root-ca-file={certs / 'apiserver.crt'}",
+                f"--root-ca-file={self._root_ca(certs)}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--use-service-account-credentials=false",
                 "--v=1",
@@ -461,6 +438,22 @@ class ControlPlane:
     def _launch(self, process: ManagedProcess) -> None:
         self.processes.append(process)
         process.start()
+
+    @staticmethod
+    def _root_ca(certs: Path) -> Path:
+        """kube-apiserver's self-signed CA alone (``ca.crt``): its ``apiserver.crt`` is the serving
+        certificate followed by that CA, and a root CA file must hold CAs only (1.37's
+        ClusterTrustBundle publisher refuses it otherwise)."""
+        blocks = re.findall(
+            r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\n",
+            (certs / "apiserver.crt").read_text(),
+            re.S,
+        )
+        if len(blocks) < 2:
+            raise ControlPlaneError(f"{certs / 'apiserver.crt'}: no CA after the serving certificate")
+        ca = certs / "ca.crt"
+        ca.write_text("".join(blocks[1:]))
+        return ca
 
     @staticmethod
     def _service_account_keys(certs: Path) -> None:

@@ -1,8 +1,12 @@
 """Extra nodes for the sandbox: Node objects with a GPU inventory but no kubelet, so that scheduling
 across several nodes is visible. Pods bound to one stay Pending (nothing runs them).
 
-One process per fake node keeps what a device plugin would keep fresh: the heartbeat annotation
-(the extender ignores nodes with a stale one) and the node's Ready condition.
+One process per fake node keeps what a device plugin and a kubelet would keep fresh: the heartbeat
+annotation (the extender ignores nodes with a stale one) and the node's Ready condition with its
+lastHeartbeatTime, every HEARTBEAT_SECONDS. kube-controller-manager's node-lifecycle controller takes
+a changed lastHeartbeatTime as a kubelet's Lease renewal: the node stays Ready and untainted while
+its process runs; once the process is gone for the controller's grace (50 s) the node is marked not
+ready and tainted, and its pods are evicted per their tolerations.
 
 Run as ``python -m sandbox.fakenode --kubeconfig FILE --node NAME --gpu a100 --gpu t4``.
 """
