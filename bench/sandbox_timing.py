@@ -2,7 +2,7 @@
 create until its container runs, through the chart-installed scheduler, extender and node agent.
 
     sudo .venv/bin/python -m bench.sandbox_timing [--ups 3] [--pods 5] [--bursts 0] [--burst 20]
-        [--dir /tmp/tessera-bench]
+        [--dir /tmp/tessera-bench] [--nodes 1] [--idle 30]
 
 Brings a sandbox up (``--ups`` times, each followed by `down`, all timed: the builds and image
 imports are warm from the second), and in the last one creates ``--pods`` GPU pods one after
@@ -16,7 +16,10 @@ the kubelet waits on, read from its metrics port) and the node agent's
 (``tessera_device_plugin_allocate_seconds``) are read before and after, and the Allocate calls
 counted per bucket: the kubelet admits a node's pods one at a time, so this is the latency of 20
 admissions at once as a GPU node sees them, with every container start, phase write and watch
-event of the burst competing for the same cores. Then `down`, timed too. Prints Markdown tables
+event of the burst competing for the same cores. Before the pods, each node's footprint: the
+resident memory of its processes (kubelet, containerd, kube-proxy, shims, pods: the node agent's and
+the scheduler's among them) and their CPU over ``--idle`` seconds of an idle cluster. Then `down`,
+timed too. Prints Markdown tables
 for docs/benchmarks.md. Numbers depend on the machine's load; each run lists its environment.
 """
 
@@ -35,7 +38,8 @@ import yaml
 from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
-from sandbox import cluster, install, kubelet
+from sandbox import cluster, install, kubelet, nodelife, record
+from sandbox.layout import Layout
 from tessera.contract import KEYS
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "shared-gpu.yaml"
@@ -145,6 +149,42 @@ def _wait_gone(core: client.CoreV1Api, name: str) -> None:
         time.sleep(0.2)
 
 
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def _footprint(root: Path, state: record.SandboxState, idle_seconds: float) -> list[str]:
+    """Each node's processes (its kubelet, containerd, kube-proxy, shims and pods, the node agent's
+    among them; sandbox.nodelife.node_processes): resident memory, and CPU while the cluster idles."""
+    layout = Layout(root)
+    names = [state.node, *(n.name for n in state.nodes)]
+    listed = {name: nodelife.node_processes(layout, state, name) for name in names}
+    before = {name: {pid: _cpu_ticks(pid) for pid in listed[name]()} for name in names}
+    time.sleep(idle_seconds)
+    rows = []
+    hz = os.sysconf("SC_CLK_TCK")
+    for name in names:
+        pids = listed[name]()
+        rss = sum(_rss_kib(pid) for pid in pids) / 1024
+        used = sum(_cpu_ticks(pid) - before[name].get(pid, 0) for pid in pids) / hz
+        rows.append(f"| {name} | {len(pids)} | {rss:.0f} | {100 * used / idle_seconds:.1f} % |")
+    return rows
+
+
 def _row(label: str, values: list[float]) -> str:
     median, low, high = statistics.median(values), min(values), max(values)
     return f"| {label} | {median:.2f} | {low:.2f} | {high:.2f} | {len(values)} |"
@@ -157,23 +197,28 @@ def main() -> int:
     parser.add_argument("--bursts", type=int, default=0, help="bursts of --burst pods created at once")
     parser.add_argument("--burst", type=int, default=20)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/tessera-bench"))
+    parser.add_argument("--nodes", type=int, default=1, help="nodes of the sandbox (up --nodes)")
+    parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle to measure CPU over")
     args = parser.parse_args()
+    options = cluster.Options(root=args.dir, nodes=args.nodes)
     up_seconds: list[float] = []
     down_seconds: list[float] = []
     left: list[str] = []
     for _ in range(args.ups - 1):
         began = time.monotonic()
-        cluster.up(cluster.Options(root=args.dir), report=lambda m: print(f"up: {m}", file=sys.stderr))
+        cluster.up(options, report=lambda m: print(f"up: {m}", file=sys.stderr))
         up_seconds.append(time.monotonic() - began)
         began = time.monotonic()
         left += cluster.down(args.dir, report=lambda _: None)
         down_seconds.append(time.monotonic() - began)
     began = time.monotonic()
-    state = cluster.up(cluster.Options(root=args.dir), report=lambda m: print(f"up: {m}", file=sys.stderr))
+    state = cluster.up(options, report=lambda m: print(f"up: {m}", file=sys.stderr))
     up_seconds.append(time.monotonic() - began)
     timings: list[tuple[float, float, float]] = []
     burst_seconds: list[float] = []
+    footprint: list[str] = []
     try:
+        footprint = _footprint(args.dir, state, args.idle)
         api = config.new_client_from_config(config_file=state.kubeconfig)
         core = client.CoreV1Api(api)
         for i in range(args.pods):
@@ -212,6 +257,10 @@ def main() -> int:
         print("|---|---|---|---|")
         for label, was, now in zip(("the kubelet", "the node agent"), before, after, strict=True):
             print("\n".join(_bucket_rows(label, was, now)))
+    print()
+    print(f"| node | processes | resident MiB | CPU over {args.idle:.0f} s idle (of one core) |")
+    print("|---|---|---|---|")
+    print("\n".join(footprint))
     if left:
         print(f"down left: {left}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ import contextlib
 import copy
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,13 @@ import pytest
 from kubernetes import client
 
 from nodeagent.statedir import StateDir
-from sandbox import cluster, install, kubeapi, nodelife
+from sandbox import cluster, containerd, install, kubeapi, nodelife
 from sandbox.layout import Layout
-from sandbox.record import FurtherNode, load_state
+from sandbox.record import load_state
 from tessera.contract import KEYS, MIB, parse_allocation, parse_inventory
 from tests.sandbox.conftest import HostView, Sandbox, differences, running_sandbox
 from tests.sandbox.test_chaos import Invariants, limits_lines, mounted_limits
-from tests.sandbox.test_chart_lifecycle import probe_pod
+from tests.sandbox.test_chart_lifecycle import SCHEDULER, helm, leader_pod, probe_pod
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -53,24 +54,18 @@ def sbx(fleet: tuple[Sandbox, HostView]) -> Iterator[Sandbox]:
     running and joined again (a failed test leaves none stopped or cut off)."""
     sandbox = fleet[0]
     yield sandbox
-    for node in _further(sandbox):
-        with contextlib.suppress(Exception):
-            nodelife.heal_node(sandbox.root, node.name)
-        if node.stopped:
-            nodelife.start_node(sandbox.root, node.name)
+    state = load_state(Layout(sandbox.root))
+    assert state is not None
+    for name in list(state.partitioned):
+        nodelife.heal_node(sandbox.root, name)
+    for name in list(state.stopped):
+        nodelife.start_node(sandbox.root, name)
     apps = client.AppsV1Api(sandbox.api)
     for deployment in apps.list_namespaced_deployment("default").items:
         kubeapi.delete(lambda d=deployment: apps.delete_namespaced_deployment(d.metadata.name, "default"))
     for pod in sandbox.core.list_namespaced_pod("default").items:
         kubeapi.delete_pod(sandbox.core, pod.metadata.name)
     wait_for(lambda: not sandbox.core.list_namespaced_pod("default").items, timeout=180, what="pods gone")
-
-
-def _further(sbx: Sandbox) -> list[FurtherNode]:
-    """The further nodes as the sandbox records them now (the node commands change the record)."""
-    state = load_state(Layout(sbx.root))
-    assert state is not None
-    return state.nodes
 
 
 def _on_node(pod: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
@@ -373,6 +368,145 @@ def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_pods_quotas(s
     assert again.metadata.annotations[KEYS.allocation] == running.metadata.annotations[KEYS.allocation]
     assert all(s.restart_count == 0 for s in again.status.container_statuses or [])
     _check_limits(sbx, again)
+
+
+def _scheduled_events(sbx: Sandbox, names: set[str]) -> dict[str, int]:
+    """How many times each pod was bound, by kube-scheduler's Scheduled events."""
+    counts = dict.fromkeys(names, 0)
+    for event in sbx.core.list_namespaced_event("default").items:
+        if event.reason == "Scheduled" and event.involved_object.name in counts:
+            counts[event.involved_object.name] += event.count or 1
+    return counts
+
+
+def test_losing_the_node_of_the_leading_scheduler_loses_no_scheduling(sbx: Sandbox) -> None:
+    leader = leader_pod(sbx)
+    assert leader, "no tessera-scheduler holds the lease"
+    dead = str(sbx.core.read_namespaced_pod(leader, install.NAMESPACE).spec.node_name)
+    lease = client.CoordinationV1Api(sbx.api).read_namespaced_lease(SCHEDULER, install.NAMESPACE)
+    duration = float(lease.spec.lease_duration_seconds)
+    others = [n.metadata.name for n in sbx.core.list_node().items if n.metadata.name != dead]
+    names = [f"lead-{i:02d}" for i in range(20)]
+    with _watched(sbx):
+        for name in names[:10]:
+            kubeapi.create_pod(sbx.core, _on_node(probe_pod(name, 512, 5, idle=True), others))
+        wait_for(
+            lambda: (
+                sum(bool(sbx.core.read_namespaced_pod(n, "default").spec.node_name) for n in names[:10]) >= 3
+            ),
+            timeout=120,
+            what="the first pods bound",
+        )
+        nodelife.stop_node(sbx.root, dead)
+        began = time.monotonic()
+        for name in names[10:]:
+            kubeapi.create_pod(sbx.core, _on_node(probe_pod(name, 512, 5, idle=True), others))
+        # The stopped replica renews nothing: its lease runs out and the other replica takes it.
+        wait_for(
+            lambda: leader_pod(sbx) not in ("", leader),
+            timeout=4 * duration,
+            what="the other replica to lead",
+        )
+        took = time.monotonic() - began
+        print(f"the replica on {dead} stopped; the other led after {took:.1f}s (lease {duration:.0f}s)")
+        # Within the lease's duration, plus its retry period and a loaded host's slack.
+        assert took <= 2 * duration, f"took {took:.1f}s over a {duration:.0f}s lease"
+        wait_for(
+            lambda: (
+                [p.status.phase for p in sbx.core.list_namespaced_pod("default").items] == ["Running"] * 20
+            ),
+            timeout=300,
+            what="all 20 pods placed and running on the other nodes",
+        )
+        twice = {n: c for n, c in _scheduled_events(sbx, set(names)).items() if c != 1}
+        assert not twice, f"pods not bound exactly once: {twice}"
+
+
+def _agents(sbx: Sandbox) -> list[Any]:
+    return list(sbx.core.list_namespaced_pod(install.NAMESPACE, label_selector=install.AGENT_SELECTOR).items)
+
+
+def _limits_files(state_dirs: dict[str, StateDir]) -> dict[Path, str]:
+    found = {}
+    for state in state_dirs.values():
+        for where, _record in state.records():
+            with contextlib.suppress(OSError):
+                found[where.limits] = where.limits.read_text()
+    return found
+
+
+def test_a_rolling_upgrade_goes_node_by_node_and_no_container_loses_its_quota(sbx: Sandbox) -> None:
+    nodes = [n.metadata.name for n in sbx.core.list_node().items]
+    layout = Layout(sbx.root)
+    image = "docker.io/library/tessera:0.1.0"
+    for node in nodes:  # the "new release": the same image under a new tag, on every node
+        node_layout = layout if node == sbx.state.node else layout.of_node(node)
+        containerd.ctr(node_layout, "images", "tag", "--force", image, f"{image}-rolled")
+    for i, node in enumerate(nodes):
+        kubeapi.create_pod(sbx.core, _on_node(probe_pod(f"steady-{i}", 1024, 10, idle=True), [node]))
+    for i in range(len(nodes)):
+        sbx.wait_pod(f"steady-{i}", "Running", timeout=120)
+    state_dirs = _state_dirs(sbx)
+    files = _limits_files(state_dirs)
+    assert len(files) == len(nodes)
+    unavailable: list[set[str]] = []
+    admitted: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        # The DaemonSet's agents without a Ready pod at each moment, and pods admitted meanwhile.
+        n = 0
+        while not stop.wait(1.0):
+            ready = {p.spec.node_name for p in _agents(sbx) if _pod_ready(p)}
+            unavailable.append(set(nodes) - ready)
+            if n < 12:
+                name = f"rolling-{n:02d}"
+                kubeapi.create_pod(sbx.core, probe_pod(name, 512, 5, idle=True))
+                admitted.append(name)
+                n += 1
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    with _watched(sbx):
+        watcher.start()
+        try:
+            helm(sbx, "upgrade", install.RELEASE, str(install.CHART), "--namespace", install.NAMESPACE,
+                 "--reuse-values", "--set", "image.tag=0.1.0-rolled")  # fmt: skip
+            wait_for(
+                lambda: (
+                    all(
+                        p.spec.containers[0].image.endswith("-rolled") and _pod_ready(p) for p in _agents(sbx)
+                    )
+                    and len(_agents(sbx)) == len(nodes)
+                ),
+                timeout=300,
+                what="every node's agent on the new tag",
+            )
+        finally:
+            stop.set()
+            watcher.join()
+        assert max(len(u) for u in unavailable) <= 1, [sorted(u) for u in unavailable if u]
+        # No running container lost its quota or its limits file.
+        assert {p: t for p, t in _limits_files(state_dirs).items() if p in files} == files
+        for i in range(len(nodes)):
+            pod = sbx.core.read_namespaced_pod(f"steady-{i}", "default")
+            assert all(s.restart_count == 0 for s in pod.status.container_statuses or [])
+            _check_limits(sbx, pod)
+        # Every pod admitted during the roll got exactly the quota it was placed with.
+        for name in admitted:
+            _check_limits(sbx, sbx.wait_pod(name, "Running", timeout=180))
+    helm(sbx, "upgrade", install.RELEASE, str(install.CHART), "--namespace", install.NAMESPACE,
+         "--reuse-values", "--set", "image.tag=")  # fmt: skip
+    wait_for(
+        lambda: all(
+            not p.spec.containers[0].image.endswith("-rolled") and _pod_ready(p) for p in _agents(sbx)
+        ),
+        timeout=300,
+        what="the agents back on the release's tag",
+    )
+
+
+def _pod_ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 def test_down_removes_every_node_from_the_host(fleet: tuple[Sandbox, HostView]) -> None:

@@ -618,7 +618,8 @@ def down(root: Path, report: Callable[[str], None] = print) -> list[str]:
     return left
 
 
-def _node_summary(node: Any, further: Mapping[str, FurtherNode]) -> dict[str, Any]:
+def _node_summary(node: Any, state: SandboxState) -> dict[str, Any]:
+    name = node.metadata.name
     annotations = node.metadata.annotations or {}
     allocatable = node.status.allocatable or {}
     summary: dict[str, Any] = {
@@ -627,11 +628,10 @@ def _node_summary(node: Any, further: Mapping[str, FurtherNode]) -> dict[str, An
         "slices": int(allocatable.get(KEYS.vgpu, "0")),
         "gpus": [],
     }
-    record = further.get(node.metadata.name)
-    if record is not None:
-        summary["address"] = record.addresses.address
-        summary["stopped"] = record.stopped
-        summary["partitioned"] = record.partitioned
+    record = state.further_node(name) if name in {n.name for n in state.nodes} else None
+    summary["address"] = record.addresses.address if record else "host"
+    summary["stopped"] = name in state.stopped
+    summary["partitioned"] = name in state.partitioned
     text = annotations.get(KEYS.node_gpus)
     if text:
         try:
@@ -675,13 +675,12 @@ def status(root: Path) -> dict[str, Any]:
     if state is None:
         return {"up": False}
     api = api_client(state)
-    further = {n.name: n for n in state.nodes}
     try:
         core = client.CoreV1Api(api)
         return {
             "up": True,
             "processes": {p.name: ("running" if alive(p) else "exited") for p in state.processes},
-            "nodes": [_node_summary(n, further) for n in core.list_node().items],
+            "nodes": [_node_summary(n, state) for n in core.list_node().items],
             "pods": [_pod_summary(p) for p in core.list_pod_for_all_namespaces().items],
         }
     finally:

@@ -146,7 +146,7 @@ def _print_status(status: dict[str, Any]) -> None:
     for node in status["nodes"]:
         ready = "Ready" if node["ready"] else "NotReady"
         power = "stopped" if node.get("stopped") else "partitioned" if node.get("partitioned") else ""
-        where = node.get("address", "host")
+        where = node["address"]
         print(
             f"  {node['name']:<28} {ready:<9} {where:<12} {node['slices']} slices  {power}"
             f" {node.get('error', '')}"

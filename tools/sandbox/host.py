@@ -286,7 +286,7 @@ def cgroup_pids() -> set[int]:
     return pids
 
 
-def _cmdline(pid: int) -> list[str]:
+def cmdline(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
@@ -328,7 +328,7 @@ def component_processes(layout: Layout) -> set[int]:
     root = str(layout.root)
     found = set()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and is_component(_cmdline(int(entry.name)), root):
+        if entry.name.isdigit() and is_component(cmdline(int(entry.name)), root):
             found.add(int(entry.name))
     return found
 
@@ -486,7 +486,7 @@ def restore_host(layout: Layout) -> None:
 def leftovers(layout: Layout) -> list[str]:
     """What the sandbox left on the host; empty after a clean `down`."""
     found = [
-        f"process {pid}: {' '.join(_cmdline(pid))[:120]}"
+        f"process {pid}: {' '.join(cmdline(pid))[:120]}"
         for pid in sorted(component_processes(layout) | cgroup_pids())
     ]
     found += [f"mount {p}" for p in mount_points([layout.root, HOST_CONTAINERD_RUN, HOST_KUBELET_DIR])]

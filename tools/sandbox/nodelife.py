@@ -9,17 +9,18 @@ on, beside the first node's; `down` stops them with the rest and deletes the nod
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes import client
 
 from sandbox import addons, containerd, gpu, host, install, kubelet, nodes
-from sandbox.layout import BRIDGE_ADDRESS, HOST_CONTAINERD_RUN, Layout
-from sandbox.processes import Started, StartError, alive, wait_for
+from sandbox.layout import BRIDGE_ADDRESS, CGROUP_ROOT, HOST_CONTAINERD_RUN, Layout
+from sandbox.processes import Started, StartError, alive, start, wait_for
 from sandbox.record import FurtherNode, SandboxState, api_client, load_state, node_ready, save_state
 
 # In the node's own network namespace, so every node has the same.
@@ -31,6 +32,8 @@ PROXY_METRICS_PORT = 10249
 # node has sandbox.gpu.SANDBOX_GPUS, an A100 and a T4).
 DEFAULT_GPUS: tuple[tuple[str, ...], ...] = (("t4", "t4"), ("a100",))
 COMPONENTS = ("holder", "containerd", "kubelet", "kube-proxy")
+# The first node's, as `up` records them (it shares the host's namespaces: no holder).
+FIRST_NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
 
 
 def plan(first: str, count: int, gpus: Sequence[Sequence[str]] = ()) -> list[FurtherNode]:
@@ -131,51 +134,81 @@ def wait_ready(api: client.ApiClient, node: FurtherNode, kubelet_process: Starte
 # The node commands, on a running sandbox.
 
 
-@contextlib.contextmanager
-def _node_state(root: Path, name: str) -> Iterator[tuple[Layout, SandboxState, FurtherNode]]:
-    """The sandbox's state and the node's record in it, saved back afterwards."""
+def _state(root: Path) -> tuple[Layout, SandboxState]:
     layout = Layout(root)
     state = load_state(layout)
     if state is None:
         raise StartError(f"no sandbox is up in {root}")
+    return layout, state
+
+
+def _further(state: SandboxState, name: str) -> FurtherNode:
     try:
-        node = state.further_node(name)
+        return state.further_node(name)
     except KeyError:
         names = ", ".join(n.name for n in state.nodes) or "none"
         raise StartError(f"node {name!r}: not a further node of this sandbox (those: {names})") from None
-    yield layout, state, node
-    save_state(layout, state)
 
 
-def _processes(state: SandboxState, node: FurtherNode) -> list[Started]:
-    names = {node.process_name(c) for c in COMPONENTS}
-    return [p for p in state.processes if p.name in names]
+def _processes(state: SandboxState, names: Iterable[str]) -> list[Started]:
+    wanted = set(names)
+    return [p for p in state.processes if p.name in wanted]
+
+
+def _first_node_shims(layout: Layout) -> set[int]:
+    """The first node's containers' shims: in the host's mount namespace, serving its containerd
+    (a further node's shims name the same socket path, in their node's namespace)."""
+    ours = nodes.mount_namespace(os.getpid())
+    socket = str(layout.containerd_socket)
+    return {
+        pid
+        for pid in host.component_processes(layout)
+        if socket in host.cmdline(pid) and nodes.mount_namespace(pid) == ours
+    }
+
+
+def node_processes(layout: Layout, state: SandboxState, name: str) -> Callable[[], set[int]]:
+    """What lists a node's processes at each call: its components, its containers' shims and its
+    pods' processes. A further node's are every process in its mount namespace (taken now, while
+    its holder runs) and in its cgroup subtree; the first node's, its recorded components, the shims
+    serving its containerd from the host's mount namespace and what runs in its pods' cgroups."""
+    namespace: str | None = None
+    if name == state.node:
+        components = _processes(state, FIRST_NODE_COMPONENTS)
+        pods = f"/{CGROUP_ROOT}/kubepods"
+    else:
+        node = _further(state, name)
+        components = _processes(state, (node.process_name(c) for c in COMPONENTS))
+        holder = next(p for p in components if p.name == node.process_name("holder"))
+        namespace = nodes.mount_namespace(holder.pid) if alive(holder) else None
+        pods = nodes.cgroup_root(name)
+
+    def listed() -> set[int]:
+        found = nodes.cgroup_pids(pods) | {p.pid for p in components if alive(p)}
+        if name == state.node:
+            return found | _first_node_shims(layout)
+        return found | (set(nodes.processes_in(namespace)) if namespace else set())
+
+    return listed
 
 
 def stop_node(root: Path, name: str) -> None:
-    """`node stop NAME`: a power loss (:func:`kill_node`); the node's record says stopped."""
-    with _node_state(root, name) as (_, state, node):
-        if node.stopped:
-            raise StartError(f"node {name!r} is already stopped")
-        processes = _processes(state, node)
-        holder = next(p for p in processes if p.name == node.process_name("holder"))
-        kill_node(holder, nodes.cgroup_root(name), processes)
-        node.stopped = True
+    """`node stop NAME`: a power loss (:func:`kill_node`); the sandbox's record says stopped."""
+    layout, state = _state(root)
+    if name in state.stopped:
+        raise StartError(f"node {name!r} is already stopped")
+    kill_node(node_processes(layout, state, name))
+    state.stopped.append(name)
+    save_state(layout, state)
 
 
-def kill_node(
-    holder: Started, pods_cgroup: str, components: Sequence[Started], timeout: float = 30.0
-) -> None:
-    """The node's components, its containers' shims and its pods' processes killed at once, with no
-    chance to clean up; the mount namespace ends with the last of them."""
-    namespace = nodes.mount_namespace(holder.pid) if alive(holder) else None
+def kill_node(listed: Callable[[], set[int]], timeout: float = 30.0) -> None:
+    """Every process of the node killed at once, with no chance to clean up (a further node's mount
+    namespace ends with the last of them)."""
     deadline = time.monotonic() + timeout
     while True:
         host.thaw_cgroups()  # a frozen process never acts on SIGKILL
-        left = nodes.cgroup_pids(pods_cgroup)
-        left.update(p.pid for p in components if alive(p))
-        if namespace is not None:
-            left.update(nodes.processes_in(namespace))
+        left = listed()
         if not left:
             return
         if time.monotonic() > deadline:
@@ -185,39 +218,54 @@ def kill_node(
 
 
 def start_node(root: Path, name: str, timeout: float = 120.0) -> None:
-    """`node start NAME`: power back. What a reboot loses is gone (containerd's state and the
-    shims' sockets: the run directories); the kubelet finds its pods' containers dead and asks the
-    API what should run."""
-    with _node_state(root, name) as (layout, state, node):
-        if not node.stopped:
-            raise StartError(f"node {name!r} is running; stop it first")
+    """`node start NAME`: power back. What a reboot loses is gone (containerd's state, with its pods'
+    network namespaces, and a further node's /run/containerd); the images, the kubelet's directory
+    and Tessera's state directory stay, as on a disk. The kubelet finds its pods' containers dead
+    and asks the API what should run."""
+    layout, state = _state(root)
+    if name not in state.stopped:
+        raise StartError(f"node {name!r} is running; stop it first")
+    started: dict[str, Started] = {}
+
+    def add(process: Started) -> Started:
+        started[process.name] = process
+        state.replace(process)
+        return process
+
+    if name == state.node:
+        host.unmount(host.mount_points([layout.containerd_state]))
+        shutil.rmtree(layout.containerd_state, ignore_errors=True)
+        for process in _processes(state, FIRST_NODE_COMPONENTS):
+            add(start(process.name, process.argv, Path(process.log)))
+        kubelet_process = started["kubelet"]
+    else:
+        node = _further(state, name)
         home = layout.of_node(name)
         shutil.rmtree(home.place(home.containerd_state), ignore_errors=True)
         shutil.rmtree(nodes.host_dir(layout, name, HOST_CONTAINERD_RUN), ignore_errors=True)
         cluster = Cluster(layout, Path(state.kubeconfig), Path(state.kubernetes_bin), None, {})
-        started: dict[str, Started] = {}
-
-        def add(process: Started) -> Started:
-            started[process.name] = process
-            state.replace(process)
-            return process
-
         _start_processes(cluster, node, add, first=False, timeout=timeout)
-        with contextlib.closing(api_client(state)) as api:
-            wait_ready(api, node, started[node.process_name("kubelet")], timeout)
-        node.stopped = False
+        kubelet_process = started[node.process_name("kubelet")]
+    with contextlib.closing(api_client(state)) as api:
+        wait_for(f"node {name}: Ready", lambda: node_ready(api, name), kubelet_process, timeout)
+    state.stopped.remove(name)
+    save_state(layout, state)
 
 
 def partition_node(root: Path, name: str) -> None:
-    """`node partition NAME`: nothing passes between the node and the control plane's address; its
-    pods keep running (the hook needs no API)."""
-    with _node_state(root, name) as (_, _state, node):
-        nodes.partition(node.addresses, BRIDGE_ADDRESS)
-        node.partitioned = True
+    """`node partition NAME`: nothing passes between a further node and the control plane's address;
+    its pods keep running (the hook needs no API)."""
+    layout, state = _state(root)
+    nodes.partition(_further(state, name).addresses, BRIDGE_ADDRESS)
+    if name not in state.partitioned:
+        state.partitioned.append(name)
+    save_state(layout, state)
 
 
 def heal_node(root: Path, name: str) -> None:
     """`node heal NAME`: undoes :func:`partition_node`."""
-    with _node_state(root, name) as (_, _state, node):
-        nodes.heal(node.addresses)
-        node.partitioned = False
+    layout, state = _state(root)
+    nodes.heal(_further(state, name).addresses)
+    if name in state.partitioned:
+        state.partitioned.remove(name)
+    save_state(layout, state)

@@ -17,16 +17,14 @@ MODES: tuple[Mode, ...] = ("deviceplugin", "dra")
 
 
 class FurtherNode(BaseModel):
-    """A node after the first (sandbox.nodes): its name, its place on the node network, its fake
-    GPUs (sandbox.fakenode.PRESETS names) and what the node commands did to it."""
+    """A node after the first (sandbox.nodes): its name, its place on the node network and its fake
+    GPUs (sandbox.fakenode.PRESETS names)."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
     index: int
     gpus: tuple[str, ...]
-    stopped: bool = False
-    partitioned: bool = False
 
     @property
     def addresses(self) -> NodeAddresses:
@@ -57,6 +55,10 @@ class SandboxState(BaseModel):
     """A health URL for each component `restart` waits on besides the kubelet and the plugin."""
     nodes: list[FurtherNode] = []
     """The nodes after the first (`up --nodes N`), each in namespaces of its own."""
+    stopped: list[str] = []
+    """Nodes `node stop` stopped (and no `node start` started since)."""
+    partitioned: list[str] = []
+    """Nodes `node partition` cut off from the control plane (and no `node heal` joined since)."""
 
     def process(self, name: str) -> Started:
         for p in self.processes:
