@@ -459,11 +459,15 @@ def test_schema_policy_enum_is_the_contracts() -> None:
         assert bool(re.match(pattern, domain)) == valid, domain
 
 
+# Values that are Kubernetes objects passed to a pod whole: their fields are Kubernetes's, not the chart's.
+KUBERNETES_OBJECTS = ("resources", "affinity")
+
+
 def _value_keys(values: dict[str, object], prefix: str = "") -> list[str]:
     keys = []
     for key, value in values.items():
         keys.append(prefix + key)
-        if isinstance(value, dict) and value and key != "resources":
+        if isinstance(value, dict) and value and key not in KUBERNETES_OBJECTS:
             keys += _value_keys(value, prefix + key + ".")
     return keys
 

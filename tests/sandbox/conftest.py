@@ -27,8 +27,10 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from sandbox import cluster, host, kubeapi, record
+from nodeagent.statedir import StateDir
+from sandbox import cluster, host, install, kubeapi, nodelife, record
 from sandbox.layout import BRIDGE, CGROUP_ROOT, HOST_NODE_PATHS, Layout
+from tessera.contract import KEYS, parse_inventory
 from tests.waiting import wait_for
 
 
@@ -118,6 +120,24 @@ class Sandbox:
                     f"pod {namespace}/{name} is {pod.status.phase}, not {phase}: {pod.status}"
                 )
             time.sleep(0.5)
+
+    def state_dirs(self) -> dict[str, StateDir]:
+        """Each node's Tessera state directory, by node name, where the host keeps it."""
+        layout = Layout(self.root)
+        dirs = {self.state.node: StateDir(install.host_dirs(layout).state)}
+        for node in self.state.nodes:
+            of_node = layout.of_node(node.name)
+            dirs[node.name] = StateDir(of_node.place(install.host_dirs(of_node).state))
+        return dirs
+
+    def gpu_capacity(self) -> dict[str, int]:
+        """Every node's GPUs' memory in MiB, by UUID, from their inventories."""
+        capacity = {}
+        for node in kubeapi.retried(lambda: self.core.list_node().items):
+            text = (node.metadata.annotations or {}).get(KEYS.node_gpus)
+            for g in parse_inventory(text) if text else ():
+                capacity[g.uuid] = g.total_memory_mib
+        return capacity
 
     def logs(self, name: str, namespace: str = "default", until: str = "", timeout: float = 30) -> str:
         """The pod's log through the apiserver and the kubelet; waits until ``until`` appears."""
@@ -214,26 +234,80 @@ def shared_host_before(_shared_running: tuple[Sandbox, HostView]) -> HostView:
     return _shared_running[1]
 
 
-def _shares(item: pytest.Item) -> bool:
-    return "shared_sandbox" in getattr(item, "fixturenames", ())
+_fleet = contextlib.ExitStack()
+FLEET_NODES = 3
 
 
-def _turn(item: pytest.Item) -> int:
+@pytest.fixture(scope="session")
+def _fleet_running() -> Iterator[tuple[Sandbox, HostView]]:
+    running = _fleet.enter_context(running_sandbox("fleet", nodes=FLEET_NODES))
+    try:
+        yield running
+    finally:
+        _fleet.close()
+
+
+@pytest.fixture
+def fleet(_fleet_running: tuple[Sandbox, HostView]) -> Iterator[Sandbox]:
+    """Three real nodes (`up --nodes 3`, sandbox.nodes), shared by the modules that take it as the
+    default sandbox is by its own. After each test every node runs and is joined again (a failed
+    test leaves none stopped or cut off), and the test's Deployments and pods in ``default`` are
+    gone."""
+    sbx = _fleet_running[0]
+    yield sbx
+    state = cluster.load_state(Layout(sbx.root))
+    if state is None:
+        return  # the LAST module brought it down
+    for name in list(state.partitioned):
+        nodelife.heal_node(sbx.root, name)
+    for name in list(state.stopped):
+        nodelife.start_node(sbx.root, name)
+    apps = client.AppsV1Api(sbx.api)
+    for deployment in kubeapi.retried(lambda: apps.list_namespaced_deployment("default").items):
+        kubeapi.delete(lambda d=deployment: apps.delete_namespaced_deployment(d.metadata.name, "default"))
+    for pod in kubeapi.retried(lambda: sbx.core.list_namespaced_pod("default").items):
+        kubeapi.delete_pod(sbx.core, pod.metadata.name)
+    wait_for(
+        lambda: not sbx.core.list_namespaced_pod("default").items, timeout=180, what="the test's pods gone"
+    )
+
+
+@pytest.fixture(scope="session")
+def fleet_host_before(_fleet_running: tuple[Sandbox, HostView]) -> HostView:
+    """The host as it was before the fleet came up."""
+    return _fleet_running[1]
+
+
+# The sandboxes modules share: the fixture that brings one up, the module attribute that orders the
+# modules sharing it (FIRST, LAST; 0 when it has none), and what brings it down.
+SHARED = (
+    ("_shared_running", "SHARED_SANDBOX_TURN", _shared),
+    ("_fleet_running", "FLEET_TURN", _fleet),
+)
+
+
+def _shares(item: pytest.Item, fixture: str) -> bool:
+    return fixture in getattr(item, "fixturenames", ())
+
+
+def _turn(item: pytest.Item, attribute: str) -> int:
     module = getattr(item, "module", None)
-    return int(getattr(module, "SHARED_SANDBOX_TURN", 0))
+    return int(getattr(module, attribute, 0))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The sharing modules' tests moved together, where the first of them was.
-    sharing = [item for item in items if _shares(item)]
-    if sharing:
-        first = items.index(sharing[0])
-        rest = [item for item in items if not _shares(item)]
-        items[:] = rest[:first] + sorted(sharing, key=_turn) + rest[first:]
+    # Each shared sandbox's tests moved together, where the first of them was: one sandbox at a time.
+    for fixture, attribute, _ in SHARED:
+        sharing = [item for item in items if _shares(item, fixture)]
+        if sharing:
+            first = items.index(sharing[0])
+            rest = [item for item in items if not _shares(item, fixture)]
+            items[:] = rest[:first] + sorted(sharing, key=lambda i: _turn(i, attribute)) + rest[first:]
 
 
 @pytest.hookimpl(trylast=True)  # after the modules' own fixtures are torn down
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     # Down after the last sharing test, before the next module brings up its own sandbox.
-    if _shares(item) and (nextitem is None or not _shares(nextitem)):
-        _shared.close()
+    for fixture, _, stack in SHARED:
+        if _shares(item, fixture) and (nextitem is None or not _shares(nextitem, fixture)):
+            stack.close()

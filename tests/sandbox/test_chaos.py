@@ -1,7 +1,8 @@
-"""Chaos on the sandbox: GPU pods created and deleted in waves while, at random moments, a driver kills
-one component at a time (SIGKILL, no chance to clean up): the extender and the node agent (their
-containers, restarted by the kubelet as their Deployment's and DaemonSet's pods), and the kubelet,
-containerd, kube-apiserver and etcd (restarted by the sandbox, their supervisor).
+"""Chaos on three real nodes (the fleet, tests/sandbox/conftest.py): GPU pods created and deleted in
+waves, placed across the nodes, while at random moments a driver kills one component at a time
+(SIGKILL, no chance to clean up): the extender and a node agent (their containers, restarted by the
+kubelet as their Deployment's and DaemonSet's pods), a node's kubelet or containerd (any node's), and
+kube-apiserver and etcd (restarted by the sandbox, their supervisor).
 
 Invariants, checked every couple of seconds throughout and once more when each wave has settled:
 no GPU holds more memory or cores than it has, by the pods' allocations and by what the hooks'
@@ -36,7 +37,7 @@ from hook.region import RegionError, read_region
 from nodeagent.statedir import StateDir
 from sandbox import cluster, host, install, kubeapi
 from sandbox.layout import HOST_KUBELET_DIR, Layout
-from tessera.contract import CONTAINER_LIMITS_FILE, KEYS, MIB, parse_allocation, parse_inventory
+from tessera.contract import CONTAINER_LIMITS_FILE, KEYS, MIB, parse_allocation
 from tests.sandbox.conftest import LAST, HostView, Sandbox, differences, kube_iptables_chains
 from tests.sandbox.test_chart_lifecycle import probe_pod
 
@@ -77,6 +78,8 @@ class Chaos:
 
     root: Path
     rng: random.Random
+    nodes: list[str]
+    """Every node; the first is the host's (its components restart by their own name)."""
     stop: threading.Event = field(default_factory=threading.Event)
     kills: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     errors: list[str] = field(default_factory=list)
@@ -104,6 +107,10 @@ class Chaos:
                 return
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.rng.choice(sorted(pids)), signal.SIGKILL)
+        elif component in ("kubelet", "containerd"):
+            node = self.rng.choice(self.nodes)
+            where = component if node == self.nodes[0] else f"{node}/{component}"
+            cluster.restart(self.root, where, timeout=180, crash=True)
         else:
             cluster.restart(self.root, component, timeout=180, crash=True)
         self.kills[component] += 1
@@ -248,7 +255,7 @@ def describe(pod: Any) -> str:
     )
 
 
-# Last on the shared sandbox: the kills leave restarted components behind, and its last test brings
+# Last on the shared sandbox: its last test kills the kubelet under a running pod and brings
 # the sandbox down.
 SHARED_SANDBOX_TURN = LAST
 
@@ -341,16 +348,11 @@ class Waves:
         return dict(wave)
 
 
-def test_waves_of_gpu_pods_survive_components_killed_at_random(chaos_sandbox: Sandbox) -> None:
-    sbx = chaos_sandbox
-    node = sbx.core.read_node(sbx.state.node)
-    capacity = {
-        g.uuid: g.total_memory_mib for g in parse_inventory(node.metadata.annotations[KEYS.node_gpus])
-    }
-    invariants = Invariants(
-        sbx, {sbx.state.node: StateDir(install.host_dirs(Layout(sbx.root)).state)}, capacity
-    )
-    chaos = Chaos(sbx.root, random.Random(SEED + 1))
+def test_waves_of_gpu_pods_survive_components_killed_at_random_across_nodes(fleet: Sandbox) -> None:
+    sbx = fleet
+    nodes = [sbx.state.node, *(n.name for n in sbx.state.nodes)]
+    invariants = Invariants(sbx, sbx.state_dirs(), sbx.gpu_capacity())
+    chaos = Chaos(sbx.root, random.Random(SEED + 1), nodes)
     waves = Waves(client.CoreV1Api(invariants.api), invariants, random.Random(SEED))
     stop = threading.Event()
     threads = [
@@ -385,8 +387,8 @@ def test_waves_of_gpu_pods_survive_components_killed_at_random(chaos_sandbox: Sa
     deadline = time.monotonic() + 240
     while not (
         install.extenders_ready(invariants.api)
-        and install.agent_ready(invariants.api, sbx.state.node)
-        and cluster.node_has_gpus(invariants.api, sbx.state.node)
+        and all(install.agent_ready(invariants.api, n) for n in nodes)
+        and all(cluster.node_has_gpus(invariants.api, n) for n in nodes)
     ):
         assert time.monotonic() < deadline, install.describe_pods(invariants.api)
         time.sleep(1)

@@ -18,6 +18,7 @@ import pytest
 from sandbox import cluster, host
 from sandbox.controlplane import ControlPlaneError
 from sandbox.layout import CGROUP_ROOT, Layout
+from sandbox.processes import StartError
 from tests.sandbox.conftest import HostView, differences
 
 pytestmark = pytest.mark.sandbox
@@ -58,6 +59,16 @@ def test_a_failed_up_stops_what_it_started_and_cleans_the_host(
     # No time at all to wait: containerd starts, then the control plane cannot become ready in time.
     with pytest.raises(ControlPlaneError, match="not ready"):
         cluster.up(cluster.Options(root=sandbox_root, timeout=0.001), report=lambda _: None)
+    assert not (sandbox_root / "sandbox.json").exists()
+    assert differences(host_before, sandbox_root) == []
+
+
+def test_a_failed_up_of_three_nodes_leaves_no_node_behind(sandbox_root: Path, host_before: HostView) -> None:
+    # The further nodes are up (their namespaces, veths, routes, holders, kubelets) when the chart's
+    # install is refused: a DaemonSet update strategy the API rejects.
+    values = ("devicePlugin.updateStrategy.type=Sideways",)
+    with pytest.raises(StartError, match="helm install"):
+        cluster.up(cluster.Options(root=sandbox_root, nodes=3, values=values), report=lambda _: None)
     assert not (sandbox_root / "sandbox.json").exists()
     assert differences(host_before, sandbox_root) == []
 

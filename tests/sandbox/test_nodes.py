@@ -25,16 +25,15 @@ from kubernetes import client
 from nodeagent.statedir import StateDir
 from sandbox import cluster, containerd, install, kubeapi, nodelife
 from sandbox.layout import Layout
-from sandbox.record import load_state
 from tessera.contract import KEYS, MIB, parse_allocation, parse_inventory
-from tests.sandbox.conftest import HostView, Sandbox, differences, running_sandbox
+from tests.sandbox.conftest import FLEET_NODES, LAST, HostView, Sandbox, differences
 from tests.sandbox.test_chaos import Invariants, limits_lines, mounted_limits
 from tests.sandbox.test_chart_lifecycle import SCHEDULER, helm, leader_pod, probe_pod
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
 
-NODES = 3
+
 # How long a Deployment's pods stay on a node that stopped answering (the default is 300 s).
 TOLERATION_SECONDS = 30
 # Kubernetes's own timings: node-monitor-grace-period (50 s) plus the toleration, plus the
@@ -42,30 +41,14 @@ TOLERATION_SECONDS = 30
 EVICTION_TIMEOUT = 240.0
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[tuple[Sandbox, HostView]]:
-    with running_sandbox("nodes", nodes=NODES) as running:
-        yield running
+# After the chaos test's, which runs on the same nodes (tests/sandbox/conftest.py `fleet`): the last
+# test here brings the fleet down.
+FLEET_TURN = LAST
 
 
 @pytest.fixture
-def sbx(fleet: tuple[Sandbox, HostView]) -> Iterator[Sandbox]:
-    """The fleet, with the test's pods and Deployments in ``default`` gone afterwards and every node
-    running and joined again (a failed test leaves none stopped or cut off)."""
-    sandbox = fleet[0]
-    yield sandbox
-    state = load_state(Layout(sandbox.root))
-    assert state is not None
-    for name in list(state.partitioned):
-        nodelife.heal_node(sandbox.root, name)
-    for name in list(state.stopped):
-        nodelife.start_node(sandbox.root, name)
-    apps = client.AppsV1Api(sandbox.api)
-    for deployment in apps.list_namespaced_deployment("default").items:
-        kubeapi.delete(lambda d=deployment: apps.delete_namespaced_deployment(d.metadata.name, "default"))
-    for pod in sandbox.core.list_namespaced_pod("default").items:
-        kubeapi.delete_pod(sandbox.core, pod.metadata.name)
-    wait_for(lambda: not sandbox.core.list_namespaced_pod("default").items, timeout=180, what="pods gone")
+def sbx(fleet: Sandbox) -> Sandbox:
+    return fleet
 
 
 def _on_node(pod: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
@@ -104,28 +87,10 @@ def _check_limits(sbx: Sandbox, pod: Any) -> None:
         }, f"pod {pod.metadata.name} on {pod.spec.node_name}: {limits} against {allocation}"
 
 
-def _state_dirs(sbx: Sandbox) -> dict[str, StateDir]:
-    """Each node's Tessera state directory, where the host keeps it."""
-    layout = Layout(sbx.root)
-    dirs = {sbx.state.node: StateDir(install.host_dirs(layout).state)}
-    for node in sbx.state.nodes:
-        of_node = layout.of_node(node.name)
-        dirs[node.name] = StateDir(of_node.place(install.host_dirs(of_node).state))
-    return dirs
-
-
-def _capacity(sbx: Sandbox) -> dict[str, int]:
-    capacity = {}
-    for node in sbx.core.list_node().items:
-        for g in parse_inventory(node.metadata.annotations[KEYS.node_gpus]):
-            capacity[g.uuid] = g.total_memory_mib
-    return capacity
-
-
 @contextlib.contextmanager
 def _watched(sbx: Sandbox) -> Iterator[Invariants]:
     """No GPU overcommitted at any moment, by every pod Kubernetes still has (checked every 2 s)."""
-    invariants = Invariants(sbx, _state_dirs(sbx), _capacity(sbx))
+    invariants = Invariants(sbx, sbx.state_dirs(), sbx.gpu_capacity())
     stop = threading.Event()
     checker = threading.Thread(target=invariants.watch, args=(stop,), daemon=True)
     checker.start()
@@ -173,12 +138,12 @@ def _running(pods: list[Any]) -> list[Any]:
 
 def test_three_nodes_each_run_gpu_pods_and_reach_each_other(sbx: Sandbox) -> None:
     nodes = [sbx.state.node, *(n.name for n in sbx.state.nodes)]
-    assert len(nodes) == NODES and all(_ready(sbx, n) for n in nodes)
+    assert len(nodes) == FLEET_NODES and all(_ready(sbx, n) for n in nodes)
     models = {
         n.metadata.name: sorted(g.model for g in parse_inventory(n.metadata.annotations[KEYS.node_gpus]))
         for n in sbx.core.list_node().items
     }
-    assert len({tuple(m) for m in models.values()}) == NODES, models  # a mixed fleet
+    assert len({tuple(m) for m in models.values()}) == FLEET_NODES, models  # a mixed fleet
     assert {n for n, m in models.items() if any("A100" in g for g in m)} and any(
         all("T4" in g for g in m) for m in models.values()
     ), models
@@ -271,7 +236,7 @@ def test_a_dead_nodes_gpu_pods_move_and_its_leftovers_go_when_it_returns(sbx: Sa
             timeout=120,
             what=f"{victim}'s slices back",
         )
-        state = _state_dirs(sbx)[victim]
+        state = sbx.state_dirs()[victim]
         wait_for(
             lambda: (
                 not any((state.containers / uid).exists() for uid in doomed)
@@ -446,7 +411,7 @@ def test_a_rolling_upgrade_goes_node_by_node_and_no_container_loses_its_quota(sb
         kubeapi.create_pod(sbx.core, _on_node(probe_pod(f"steady-{i}", 1024, 10, idle=True), [node]))
     for i in range(len(nodes)):
         sbx.wait_pod(f"steady-{i}", "Running", timeout=120)
-    state_dirs = _state_dirs(sbx)
+    state_dirs = sbx.state_dirs()
     files = _limits_files(state_dirs)
     assert len(files) == len(nodes)
     unavailable: list[set[str]] = []
@@ -509,7 +474,7 @@ def _pod_ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
-def test_down_removes_every_node_from_the_host(fleet: tuple[Sandbox, HostView]) -> None:
-    sandbox, before = fleet
+def test_down_removes_every_node_from_the_host(fleet: Sandbox, fleet_host_before: HostView) -> None:
+    sandbox, before = fleet, fleet_host_before
     assert cluster.down(sandbox.root, report=lambda _: None) == []
     assert differences(before, sandbox.root) == []

@@ -420,8 +420,13 @@ def restart(root: Path, name: str, timeout: float = 120.0, *, crash: bool = Fals
     kubelet itself (its pod-resources API) offers the GPU slices from the device plugin again; for
     the others, once their health endpoint answers. ``crash``: SIGKILL the process alone first, with
     no chance to clean up, as a crash leaves it for the supervisor that restarts it."""
+    if "/" in name:  # a further node's: NODE/kubelet, NODE/containerd, NODE/kube-proxy
+        node, component = name.split("/", 1)
+        return nodelife.restart_component(root, node, component, timeout, crash=crash)
     if name not in RESTARTABLE:
-        raise ValueError(f"component: {name!r} is not one of {', '.join(RESTARTABLE)}")
+        raise ValueError(
+            f"component: {name!r} is not one of {', '.join(RESTARTABLE)}, nor a further node's NODE/COMPONENT"
+        )
     layout, state = _running_state(root)
     old = state.process(name)
     if crash:

@@ -95,7 +95,7 @@ def _restart(args: argparse.Namespace) -> int:
             )
             return 0
         process = cluster.restart(args.dir, args.component)
-    except (StartError, KeyError) as e:
+    except (StartError, KeyError, ValueError) as e:
         print(f"tessera sandbox restart: {e}", file=sys.stderr)
         return 1
     if process.name in cluster.RESTARTABLE_AS_RECORDED:
@@ -251,10 +251,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     restart = commands.add_parser(
         "restart",
         help="restart a component under running pods: the kubelet, the node agent (its pod is "
-        "replaced by the DaemonSet), kube-controller-manager, kube-proxy or CoreDNS",
+        "replaced by the DaemonSet), kube-controller-manager, kube-proxy or CoreDNS; a further "
+        "node's kubelet, containerd or kube-proxy as NODE/COMPONENT",
     )
     common(restart)
-    restart.add_argument("component", choices=(*cluster.RESTARTABLE, cluster.AGENT))
+    restart.add_argument(
+        "component",
+        help=f"one of {', '.join((*cluster.RESTARTABLE, cluster.AGENT))}, or NODE/"
+        f"{{{','.join(nodelife.RESTARTABLE)}}}",
+    )
     restart.set_defaults(func=_restart)
 
     add_node = commands.add_parser(

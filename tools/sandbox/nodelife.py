@@ -9,6 +9,7 @@ on, beside the first node's; `down` stops them with the rest and deletes the nod
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import shutil
 import time
@@ -20,8 +21,9 @@ from kubernetes import client
 
 from sandbox import addons, containerd, gpu, host, install, kubelet, nodes
 from sandbox.layout import BRIDGE_ADDRESS, CGROUP_ROOT, HOST_CONTAINERD_RUN, Layout
-from sandbox.processes import Started, StartError, alive, start, wait_for
+from sandbox.processes import Started, StartError, alive, kill, start, stop, wait_for
 from sandbox.record import FurtherNode, SandboxState, api_client, load_state, node_ready, save_state
+from tessera.contract import KEYS
 
 # In the node's own network namespace, so every node has the same.
 KUBELET_PORT = 10250
@@ -101,8 +103,9 @@ def _start_processes(
     add(containerd.start_containerd(layout, timeout, name=node.process_name("containerd"), enter=enter))
     if first:
         containerd.import_images(layout, cluster.tarballs)
-    add(
-        kubelet.start_kubelet(
+
+    def start_kubelet() -> Started:
+        return kubelet.start_kubelet(
             layout,
             cluster.kubernetes_bin / "kubelet",
             cluster.kubeconfig,
@@ -111,12 +114,43 @@ def _start_processes(
             enter=enter,
             node_ip=node.addresses.address,
         )
-    )
+
+    healthy = lambda: kubelet.healthy(KUBELET_HEALTHZ_PORT, node.addresses.address)  # noqa: E731
+    add(until_healthy(start_kubelet, healthy, timeout))
     add(
         addons.start_kube_proxy(
             layout, cluster.kubernetes_bin / "kube-proxy", name=node.process_name("kube-proxy"), enter=enter
         )
     )
+
+
+def _ready_since(api: client.ApiClient, node: str, since: datetime.datetime) -> bool:
+    """The node's Ready condition says True in a heartbeat from ``since`` on."""
+    try:
+        status = client.CoreV1Api(api).read_node_status(node).status
+    except client.ApiException:
+        return False
+    return any(
+        c.type == "Ready" and c.status == "True" and c.last_heartbeat_time and c.last_heartbeat_time >= since
+        for c in status.conditions or []
+    )
+
+
+def until_healthy(start_once: Callable[[], Started], healthy: Callable[[], bool], timeout: float) -> Started:
+    """Started, and started again whenever it exits before it is healthy, as a node's supervisor
+    would (systemd's Restart=always): a kubelet started while containerd's CRI service is still
+    initialising exits at once ("server is not initialized yet")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        process = start_once()
+        while alive(process) and not healthy() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if alive(process) and healthy():
+            return process
+        if time.monotonic() >= deadline:
+            stop(process)
+            raise StartError(f"{process.name} not healthy after {timeout:.0f}s; see {process.log}")
+        time.sleep(1.0)
 
 
 def create(cluster: Cluster, node: FurtherNode, add: Callable[[Started], Started], timeout: float) -> None:
@@ -225,6 +259,7 @@ def start_node(root: Path, name: str, timeout: float = 120.0) -> None:
     layout, state = _state(root)
     if name not in state.stopped:
         raise StartError(f"node {name!r} is running; stop it first")
+    began = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     started: dict[str, Started] = {}
 
     def add(process: Started) -> Started:
@@ -235,8 +270,16 @@ def start_node(root: Path, name: str, timeout: float = 120.0) -> None:
     if name == state.node:
         host.unmount(host.mount_points([layout.containerd_state]))
         shutil.rmtree(layout.containerd_state, ignore_errors=True)
-        for process in _processes(state, FIRST_NODE_COMPONENTS):
-            add(start(process.name, process.argv, Path(process.log)))
+        recorded = {p.name: p for p in _processes(state, FIRST_NODE_COMPONENTS)}
+
+        def again(name: str) -> Callable[[], Started]:
+            return lambda: start(name, recorded[name].argv, Path(recorded[name].log))
+
+        socket = layout.containerd_socket
+        add(until_healthy(again("containerd"), lambda: containerd.socket_answers(socket), timeout))
+        healthz = state.kubelet_healthz_port
+        add(until_healthy(again("kubelet"), lambda: kubelet.healthy(healthz), timeout))
+        add(again("kube-proxy")())
         kubelet_process = started["kubelet"]
     else:
         node = _further(state, name)
@@ -247,9 +290,57 @@ def start_node(root: Path, name: str, timeout: float = 120.0) -> None:
         _start_processes(cluster, node, add, first=False, timeout=timeout)
         kubelet_process = started[node.process_name("kubelet")]
     with contextlib.closing(api_client(state)) as api:
-        wait_for(f"node {name}: Ready", lambda: node_ready(api, name), kubelet_process, timeout)
+        # Ready as the restarted kubelet reports it: a Ready written before the stop may still stand.
+        wait_for(f"node {name}: Ready", lambda: _ready_since(api, name, began), kubelet_process, timeout)
     state.stopped.remove(name)
     save_state(layout, state)
+
+
+# What `restart_component` restarts on a further node, and how it knows each is back.
+RESTARTABLE = ("containerd", "kubelet", "kube-proxy")
+
+
+def _healthy(layout: Layout, node: FurtherNode, component: str) -> Callable[[], bool]:
+    address = node.addresses.address
+    if component == "containerd":
+        home = layout.of_node(node.name)
+        return lambda: containerd.socket_answers(home.place(home.containerd_socket))
+    if component == "kubelet":
+        return lambda: kubelet.healthy(KUBELET_HEALTHZ_PORT, address)
+    return lambda: addons.http_ok(f"http://{address}:{PROXY_HEALTHZ_PORT}/healthz")
+
+
+def restart_component(
+    root: Path, name: str, component: str, timeout: float = 120.0, *, crash: bool = False
+) -> Started:
+    """Stop one of a further node's components and start it again as `up` did (in the node's
+    namespaces, which outlive it); ``crash``: SIGKILL it alone first, as a crash would. For the
+    kubelet, returns once it offers the node agent's GPU slices again (the agent registers with the
+    new kubelet); for the others, once they answer."""
+    if component not in RESTARTABLE:
+        raise ValueError(f"component: {component!r} is not one of {', '.join(RESTARTABLE)}")
+    layout, state = _state(root)
+    node = _further(state, name)
+    if name in state.stopped:
+        raise StartError(f"node {name!r} is stopped; start it first")
+    old = state.process(node.process_name(component))
+    if crash:
+        kill(old)
+    stop(old)
+    process = until_healthy(
+        lambda: start(old.name, old.argv, Path(old.log)), _healthy(layout, node, component), timeout
+    )
+    if component == "kubelet":
+        home = layout.of_node(name)
+        wait_for(
+            f"node {name}: the node agent registered with the new kubelet",
+            lambda: bool(kubelet.allocatable_devices(home, KEYS.vgpu)),
+            process,
+            timeout,
+        )
+    state.replace(process)
+    save_state(layout, state)
+    return process
 
 
 def partition_node(root: Path, name: str) -> None:
