@@ -54,7 +54,16 @@ from sandbox.controlplane import (
 )
 from sandbox.layout import BRIDGE_ADDRESS, Layout
 from sandbox.processes import Started, StartError, adopt, alive, kill, start, stop, wait_for
-from sandbox.record import FurtherNode, Mode, SandboxState, api_client, load_state, node_ready, save_state
+from sandbox.record import (
+    FurtherNode,
+    Mode,
+    SandboxState,
+    api_client,
+    load_state,
+    node_ready,
+    running_state,
+    save_state,
+)
 from tessera.contract import KEYS, ContractError, parse_allocation, parse_inventory
 
 CONTAINERD_PROGRAMS = ("containerd", containerd.SHIM, "ctr")
@@ -407,14 +416,6 @@ RESTARTABLE = ("kubelet", *RESTARTABLE_AS_RECORDED)
 AGENT = "tessera-device-plugin"
 
 
-def _running_state(root: Path) -> tuple[Layout, SandboxState]:
-    layout = Layout(root)
-    state = load_state(layout)
-    if state is None:
-        raise StartError(f"no sandbox is up in {root}")
-    return layout, state
-
-
 def restart(root: Path, name: str, timeout: float = 120.0, *, crash: bool = False) -> Started:
     """Stop one component and start it again as `up` did. For the kubelet, returns once the
     kubelet itself (its pod-resources API) offers the GPU slices from the device plugin again; for
@@ -427,7 +428,7 @@ def restart(root: Path, name: str, timeout: float = 120.0, *, crash: bool = Fals
         raise ValueError(
             f"component: {name!r} is not one of {', '.join(RESTARTABLE)}, nor a further node's NODE/COMPONENT"
         )
-    layout, state = _running_state(root)
+    layout, state = running_state(root)
     old = state.process(name)
     if crash:
         kill(old)
@@ -466,7 +467,7 @@ def _health(layout: Layout, state: SandboxState, name: str) -> Callable[[], bool
 def replace_agent(root: Path, timeout: float = 120.0) -> str:
     """Delete the node agent's pod; returns the name of the pod the DaemonSet made instead, once it
     has registered with the kubelet again and the node offers its GPU slices."""
-    layout, state = _running_state(root)
+    layout, state = running_state(root)
     with contextlib.closing(api_client(state)) as api:
         began = time.time()
         new = install.restart_agent(api, state.node, timeout)
@@ -518,7 +519,7 @@ def _wait_slices(
 def add_node(root: Path, name: str, models: Sequence[str], timeout: float = 60.0) -> Started:
     """A node with these GPU models (fakenode.PRESETS) and no kubelet, kept alive by its own process."""
     fakenode.inventory(name, models)  # refuses unknown models before anything starts
-    layout, state = _running_state(root)
+    layout, state = running_state(root)
     process_name = f"fake-node-{name}"
     if name == state.node or any(p.name == process_name for p in state.processes):
         raise StartError(f"node {name!r} already exists in the sandbox")
@@ -556,7 +557,7 @@ def add_node(root: Path, name: str, models: Sequence[str], timeout: float = 60.0
 def remove_node(root: Path, name: str) -> None:
     """Undoes :func:`add_node`: its process stopped, the node deleted (with it the pods bound there,
     which no kubelet runs), so that the sandbox is as it was for whatever runs next on it."""
-    layout, state = _running_state(root)
+    layout, state = running_state(root)
     process = next((p for p in state.processes if p.name == f"fake-node-{name}"), None)
     if process is None:
         raise StartError(f"no node {name!r} was added to the sandbox")

@@ -22,7 +22,7 @@ from kubernetes import client
 from sandbox import addons, containerd, gpu, host, install, kubelet, nodes
 from sandbox.layout import BRIDGE_ADDRESS, CGROUP_ROOT, HOST_CONTAINERD_RUN, Layout
 from sandbox.processes import Started, StartError, alive, kill, start, stop, wait_for
-from sandbox.record import FurtherNode, SandboxState, api_client, load_state, node_ready, save_state
+from sandbox.record import FurtherNode, SandboxState, api_client, node_ready, running_state, save_state
 from tessera.contract import KEYS
 
 # In the node's own network namespace, so every node has the same.
@@ -168,14 +168,6 @@ def wait_ready(api: client.ApiClient, node: FurtherNode, kubelet_process: Starte
 # The node commands, on a running sandbox.
 
 
-def _state(root: Path) -> tuple[Layout, SandboxState]:
-    layout = Layout(root)
-    state = load_state(layout)
-    if state is None:
-        raise StartError(f"no sandbox is up in {root}")
-    return layout, state
-
-
 def _further(state: SandboxState, name: str) -> FurtherNode:
     try:
         return state.further_node(name)
@@ -228,7 +220,7 @@ def node_processes(layout: Layout, state: SandboxState, name: str) -> Callable[[
 
 def stop_node(root: Path, name: str) -> None:
     """`node stop NAME`: a power loss (:func:`kill_node`); the sandbox's record says stopped."""
-    layout, state = _state(root)
+    layout, state = running_state(root)
     if name in state.stopped:
         raise StartError(f"node {name!r} is already stopped")
     kill_node(node_processes(layout, state, name))
@@ -256,7 +248,7 @@ def start_node(root: Path, name: str, timeout: float = 120.0) -> None:
     network namespaces, and a further node's /run/containerd); the images, the kubelet's directory
     and Tessera's state directory stay, as on a disk. The kubelet finds its pods' containers dead
     and asks the API what should run."""
-    layout, state = _state(root)
+    layout, state = running_state(root)
     if name not in state.stopped:
         raise StartError(f"node {name!r} is running; stop it first")
     began = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
@@ -319,7 +311,7 @@ def restart_component(
     new kubelet); for the others, once they answer."""
     if component not in RESTARTABLE:
         raise ValueError(f"component: {component!r} is not one of {', '.join(RESTARTABLE)}")
-    layout, state = _state(root)
+    layout, state = running_state(root)
     node = _further(state, name)
     if name in state.stopped:
         raise StartError(f"node {name!r} is stopped; start it first")
@@ -346,7 +338,7 @@ def restart_component(
 def partition_node(root: Path, name: str) -> None:
     """`node partition NAME`: nothing passes between a further node and the control plane's address;
     its pods keep running (the hook needs no API)."""
-    layout, state = _state(root)
+    layout, state = running_state(root)
     nodes.partition(_further(state, name).addresses, BRIDGE_ADDRESS)
     if name not in state.partitioned:
         state.partitioned.append(name)
@@ -355,7 +347,7 @@ def partition_node(root: Path, name: str) -> None:
 
 def heal_node(root: Path, name: str) -> None:
     """`node heal NAME`: undoes :func:`partition_node`."""
-    layout, state = _state(root)
+    layout, state = running_state(root)
     nodes.heal(_further(state, name).addresses)
     if name in state.partitioned:
         state.partitioned.remove(name)

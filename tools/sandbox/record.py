@@ -3,6 +3,7 @@ the tests."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from kubernetes import client, config
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox.layout import Layout
 from sandbox.nodes import NodeAddresses
-from sandbox.processes import Started
+from sandbox.processes import Started, StartError
 
 Mode = Literal["deviceplugin", "dra"]
 MODES: tuple[Mode, ...] = ("deviceplugin", "dra")
@@ -84,6 +85,15 @@ def load_state(layout: Layout) -> SandboxState | None:
 
 def save_state(layout: Layout, state: SandboxState) -> None:
     layout.state_file.write_text(state.model_dump_json(indent=2))
+
+
+def running_state(root: Path) -> tuple[Layout, SandboxState]:
+    """The layout and state of the sandbox up in ``root``; StartError when none is."""
+    layout = Layout(root)
+    state = load_state(layout)
+    if state is None:
+        raise StartError(f"no sandbox is up in {root}")
+    return layout, state
 
 
 def api_client(state: SandboxState) -> client.ApiClient:
