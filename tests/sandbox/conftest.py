@@ -262,6 +262,13 @@ def fleet(_fleet_running: tuple[Sandbox, HostView]) -> Iterator[Sandbox]:
         nodelife.heal_node(sbx.root, name)
     for name in list(state.stopped):
         nodelife.start_node(sbx.root, name)
+    # Every node's agent registered again with its kubelet: the next test's GPU pods fit anywhere.
+    for name in [state.node, *(n.name for n in state.nodes)]:
+        wait_for(
+            lambda n=name: install.agent_ready(sbx.api, n) and cluster.node_has_gpus(sbx.api, n),
+            timeout=180,
+            what=f"node {name}: its agent ready and its GPU slices offered",
+        )
     apps = client.AppsV1Api(sbx.api)
     for deployment in kubeapi.retried(lambda: apps.list_namespaced_deployment("default").items):
         kubeapi.delete(lambda d=deployment: apps.delete_namespaced_deployment(d.metadata.name, "default"))

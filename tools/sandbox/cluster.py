@@ -22,6 +22,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,23 +229,28 @@ def _start_kubelet(options: Options, layout: Layout, kubeconfig: Path) -> Starte
     return kubelet.start_kubelet(layout, options.kubernetes_bin / "kubelet", kubeconfig, options.node)
 
 
-def _start_further(
-    options: Options,
-    layout: Layout,
-    kubeconfig: Path,
-    tarballs: Mapping[str, Path],
-    further: Sequence[FurtherNode],
-    *,
+def _make_further(
+    setup: nodelife.Cluster, further: Sequence[FurtherNode], starting: _Starting, timeout: float
+) -> dict[str, Started]:
+    """The nodes after the first, made one after another (their holders, by node)."""
+    return {node.name: nodelife.create(setup, node, starting.add, timeout) for node in further}
+
+
+def _join_further(
+    setup: nodelife.Cluster,
+    holders: Mapping[str, Started],
     starting: _Starting,
     api: client.ApiClient,
+    *,
+    further: Sequence[FurtherNode],
+    timeout: float,
 ) -> None:
-    """The nodes after the first, made one after another, then waited for together."""
-    setup = nodelife.Cluster(layout, kubeconfig, options.kubernetes_bin, options.containerd_bin, tarballs)
+    """Their kubelets and kube-proxies started, then the nodes waited for together."""
     for node in further:
-        nodelife.create(setup, node, starting.add, options.timeout)
+        nodelife.join(setup, node, holders[node.name], starting.add, timeout)
     for node in further:
         kubelet_process = next(p for p in starting.started if p.name == node.process_name("kubelet"))
-        nodelife.wait_ready(api, node, kubelet_process, options.timeout)
+        nodelife.wait_ready(api, node, kubelet_process, timeout)
 
 
 def _start_all(
@@ -262,13 +268,37 @@ def _start_all(
     starting.add(containerd.start_containerd(layout))
     containerd.import_images(layout, tarballs)
 
+    plane = ControlPlane(
+        work_dir=layout.cluster, bin_dir=options.kubernetes_bin, service_accounts=True, address=BRIDGE_ADDRESS
+    )
+    setup = nodelife.Cluster(
+        layout, plane.kubeconfig, options.kubernetes_bin, options.containerd_bin, tarballs
+    )
+    # The further nodes are made meanwhile (network, files, containerd and its images): they need no
+    # control plane until their kubelets start. Leaving the block waits for them, also on failure,
+    # so that `up`'s undo stops what they started too.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="further-nodes") as pool:
+        making = pool.submit(_make_further, setup, further, starting, options.timeout)
+        _start_control_plane(options, plane, starting, report)
+        with contextlib.closing(config.new_client_from_config(config_file=str(plane.kubeconfig))) as api:
+            _start_first_node(options, layout, plane, starting, api, report=report)
+            if further:
+                report(f"further nodes: {', '.join(n.name for n in further)}")
+                _join_further(setup, making.result(), starting, api, further=further, timeout=options.timeout)
+            _install(options, layout, plane, api, further, report=report)
+    if options.monitoring:
+        _start_monitoring(options, layout, plane, starting, report)
+    return plane
+
+
+def _start_control_plane(
+    options: Options, plane: ControlPlane, starting: _Starting, report: Callable[[str], None]
+) -> None:
+    """etcd, kube-apiserver, kube-controller-manager and the cluster's own kube-scheduler."""
     report("control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)")
     # The pod bridge first: kube-apiserver listens on its address, so pods reach it through the
     # `kubernetes` Service with their service account's token (in-cluster config).
     addons.create_bridge()
-    plane = ControlPlane(
-        work_dir=layout.cluster, bin_dir=options.kubernetes_bin, service_accounts=True, address=BRIDGE_ADDRESS
-    )
     plane.start(timeout=options.timeout)
     for process in plane.processes:
         starting.add(_recorded(process))
@@ -280,62 +310,83 @@ def _start_all(
     scheduler = plane.start_scheduler(DEFAULT_SCHEDULER_CONFIG, timeout=options.timeout)
     starting.add(_recorded(scheduler))
 
+
+def _start_first_node(
+    options: Options,
+    layout: Layout,
+    plane: ControlPlane,
+    starting: _Starting,
+    api: client.ApiClient,
+    *,
+    report: Callable[[str], None],
+) -> None:
+    """The first node's kubelet (the host's), kube-proxy and CoreDNS."""
+    report(f"kubelet (node {options.node})")
+    kubelet.write_files(
+        layout, kubelet.render_config(layout, options.kubelet_port, options.kubelet_healthz_port)
+    )
+    host.create_cgroup_root()
+    node_agent = starting.add(_start_kubelet(options, layout, plane.kubeconfig))
+    _wait_node(api, "Ready", node_ready, node=options.node, process=node_agent, timeout=options.timeout)
+
+    report("kube-proxy (iptables) and CoreDNS")
+    proxy_health, proxy_metrics = free_port(), free_port()
+    addons.write_kube_proxy_config(layout, plane.kubeconfig, options.node, proxy_health, proxy_metrics)
+    proxy = starting.add(addons.start_kube_proxy(layout, options.kubernetes_bin / "kube-proxy"))
+    starting.health["kube-proxy"] = f"http://{LOOPBACK}:{proxy_health}/healthz"
+    dns_health, dns_ready = free_port(), free_port()
+    dns = starting.add(
+        addons.start_coredns(
+            layout, options.kubernetes_bin / "coredns", plane.kubeconfig, dns_health, dns_ready
+        )
+    )
+    starting.health["coredns"] = f"http://{LOOPBACK}:{dns_ready}/ready"
+    addons.create_dns_service(api)
+    wait_for("kube-proxy", lambda: addons.http_ok(starting.health["kube-proxy"]), proxy, options.timeout)
+    wait_for("CoreDNS", lambda: addons.http_ok(starting.health["coredns"]), dns, options.timeout)
+    wait_for(
+        "the default service account and kube-root-ca.crt",
+        lambda: addons.service_accounts_ready(api),
+        None,
+        options.timeout,
+    )
+
+
+def _install(
+    options: Options,
+    layout: Layout,
+    plane: ControlPlane,
+    api: client.ApiClient,
+    further: Sequence[FurtherNode],
+    *,
+    report: Callable[[str], None],
+) -> None:
+    """Tessera by its chart, waited for on every node."""
+    report(f"Tessera: helm install {install.RELEASE} charts/tessera -n {install.NAMESPACE}")
+    values = (*DRA_VALUES, *options.values) if options.mode == "dra" else options.values
+    install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, values)
+    every = [
+        _Node(options.node, options.kubelet_port),
+        *(_Node(n.name, nodelife.KUBELET_PORT, n.addresses.address) for n in further),
+    ]
+    for node in every:
+        _wait_installed(api, layout, node, options.mode, options.timeout)
+
+
+def _start_monitoring(
+    options: Options, layout: Layout, plane: ControlPlane, starting: _Starting, report: Callable[[str], None]
+) -> None:
+    """Prometheus on the host, discovering Tessera's pods through the API server."""
+    report("Prometheus (Kubernetes discovery of Tessera's pods)")
+    port = free_port()
     with contextlib.closing(config.new_client_from_config(config_file=str(plane.kubeconfig))) as api:
-        report(f"kubelet (node {options.node})")
-        kubelet.write_files(
-            layout, kubelet.render_config(layout, options.kubelet_port, options.kubelet_healthz_port)
-        )
-        host.create_cgroup_root()
-        node_agent = starting.add(_start_kubelet(options, layout, plane.kubeconfig))
-        _wait_node(api, "Ready", node_ready, node=options.node, process=node_agent, timeout=options.timeout)
-
-        report("kube-proxy (iptables) and CoreDNS")
-        proxy_health, proxy_metrics = free_port(), free_port()
-        addons.write_kube_proxy_config(layout, plane.kubeconfig, options.node, proxy_health, proxy_metrics)
-        proxy = starting.add(addons.start_kube_proxy(layout, options.kubernetes_bin / "kube-proxy"))
-        starting.health["kube-proxy"] = f"http://{LOOPBACK}:{proxy_health}/healthz"
-        dns_health, dns_ready = free_port(), free_port()
-        dns = starting.add(
-            addons.start_coredns(
-                layout, options.kubernetes_bin / "coredns", plane.kubeconfig, dns_health, dns_ready
-            )
-        )
-        starting.health["coredns"] = f"http://{LOOPBACK}:{dns_ready}/ready"
-        addons.create_dns_service(api)
-        wait_for("kube-proxy", lambda: addons.http_ok(starting.health["kube-proxy"]), proxy, options.timeout)
-        wait_for("CoreDNS", lambda: addons.http_ok(starting.health["coredns"]), dns, options.timeout)
-        wait_for(
-            "the default service account and kube-root-ca.crt",
-            lambda: addons.service_accounts_ready(api),
-            None,
-            options.timeout,
-        )
-
-        if further:
-            report(f"further nodes: {', '.join(n.name for n in further)}")
-            _start_further(options, layout, plane.kubeconfig, tarballs, further, starting=starting, api=api)
-
-        report(f"Tessera: helm install {install.RELEASE} charts/tessera -n {install.NAMESPACE}")
-        values = (*DRA_VALUES, *options.values) if options.mode == "dra" else options.values
-        install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, values)
-        every = [
-            _Node(options.node, options.kubelet_port),
-            *(_Node(n.name, nodelife.KUBELET_PORT, n.addresses.address) for n in further),
-        ]
-        for node in every:
-            _wait_installed(api, layout, node, options.mode, options.timeout)
-    if options.monitoring:
-        report("Prometheus (Kubernetes discovery of Tessera's pods)")
-        port = free_port()
-        with contextlib.closing(config.new_client_from_config(config_file=str(plane.kubeconfig))) as api:
-            token = install.scraper_token(api, seconds=SCRAPER_TOKEN_SECONDS)
-        prometheus = starting.add(
-            monitoring.start_prometheus(layout, options.prometheus_bin, plane.kubeconfig, token, port)
-        )
-        starting.prometheus_url = monitoring.url(port)
-        ready = monitoring.ready_url(starting.prometheus_url)
-        wait_for("Prometheus ready", lambda: addons.http_ok(ready), prometheus, options.timeout)
-    return plane
+        token = install.scraper_token(api, seconds=SCRAPER_TOKEN_SECONDS)
+    prometheus = starting.add(
+        monitoring.start_prometheus(layout, options.prometheus_bin, plane.kubeconfig, token, port)
+    )
+    starting.prometheus_url = monitoring.url(port)
+    ready = monitoring.ready_url(starting.prometheus_url)
+    wait_for("Prometheus ready", lambda: addons.http_ok(ready), prometheus, options.timeout)
 
 
 def _wait_installed(api: client.ApiClient, layout: Layout, node: _Node, mode: Mode, timeout: float) -> None:

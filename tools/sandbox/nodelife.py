@@ -92,10 +92,10 @@ def _write_files(cluster: Cluster, node: FurtherNode) -> None:
     install.make_host_dirs(layout)
 
 
-def _start_processes(
+def _start_runtime(
     cluster: Cluster, node: FurtherNode, add: Callable[[Started], Started], *, first: bool, timeout: float
-) -> None:
-    """The holder, containerd (the images imported ``first``), the kubelet and kube-proxy."""
+) -> Started:
+    """The holder and containerd (the images imported ``first``); returns the holder."""
     layout = cluster.layout.of_node(node.name)
     host.create_cgroup_root(nodes.cgroup_root(node.name))
     holder = add(nodes.start_holder(cluster.layout, node.name, node.addresses))
@@ -103,6 +103,16 @@ def _start_processes(
     add(containerd.start_containerd(layout, timeout, name=node.process_name("containerd"), enter=enter))
     if first:
         containerd.import_images(layout, cluster.tarballs)
+    return holder
+
+
+def join(
+    cluster: Cluster, node: FurtherNode, holder: Started, add: Callable[[Started], Started], timeout: float
+) -> None:
+    """The kubelet, started again until healthy, and kube-proxy: the node joins the cluster (at
+    `up`, once the control plane answers; at `node start`)."""
+    layout = cluster.layout.of_node(node.name)
+    enter = nodes.enter(holder)
 
     def start_kubelet() -> Started:
         return kubelet.start_kubelet(
@@ -153,11 +163,12 @@ def until_healthy(start_once: Callable[[], Started], healthy: Callable[[], bool]
         time.sleep(1.0)
 
 
-def create(cluster: Cluster, node: FurtherNode, add: Callable[[Started], Started], timeout: float) -> None:
-    """Make the node and start it (`up`): its network, its files, its processes."""
+def create(cluster: Cluster, node: FurtherNode, add: Callable[[Started], Started], timeout: float) -> Started:
+    """Make the node (`up`): its network, its files, its containerd with the images; needs no
+    control plane yet. Returns its holder, for :func:`join`."""
     nodes.create_network(node.addresses)
     _write_files(cluster, node)
-    _start_processes(cluster, node, add, first=True, timeout=timeout)
+    return _start_runtime(cluster, node, add, first=True, timeout=timeout)
 
 
 def wait_ready(api: client.ApiClient, node: FurtherNode, kubelet_process: Started, timeout: float) -> None:
@@ -279,7 +290,8 @@ def start_node(root: Path, name: str, timeout: float = 120.0) -> None:
         shutil.rmtree(home.place(home.containerd_state), ignore_errors=True)
         shutil.rmtree(nodes.host_dir(layout, name, HOST_CONTAINERD_RUN), ignore_errors=True)
         cluster = Cluster(layout, Path(state.kubeconfig), Path(state.kubernetes_bin), None, {})
-        _start_processes(cluster, node, add, first=False, timeout=timeout)
+        holder = _start_runtime(cluster, node, add, first=False, timeout=timeout)
+        join(cluster, node, holder, add, timeout)
         kubelet_process = started[node.process_name("kubelet")]
     with contextlib.closing(api_client(state)) as api:
         # Ready as the restarted kubelet reports it: a Ready written before the stop may still stand.
