@@ -124,12 +124,12 @@ def exec_probe(cluster: Cluster, pod: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def claim_files(node: Sandbox) -> list[str]:
+def claim_files(node: Sandbox, name: str | None = None) -> list[str]:
     """Every file the driver wrote on the host for claims: their dirs, their coordination slots and
-    their CDI specs."""
-    layout = Layout(node.root)
-    state = install.host_dirs(layout).state
-    roots = (state / "claims", state / "coordination", layout.cdi_dir)
+    their CDI specs; on the first node, or on further node ``name``, where the host keeps them."""
+    layout = Layout(node.root) if name in (None, node.state.node) else Layout(node.root).of_node(str(name))
+    state = layout.place(install.host_dirs(layout).state)
+    roots = (state / "claims", state / "coordination", layout.place(layout.cdi_dir))
     return sorted(str(p) for root in roots if root.exists() for p in root.rglob("*") if p.is_file())
 
 

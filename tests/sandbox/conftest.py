@@ -255,19 +255,31 @@ def fleet(_fleet_running: tuple[Sandbox, HostView]) -> Iterator[Sandbox]:
     gone."""
     sbx = _fleet_running[0]
     yield sbx
+    if cluster.load_state(Layout(sbx.root)) is not None:  # else the LAST module brought it down
+        restore(sbx)
+
+
+def restore(sbx: Sandbox) -> None:
+    """A sandbox of several nodes as a test found it: every node running and joined again, every
+    node's agent registered, the Deployments and pods in ``default`` gone."""
     state = cluster.load_state(Layout(sbx.root))
-    if state is None:
-        return  # the LAST module brought it down
+    assert state is not None
     for name in list(state.partitioned):
         nodelife.heal_node(sbx.root, name)
     for name in list(state.stopped):
         nodelife.start_node(sbx.root, name)
+
     # Every node's agent registered again with its kubelet: the next test's GPU pods fit anywhere.
+    def offers(node: str) -> bool:
+        if state.mode == "dra":
+            return cluster.node_slice_devices(sbx.api, node) > 0
+        return cluster.node_has_gpus(sbx.api, node)
+
     for name in [state.node, *(n.name for n in state.nodes)]:
         wait_for(
-            lambda n=name: install.agent_ready(sbx.api, n) and cluster.node_has_gpus(sbx.api, n),
+            lambda n=name: install.agent_ready(sbx.api, n) and offers(n),
             timeout=180,
-            what=f"node {name}: its agent ready and its GPU slices offered",
+            what=f"node {name}: its agent ready and its GPUs offered",
         )
     apps = client.AppsV1Api(sbx.api)
     for deployment in kubeapi.retried(lambda: apps.list_namespaced_deployment("default").items):

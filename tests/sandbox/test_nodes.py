@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 from kubernetes import client
@@ -90,22 +90,46 @@ def _check_limits(sbx: Sandbox, pod: Any) -> None:
 @contextlib.contextmanager
 def _watched(sbx: Sandbox) -> Iterator[Invariants]:
     """No GPU overcommitted at any moment, by every pod Kubernetes still has (checked every 2 s)."""
-    invariants = Invariants(sbx, sbx.state_dirs(), sbx.gpu_capacity())
+    with watching(Invariants(sbx, sbx.state_dirs(), sbx.gpu_capacity())) as invariants:
+        yield invariants
+
+
+class Watcher(Protocol):
+    """What checks invariants from a thread of its own (test_chaos.Invariants), on its own client."""
+
+    violations: list[str]
+    checks: int
+    api: client.ApiClient
+
+    def watch(self, stop: threading.Event) -> None: ...
+
+
+W = TypeVar("W", bound=Watcher)
+
+
+@contextlib.contextmanager
+def watching(watcher: W) -> Iterator[W]:
+    """The watcher's thread runs while the block does; then nothing it checked may have failed."""
     stop = threading.Event()
-    checker = threading.Thread(target=invariants.watch, args=(stop,), daemon=True)
+    checker = threading.Thread(target=watcher.watch, args=(stop,), daemon=True)
     checker.start()
     try:
-        yield invariants
+        yield watcher
     finally:
         stop.set()
         checker.join()
-        invariants.api.close()
-    assert not invariants.violations, invariants.violations
-    assert invariants.checks > 0
+        watcher.api.close()
+    assert not watcher.violations, watcher.violations
+    assert watcher.checks > 0
 
 
 def _deployment(name: str, replicas: int, nodes: list[str], memory_mib: int, cores: int) -> dict[str, Any]:
-    pod = _on_node(probe_pod(name, memory_mib, cores, idle=True), nodes)
+    return deployment_of(name, replicas, _on_node(probe_pod(name, memory_mib, cores, idle=True), nodes))
+
+
+def deployment_of(name: str, replicas: int, pod: dict[str, Any]) -> dict[str, Any]:
+    """A Deployment of ``replicas`` such pods (labelled ``app=NAME``), restarted always and tolerating
+    a not-ready or unreachable node for TOLERATION_SECONDS."""
     spec = copy.deepcopy(pod["spec"])
     spec["restartPolicy"] = "Always"
     spec["tolerations"] = [

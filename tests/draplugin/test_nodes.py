@@ -1,0 +1,414 @@
+"""The DRA path on three real nodes (`tessera sandbox up --mode dra --nodes 3`): Kubernetes 1.37, each
+node a kubelet with its own containerd 2, fake GPUs and ``tessera-dra`` (the chart's DaemonSet),
+placement by the cluster's kube-scheduler. What tests/sandbox/test_nodes.py asks of the device plugin
+path, through claims: every node publishes its own GPUs and runs claim pods with their quotas; a node
+that dies with claim pods on it has them recreated elsewhere, its claims kept allocated while its
+pods may still run and its prepared claims cleaned when it returns; a drained node's claim pods move
+with their quotas; a node cut off from the control plane keeps enforcing its pod's quota."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import subprocess
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.utils import parse_quantity
+
+from sandbox import cluster, gpu, install, kubeapi, nodelife
+from sandbox.controlplane import DRA_K8S_VERSION
+from tessera.contract import DRA_CORES_CAPACITY, DRA_MEMORY_CAPACITY, KEYS, MIB
+from tests.draplugin.conftest import GROUP, VERSION, Cluster
+from tests.draplugin.test_node import EXAMPLE, claim_files, probe_container
+from tests.sandbox.conftest import HostView, Sandbox, differences, restore, running_sandbox
+from tests.sandbox.test_nodes import (
+    EVICTION_TIMEOUT,
+    _log_lines,
+    _on_node,
+    _pods_of,
+    _ready,
+    _running,
+    deployment_of,
+    watching,
+)
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.sandbox
+
+NODES = 3
+# vgpu-probe allocates blocks of this size until refused.
+BLOCK_MIB = 256
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[tuple[Sandbox, HostView]]:
+    with running_sandbox("dra-nodes", dra=True, nodes=NODES) as running:
+        yield running
+
+
+@pytest.fixture
+def sbx(fleet: tuple[Sandbox, HostView]) -> Iterator[Sandbox]:
+    """The fleet, with every node running and joined again afterwards and the test's pods,
+    Deployments, claim templates and claims in ``default`` gone."""
+    sandbox = fleet[0]
+    yield sandbox
+    restore(sandbox)
+    objects = client.CustomObjectsApi(sandbox.api)
+    for template in objects.list_namespaced_custom_object(
+        GROUP, VERSION, "default", "resourceclaimtemplates"
+    )["items"]:
+        kubeapi.delete(
+            lambda t=template: objects.delete_namespaced_custom_object(
+                GROUP, VERSION, "default", "resourceclaimtemplates", t["metadata"]["name"]
+            )
+        )
+    wait_for(
+        lambda: (
+            not objects.list_namespaced_custom_object(GROUP, VERSION, "default", "resourceclaims")["items"]
+        ),
+        timeout=120,
+        what="the claims of the test's pods deleted",
+    )
+
+
+def _view(sbx: Sandbox) -> Cluster:
+    """The admin's view of ``default`` (claim templates, claims)."""
+    return Cluster(sbx.api, "default")
+
+
+def claim_pod(name: str, template: str, nodes: list[str], command: list[str] | None = None) -> dict[str, Any]:
+    """deploy/examples/dra-shared-gpu.yaml's pod, its claim made from ``template``, on one of
+    ``nodes``; ``command``: instead of the example's (vgpu-probe once, then idle)."""
+    _, example = yaml.safe_load_all(EXAMPLE.read_text())
+    pod: dict[str, Any] = copy.deepcopy(example)
+    pod["metadata"] = {"name": name}
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    container = probe_container()
+    container["resources"] = {"claims": [{"name": "gpu"}]}
+    if command is not None:
+        container["command"] = command
+    pod["spec"]["containers"] = [container]
+    return _on_node(pod, nodes)
+
+
+def _report(sbx: Sandbox, pod: str) -> dict[str, str]:
+    """The probe's report ("key=value" lines) from the pod's log, once it was refused."""
+    text = sbx.logs(pod, until="refused_with=", timeout=90)
+    assert "refused_with=" in text, f"pod {pod}: {text!r}"
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def _check_quota(sbx: Sandbox, pod: str, memory_mib: int) -> None:
+    report = _report(sbx, pod)
+    assert (report["total_mib"], report["allocations_ok"]) == (
+        str(memory_mib),
+        str(memory_mib // BLOCK_MIB),
+    ), (pod, report)
+
+
+def _claim_of(sbx: Sandbox, pod: Any) -> dict[str, Any]:
+    """The claim made for the pod from its template."""
+    [status] = pod.status.resource_claim_statuses
+    return _view(sbx).claim(status.resource_claim_name)
+
+
+def _result(claim: dict[str, Any]) -> dict[str, Any] | None:
+    """The claim's one allocated device, None while it is not allocated."""
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        return None
+    [result] = allocation["devices"]["results"]
+    return dict(result)
+
+
+def _slices(api: client.ApiClient) -> list[dict[str, Any]]:
+    found = client.CustomObjectsApi(api).list_cluster_custom_object(GROUP, VERSION, "resourceslices")
+    return [s for s in found["items"] if s["spec"]["driver"] == KEYS.dra_driver]
+
+
+def _gpus_of(sbx: Sandbox, node: str) -> set[tuple[str, str]]:
+    """(UUID, model) of the node's fake GPUs, as the sandbox made them."""
+    if node == sbx.state.node:
+        return {(g.uuid, g.model) for g in gpu.SANDBOX_GPUS}
+    further = sbx.state.further_node(node)
+    return {(g.uuid, g.model) for g in gpu.node_gpus(further.name, further.gpus)}
+
+
+@dataclass
+class ClaimInvariants:
+    """What must hold at every moment on the DRA path (a test_nodes.Watcher): no device's capacity
+    is exceeded by the claims allocated on it, and every pod bound to a node and not finished has its
+    claims allocated and reserved for it (never freed while the pod may run)."""
+
+    kubeconfig: str
+    capacity: dict[tuple[str, str], tuple[int, int]]  # (pool, device): (memory bytes, cores)
+    violations: list[str] = field(default_factory=list)
+    checks: int = 0
+    api: client.ApiClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.api = config.new_client_from_config(config_file=self.kubeconfig)
+
+    def _pods(self) -> dict[str, Any]:
+        pods = kubeapi.retried(lambda: client.CoreV1Api(self.api).list_pod_for_all_namespaces().items)
+        return {p.metadata.uid: p for p in pods}
+
+    def check(self) -> None:
+        # Pods, claims, pods again: a pod in both lists existed while the claims were listed.
+        before = self._pods()
+        claims = kubeapi.retried(
+            lambda: client.CustomObjectsApi(self.api).list_cluster_custom_object(
+                GROUP, VERSION, "resourceclaims"
+            )
+        )["items"]
+        after = self._pods()
+        used: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        by_name = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
+        for claim in claims:
+            result = _result(claim)
+            if result is None or result["driver"] != KEYS.dra_driver:
+                continue
+            consumed = result.get("consumedCapacity") or {}
+            where = (result["pool"], result["device"])
+            used[where][0] += int(parse_quantity(consumed.get(DRA_MEMORY_CAPACITY, "0")))
+            used[where][1] += int(parse_quantity(consumed.get(DRA_CORES_CAPACITY, "0")))
+        for where, (memory, cores) in used.items():
+            total_memory, total_cores = self.capacity[where]
+            if memory > total_memory or cores > total_cores:
+                self.violations.append(
+                    f"{where}: claims allocate {memory // MIB}/{total_memory // MIB} MiB, "
+                    f"{cores}/{total_cores} cores"
+                )
+        for uid, pod in before.items():
+            if uid not in after or not pod.spec.node_name or pod.status.phase in ("Succeeded", "Failed"):
+                continue
+            for status in pod.status.resource_claim_statuses or []:
+                claim = by_name.get((pod.metadata.namespace, status.resource_claim_name))
+                reserved = [r["uid"] for r in ((claim or {}).get("status") or {}).get("reservedFor", [])]
+                if claim is None or _result(claim) is None or uid not in reserved:
+                    self.violations.append(
+                        f"pod {pod.metadata.name} on {pod.spec.node_name} ({pod.status.phase}, deleted "
+                        f"{pod.metadata.deletion_timestamp}): claim {status.resource_claim_name} "
+                        "not allocated and reserved for it"
+                    )
+        self.checks += 1
+
+    def watch(self, stop: threading.Event) -> None:
+        """Checks at once, then every 2 s until stopped (a quick test is checked too)."""
+        while True:
+            try:
+                self.check()
+            except AssertionError as e:  # the API down past kubeapi.retried()'s patience
+                self.violations.append(str(e))
+            if stop.wait(2.0):
+                return
+
+
+def _watched(sbx: Sandbox) -> contextlib.AbstractContextManager[ClaimInvariants]:
+    """No device overcommitted and no claim freed under a pod, checked every 2 s."""
+    capacity = {
+        (s["spec"]["pool"]["name"], d["name"]): (
+            int(d["capacity"][DRA_MEMORY_CAPACITY]["value"]),
+            int(d["capacity"][DRA_CORES_CAPACITY]["value"]),
+        )
+        for s in _slices(sbx.api)
+        for d in s["spec"]["devices"]
+    }
+    return watching(ClaimInvariants(sbx.state.kubeconfig, capacity))
+
+
+def test_every_node_publishes_its_own_gpus_and_runs_claim_pods_with_their_quotas(sbx: Sandbox) -> None:
+    nodes = [sbx.state.node, *(n.name for n in sbx.state.nodes)]
+    assert len(nodes) == NODES and all(_ready(sbx, n) for n in nodes)
+    for node in sbx.core.list_node().items:
+        info = node.status.node_info
+        assert info.kubelet_version == DRA_K8S_VERSION, (node.metadata.name, info.kubelet_version)
+        assert info.container_runtime_version.startswith("containerd://2."), info.container_runtime_version
+    agents = sbx.core.list_namespaced_pod(install.NAMESPACE, label_selector=install.AGENT_SELECTOR).items
+    assert sorted(p.spec.node_name for p in agents) == sorted(nodes)
+
+    # Each node's one slice, of its own pool, lists its own GPUs: a mixed fleet.
+    published = {
+        s["spec"]["nodeName"]: (
+            s["spec"]["pool"]["name"],
+            {
+                (d["attributes"]["uuid"]["string"], d["attributes"]["productName"]["string"])
+                for d in s["spec"]["devices"]
+            },
+        )
+        for s in _slices(sbx.api)
+    }
+    assert published == {n: (n, _gpus_of(sbx, n)) for n in nodes}
+    assert len({frozenset(m for _, m in gpus) for _, gpus in published.values()}) == NODES, published
+
+    # A claim pod on every node, each held to its own claim's memory.
+    view = _view(sbx)
+    with _watched(sbx):
+        for i, node in enumerate(nodes):
+            view.create_claim_template(f"share-{i}", {"memory": f"{1024 + 512 * i}Mi", "cores": "20"})
+            kubeapi.create_pod(sbx.core, claim_pod(f"claimed-{i}", f"share-{i}", [node]))
+        for i, node in enumerate(nodes):
+            pod = sbx.wait_pod(f"claimed-{i}", "Running", timeout=120)
+            assert pod.spec.node_name == node
+            result = _result(_claim_of(sbx, pod))
+            assert result is not None and result["pool"] == node, result
+            _check_quota(sbx, f"claimed-{i}", 1024 + 512 * i)
+
+
+def test_a_dead_nodes_claim_pods_move_and_its_prepared_claims_go_when_it_returns(sbx: Sandbox) -> None:
+    further = [n.name for n in sbx.state.nodes]
+    _view(sbx).create_claim_template("survivor", {"memory": "4Gi", "cores": "20"})
+    with _watched(sbx):
+        client.AppsV1Api(sbx.api).create_namespaced_deployment(
+            "default", deployment_of("survivor", 3, claim_pod("survivor", "survivor", further))
+        )
+        wait_for(lambda: len(_running(_pods_of(sbx, "survivor"))) == 3, timeout=180, what="3 pods running")
+        before = _running(_pods_of(sbx, "survivor"))
+        counts = {n: sum(p.spec.node_name == n for p in before) for n in further}
+        victim = max(counts, key=lambda n: counts[n])
+        doomed = {
+            p.metadata.uid: _claim_of(sbx, p)["metadata"]["uid"] for p in before if p.spec.node_name == victim
+        }
+        assert doomed
+        prepared = {p.name for p in sbx.state_dirs()[victim].claims.iterdir()}
+        assert set(doomed.values()) <= prepared, (doomed, prepared)
+
+        nodelife.stop_node(sbx.root, victim)
+        wait_for(lambda: not _ready(sbx, victim), timeout=EVICTION_TIMEOUT, what=f"{victim} NotReady")
+
+        def moved() -> bool:
+            pods = _running(_pods_of(sbx, "survivor"))
+            return len(pods) == 3 and all(p.spec.node_name != victim for p in pods)
+
+        wait_for(moved, timeout=EVICTION_TIMEOUT, what="the dead node's pods recreated elsewhere")
+        for pod in _running(_pods_of(sbx, "survivor")):
+            _check_quota(sbx, pod.metadata.name, 4096)
+        # The dead node's pods are still there (Terminating: no kubelet confirms they stopped), and so
+        # are their claims, allocated on the dead node's devices and reserved for them.
+        left = [p for p in _pods_of(sbx, "survivor") if p.spec.node_name == victim]
+        assert {p.metadata.uid for p in left} == doomed.keys()
+        for pod in left:
+            claim = _claim_of(sbx, pod)
+            result = _result(claim)
+            assert result is not None and result["pool"] == victim, claim
+            assert pod.metadata.uid in [r["uid"] for r in claim["status"]["reservedFor"]], claim
+
+        replacements = {
+            p.metadata.uid: _result(_claim_of(sbx, p)) for p in _running(_pods_of(sbx, "survivor"))
+        }
+        nodelife.start_node(sbx.root, victim)
+        wait_for(
+            lambda: not any(p.spec.node_name == victim for p in _pods_of(sbx, "survivor")),
+            timeout=EVICTION_TIMEOUT,
+            what=f"the old pods deleted once {victim}'s kubelet is back",
+        )
+
+        def deallocated() -> bool:
+            claims = _view(sbx).objects.list_namespaced_custom_object(
+                GROUP, VERSION, "default", "resourceclaims"
+            )
+            return not any(
+                c["metadata"]["uid"] in doomed.values() and _result(c) is not None for c in claims["items"]
+            )
+
+        wait_for(deallocated, timeout=120, what="the old pods' claims deallocated")
+        # The driver on the node again unprepared them: no record, limits file or CDI spec left.
+        wait_for(
+            lambda: not any(uid in f for uid in doomed.values() for f in claim_files(sbx, victim)),
+            timeout=180,
+            what=f"{victim}'s prepared claims of the deleted pods cleaned",
+        )
+        # Nothing of the new pods was disturbed.
+        after = {p.metadata.uid: p for p in _running(_pods_of(sbx, "survivor"))}
+        assert after.keys() == replacements.keys()
+        for uid, pod in after.items():
+            assert _result(_claim_of(sbx, pod)) == replacements[uid]
+            assert all(s.restart_count == 0 for s in pod.status.container_statuses or [])
+
+
+def test_drain_moves_claim_pods_with_their_quotas_and_uncordon_brings_the_node_back(sbx: Sandbox) -> None:
+    further = [n.name for n in sbx.state.nodes]
+    kubectl = Path(sbx.state.kubernetes_bin) / "kubectl"
+    _view(sbx).create_claim_template("drained", {"memory": "2Gi", "cores": "30"})
+    with _watched(sbx):
+        client.AppsV1Api(sbx.api).create_namespaced_deployment(
+            "default", deployment_of("drained", 2, claim_pod("drained", "drained", further))
+        )
+        wait_for(lambda: len(_running(_pods_of(sbx, "drained"))) == 2, timeout=180, what="2 pods running")
+        first = _running(_pods_of(sbx, "drained"))[0]
+        victim = first.spec.node_name
+        moving = _claim_of(sbx, first)["metadata"]["uid"]
+        drain = subprocess.run(
+            [str(kubectl), f"--kubeconfig={sbx.state.kubeconfig}", "drain", victim,
+             "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s"],
+            capture_output=True, text=True, timeout=240, check=False,
+        )  # fmt: skip
+        assert drain.returncode == 0, drain.stderr
+
+        def moved() -> bool:
+            pods = _running(_pods_of(sbx, "drained"))
+            return len(pods) == 2 and all(p.spec.node_name != victim for p in pods)
+
+        wait_for(moved, timeout=180, what="the drained node's claim pods moved")
+        for pod in _running(_pods_of(sbx, "drained")):
+            _check_quota(sbx, pod.metadata.name, 2048)
+        wait_for(
+            lambda: not any(moving in f for f in claim_files(sbx, victim)),
+            timeout=90,
+            what=f"the moved pod's claim unprepared on {victim}",
+        )
+        # The DRA driver is a DaemonSet pod: drain leaves it, the last to go.
+        agents = sbx.core.list_namespaced_pod(install.NAMESPACE, label_selector=install.AGENT_SELECTOR).items
+        assert victim in {p.spec.node_name for p in agents}
+        subprocess.run(
+            [str(kubectl), f"--kubeconfig={sbx.state.kubeconfig}", "uncordon", victim],
+            check=True,
+            capture_output=True,
+        )
+        assert not sbx.core.read_node(victim).spec.unschedulable
+
+
+def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_claims_quota(sbx: Sandbox) -> None:
+    node = sbx.state.nodes[-1].name
+    _view(sbx).create_claim_template("cut-off", {"memory": "1Gi", "cores": "20"})
+    # The probe again and again: the driver reports the quota and refuses past it, every 2 s.
+    command = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do vgpu-probe 256; sleep 2 & wait $!; done"]
+    kubeapi.create_pod(sbx.core, claim_pod("cut-off", "cut-off", [node], command))
+    running = sbx.wait_pod("cut-off", "Running", timeout=120)
+    allocated = _result(_claim_of(sbx, running))
+    wait_for(
+        lambda: _log_lines(sbx, node, running, "allocations_ok="), timeout=60, what="the probe's first run"
+    )
+
+    nodelife.partition_node(sbx.root, node)
+    began = len(_log_lines(sbx, node, running, "allocations_ok="))
+    wait_for(lambda: not _ready(sbx, node), timeout=EVICTION_TIMEOUT, what=f"{node} NotReady, cut off")
+    # Still running, still held to its claim's 1024 MiB: four 256 MiB blocks, then refused.
+    wait_for(
+        lambda: len(_log_lines(sbx, node, running, "allocations_ok=")) >= began + 3,
+        timeout=60,
+        what="the probe running on while cut off",
+    )
+    assert set(_log_lines(sbx, node, running, "allocations_ok=")) == {"allocations_ok=4"}
+    assert set(_log_lines(sbx, node, running, "total_mib=")) == {"total_mib=1024"}
+
+    nodelife.heal_node(sbx.root, node)
+    wait_for(lambda: _ready(sbx, node), timeout=EVICTION_TIMEOUT, what=f"{node} Ready again")
+    again = sbx.core.read_namespaced_pod("cut-off", "default")
+    assert again.metadata.uid == running.metadata.uid and again.status.phase == "Running"
+    assert all(s.restart_count == 0 for s in again.status.container_statuses or [])
+    assert _result(_claim_of(sbx, again)) == allocated
+
+
+def test_down_removes_every_node_from_the_host(fleet: tuple[Sandbox, HostView]) -> None:
+    sandbox, before = fleet
+    assert cluster.down(sandbox.root, report=lambda _: None) == []
+    assert differences(before, sandbox.root) == []
