@@ -331,6 +331,18 @@ def tenant_namespace(sbx: Sandbox) -> Iterator[str]:
         timeout=60,
         what="the tenant namespace's default service account",
     )
+    # Counted by kube-controller-manager's resourcequota controller, nobody else: until it has,
+    # kube-apiserver refuses the namespace's pods (the quota's status is unknown).
+    wait_for(
+        lambda: (
+            (sbx.core.read_namespaced_resource_quota("gpu", TENANT_NAMESPACE).status.used or {}).get(
+                f"requests.{KEYS.vgpu_memory}"
+            )
+            == "0"
+        ),
+        timeout=60,
+        what="the tenant quota counted by the resourcequota controller",
+    )
     try:
         yield TENANT_NAMESPACE
     finally:
