@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import subprocess
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,12 +29,16 @@ from tests.draplugin.test_node import EXAMPLE, claim_files, probe_container
 from tests.sandbox.conftest import HostView, Sandbox, differences, restore, running_sandbox
 from tests.sandbox.test_nodes import (
     EVICTION_TIMEOUT,
-    _log_lines,
+    PROBE_LOOP,
     _on_node,
     _pods_of,
     _ready,
     _running,
+    cut_off_and_rejoin,
     deployment_of,
+    drain,
+    uncordon,
+    wait_moved,
     watching,
 )
 from tests.waiting import wait_for
@@ -284,11 +286,7 @@ def test_a_dead_nodes_claim_pods_move_and_its_prepared_claims_go_when_it_returns
         nodelife.stop_node(sbx.root, victim)
         wait_for(lambda: not _ready(sbx, victim), timeout=EVICTION_TIMEOUT, what=f"{victim} NotReady")
 
-        def moved() -> bool:
-            pods = _running(_pods_of(sbx, "survivor"))
-            return len(pods) == 3 and all(p.spec.node_name != victim for p in pods)
-
-        wait_for(moved, timeout=EVICTION_TIMEOUT, what="the dead node's pods recreated elsewhere")
+        wait_moved(sbx, "survivor", 3, victim, timeout=EVICTION_TIMEOUT)
         for pod in _running(_pods_of(sbx, "survivor")):
             _check_quota(sbx, pod.metadata.name, 4096)
         # The dead node's pods are still there (Terminating: no kubelet confirms they stopped), and so
@@ -336,7 +334,6 @@ def test_a_dead_nodes_claim_pods_move_and_its_prepared_claims_go_when_it_returns
 
 def test_drain_moves_claim_pods_with_their_quotas_and_uncordon_brings_the_node_back(sbx: Sandbox) -> None:
     further = [n.name for n in sbx.state.nodes]
-    kubectl = Path(sbx.state.kubernetes_bin) / "kubectl"
     _view(sbx).create_claim_template("drained", {"memory": "2Gi", "cores": "30"})
     with _watched(sbx):
         client.AppsV1Api(sbx.api).create_namespaced_deployment(
@@ -346,18 +343,8 @@ def test_drain_moves_claim_pods_with_their_quotas_and_uncordon_brings_the_node_b
         first = _running(_pods_of(sbx, "drained"))[0]
         victim = first.spec.node_name
         moving = _claim_of(sbx, first)["metadata"]["uid"]
-        drain = subprocess.run(
-            [str(kubectl), f"--kubeconfig={sbx.state.kubeconfig}", "drain", victim,
-             "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s"],
-            capture_output=True, text=True, timeout=240, check=False,
-        )  # fmt: skip
-        assert drain.returncode == 0, drain.stderr
-
-        def moved() -> bool:
-            pods = _running(_pods_of(sbx, "drained"))
-            return len(pods) == 2 and all(p.spec.node_name != victim for p in pods)
-
-        wait_for(moved, timeout=180, what="the drained node's claim pods moved")
+        drain(sbx, victim)
+        wait_moved(sbx, "drained", 2, victim)
         for pod in _running(_pods_of(sbx, "drained")):
             _check_quota(sbx, pod.metadata.name, 2048)
         wait_for(
@@ -365,46 +352,16 @@ def test_drain_moves_claim_pods_with_their_quotas_and_uncordon_brings_the_node_b
             timeout=90,
             what=f"the moved pod's claim unprepared on {victim}",
         )
-        # The DRA driver is a DaemonSet pod: drain leaves it, the last to go.
-        agents = sbx.core.list_namespaced_pod(install.NAMESPACE, label_selector=install.AGENT_SELECTOR).items
-        assert victim in {p.spec.node_name for p in agents}
-        subprocess.run(
-            [str(kubectl), f"--kubeconfig={sbx.state.kubeconfig}", "uncordon", victim],
-            check=True,
-            capture_output=True,
-        )
-        assert not sbx.core.read_node(victim).spec.unschedulable
+        uncordon(sbx, victim)
 
 
 def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_claims_quota(sbx: Sandbox) -> None:
     node = sbx.state.nodes[-1].name
     _view(sbx).create_claim_template("cut-off", {"memory": "1Gi", "cores": "20"})
-    # The probe again and again: the driver reports the quota and refuses past it, every 2 s.
-    command = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do vgpu-probe 256; sleep 2 & wait $!; done"]
-    kubeapi.create_pod(sbx.core, claim_pod("cut-off", "cut-off", [node], command))
+    kubeapi.create_pod(sbx.core, claim_pod("cut-off", "cut-off", [node], PROBE_LOOP))
     running = sbx.wait_pod("cut-off", "Running", timeout=120)
     allocated = _result(_claim_of(sbx, running))
-    wait_for(
-        lambda: _log_lines(sbx, node, running, "allocations_ok="), timeout=60, what="the probe's first run"
-    )
-
-    nodelife.partition_node(sbx.root, node)
-    began = len(_log_lines(sbx, node, running, "allocations_ok="))
-    wait_for(lambda: not _ready(sbx, node), timeout=EVICTION_TIMEOUT, what=f"{node} NotReady, cut off")
-    # Still running, still held to its claim's 1024 MiB: four 256 MiB blocks, then refused.
-    wait_for(
-        lambda: len(_log_lines(sbx, node, running, "allocations_ok=")) >= began + 3,
-        timeout=60,
-        what="the probe running on while cut off",
-    )
-    assert set(_log_lines(sbx, node, running, "allocations_ok=")) == {"allocations_ok=4"}
-    assert set(_log_lines(sbx, node, running, "total_mib=")) == {"total_mib=1024"}
-
-    nodelife.heal_node(sbx.root, node)
-    wait_for(lambda: _ready(sbx, node), timeout=EVICTION_TIMEOUT, what=f"{node} Ready again")
-    again = sbx.core.read_namespaced_pod("cut-off", "default")
-    assert again.metadata.uid == running.metadata.uid and again.status.phase == "Running"
-    assert all(s.restart_count == 0 for s in again.status.container_statuses or [])
+    again = cut_off_and_rejoin(sbx, node, running)
     assert _result(_claim_of(sbx, again)) == allocated
 
 

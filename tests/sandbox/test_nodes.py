@@ -235,11 +235,7 @@ def test_a_dead_nodes_gpu_pods_move_and_its_leftovers_go_when_it_returns(sbx: Sa
         nodelife.stop_node(sbx.root, victim)
         wait_for(lambda: not _ready(sbx, victim), timeout=EVICTION_TIMEOUT, what=f"{victim} NotReady")
 
-        def moved() -> bool:
-            pods = _running(_pods_of(sbx, "survivor"))
-            return len(pods) == 3 and all(p.spec.node_name != victim for p in pods)
-
-        wait_for(moved, timeout=EVICTION_TIMEOUT, what="the dead node's pods recreated elsewhere")
+        wait_moved(sbx, "survivor", 3, victim, timeout=EVICTION_TIMEOUT)
         for pod in _running(_pods_of(sbx, "survivor")):
             _check_limits(sbx, pod)
         # The dead node's pods are still there (Terminating: no kubelet confirms they stopped), so
@@ -280,38 +276,54 @@ def test_a_dead_nodes_gpu_pods_move_and_its_leftovers_go_when_it_returns(sbx: Sa
             assert all(s.restart_count == 0 for s in pod.status.container_statuses or [])
 
 
+def drain(sbx: Sandbox, node: str) -> None:
+    """`kubectl drain` as an operator runs it before maintenance (DaemonSets stay)."""
+    kubectl = Path(sbx.state.kubernetes_bin) / "kubectl"
+    done = subprocess.run(
+        [str(kubectl), f"--kubeconfig={sbx.state.kubeconfig}", "drain", node,
+         "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s"],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def wait_moved(sbx: Sandbox, app: str, replicas: int, node: str, timeout: float = 180.0) -> None:
+    """The app's pods all Running again, none on ``node``."""
+
+    def moved() -> bool:
+        pods = _running(_pods_of(sbx, app))
+        return len(pods) == replicas and all(p.spec.node_name != node for p in pods)
+
+    wait_for(moved, timeout=timeout, what=f"{app}'s pods moved off {node}")
+
+
+def uncordon(sbx: Sandbox, node: str) -> None:
+    """The node agent stayed through the drain (a DaemonSet pod: the last to go); uncordon brings
+    the node back."""
+    agents = sbx.core.list_namespaced_pod(install.NAMESPACE, label_selector=install.AGENT_SELECTOR).items
+    assert node in {p.spec.node_name for p in agents}
+    kubectl = Path(sbx.state.kubernetes_bin) / "kubectl"
+    subprocess.run(
+        [str(kubectl), f"--kubeconfig={sbx.state.kubeconfig}", "uncordon", node],
+        check=True,
+        capture_output=True,
+    )
+    assert not sbx.core.read_node(node).spec.unschedulable
+
+
 def test_drain_moves_gpu_pods_with_their_quotas_and_uncordon_brings_the_node_back(sbx: Sandbox) -> None:
     further = [n.name for n in sbx.state.nodes]
-    kubectl = Path(sbx.state.kubernetes_bin) / "kubectl"
     with _watched(sbx):
         client.AppsV1Api(sbx.api).create_namespaced_deployment(
             "default", _deployment("drained", 2, further, 2048, 30)
         )
         wait_for(lambda: len(_running(_pods_of(sbx, "drained"))) == 2, timeout=180, what="2 pods running")
         victim = _running(_pods_of(sbx, "drained"))[0].spec.node_name
-        drain = subprocess.run(
-            [str(kubectl), f"--kubeconfig={sbx.state.kubeconfig}", "drain", victim,
-             "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s"],
-            capture_output=True, text=True, timeout=240, check=False,
-        )  # fmt: skip
-        assert drain.returncode == 0, drain.stderr
-
-        def moved() -> bool:
-            pods = _running(_pods_of(sbx, "drained"))
-            return len(pods) == 2 and all(p.spec.node_name != victim for p in pods)
-
-        wait_for(moved, timeout=180, what="the drained node's GPU pods moved")
+        drain(sbx, victim)
+        wait_moved(sbx, "drained", 2, victim)
         for pod in _running(_pods_of(sbx, "drained")):
             _check_limits(sbx, pod)
-        # The node agent is a DaemonSet pod: drain leaves it, the last to go.
-        agents = sbx.core.list_namespaced_pod(install.NAMESPACE, label_selector=install.AGENT_SELECTOR).items
-        assert victim in {p.spec.node_name for p in agents}
-        subprocess.run(
-            [str(kubectl), f"--kubeconfig={sbx.state.kubeconfig}", "uncordon", victim],
-            check=True,
-            capture_output=True,
-        )
-        assert not sbx.core.read_node(victim).spec.unschedulable
+        uncordon(sbx, victim)
 
 
 def _log_lines(sbx: Sandbox, node: str, pod: Any, prefix: str) -> list[str]:
@@ -325,19 +337,18 @@ def _log_lines(sbx: Sandbox, node: str, pod: Any, prefix: str) -> list[str]:
     return [line for line in lines if line.startswith(prefix)]
 
 
-def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_pods_quotas(sbx: Sandbox) -> None:
-    node = sbx.state.nodes[-1].name
-    pod = _on_node(probe_pod("cut-off", 1024, 20), [node])
-    # The probe again and again: the driver reports the quota and refuses past it, every 2 s.
-    pod["spec"]["containers"][0]["command"] = [
-        "/bin/sh", "-c", "trap 'exit 0' TERM; while :; do vgpu-probe 256; sleep 2 & wait $!; done",
-    ]  # fmt: skip
-    kubeapi.create_pod(sbx.core, pod)
-    running = sbx.wait_pod("cut-off", "Running", timeout=120)
+# The probe again and again: the driver reports the quota and refuses past it, every 2 s.
+PROBE_LOOP = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do vgpu-probe 256; sleep 2 & wait $!; done"]
+
+
+def cut_off_and_rejoin(sbx: Sandbox, node: str, running: Any) -> Any:
+    """The node cut off from the control plane under ``running``, a PROBE_LOOP pod with a 1024 MiB
+    quota: the node goes NotReady while the probe goes on reporting its quota and refusing past it
+    (read from the node's disk); healed, the node is Ready and the pod the same, never restarted.
+    Returns the pod as it is then."""
     wait_for(
         lambda: _log_lines(sbx, node, running, "allocations_ok="), timeout=60, what="the probe's first run"
     )
-
     nodelife.partition_node(sbx.root, node)
     began = len(_log_lines(sbx, node, running, "allocations_ok="))
     wait_for(lambda: not _ready(sbx, node), timeout=EVICTION_TIMEOUT, what=f"{node} NotReady, cut off")
@@ -349,13 +360,22 @@ def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_pods_quotas(s
     )
     assert set(_log_lines(sbx, node, running, "allocations_ok=")) == {"allocations_ok=4"}
     assert set(_log_lines(sbx, node, running, "total_mib=")) == {"total_mib=1024"}
-
     nodelife.heal_node(sbx.root, node)
     wait_for(lambda: _ready(sbx, node), timeout=EVICTION_TIMEOUT, what=f"{node} Ready again")
-    again = sbx.core.read_namespaced_pod("cut-off", "default")
+    again = sbx.core.read_namespaced_pod(running.metadata.name, "default")
     assert again.metadata.uid == running.metadata.uid and again.status.phase == "Running"
-    assert again.metadata.annotations[KEYS.allocation] == running.metadata.annotations[KEYS.allocation]
     assert all(s.restart_count == 0 for s in again.status.container_statuses or [])
+    return again
+
+
+def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_pods_quotas(sbx: Sandbox) -> None:
+    node = sbx.state.nodes[-1].name
+    pod = _on_node(probe_pod("cut-off", 1024, 20), [node])
+    pod["spec"]["containers"][0]["command"] = PROBE_LOOP
+    kubeapi.create_pod(sbx.core, pod)
+    running = sbx.wait_pod("cut-off", "Running", timeout=120)
+    again = cut_off_and_rejoin(sbx, node, running)
+    assert again.metadata.annotations[KEYS.allocation] == running.metadata.annotations[KEYS.allocation]
     _check_limits(sbx, again)
 
 
