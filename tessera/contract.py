@@ -219,6 +219,13 @@ class ContractKeys:
         return f"{self.domain}/sharing"
 
     @property
+    def node_mode(self) -> str:
+        """A label of a Node, set by the cluster's admins per node pool: ``dra`` where the chart's
+        ``mode: mixed`` runs the DRA driver instead of the device plugin (docs/dra.md, "One mode per
+        node")."""
+        return f"{self.domain}/mode"
+
+    @property
     def gpu_models(self) -> str:
         return f"{self.domain}/gpu-models"
 

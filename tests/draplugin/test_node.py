@@ -67,7 +67,7 @@ def probe_container() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[Sandbox]:
-    with running_sandbox("dra", dra=True) as (sandbox, _):
+    with running_sandbox("dra", mode="dra") as (sandbox, _):
         yield sandbox
 
 

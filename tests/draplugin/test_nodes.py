@@ -52,7 +52,7 @@ BLOCK_MIB = 256
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[tuple[Sandbox, HostView]]:
-    with running_sandbox("dra-nodes", dra=True, nodes=NODES) as running:
+    with running_sandbox("dra-nodes", mode="dra", nodes=NODES) as running:
         yield running
 
 

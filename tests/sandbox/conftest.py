@@ -167,17 +167,21 @@ def sandbox_root() -> Iterator[Path]:
 
 @contextlib.contextmanager
 def running_sandbox(
-    name: str, values: tuple[str, ...] = (), *, monitoring: bool = False, dra: bool = False, nodes: int = 1
+    name: str,
+    values: tuple[str, ...] = (),
+    *,
+    monitoring: bool = False,
+    mode: record.Mode = "deviceplugin",
+    nodes: int = 1,
 ) -> Iterator[tuple[Sandbox, HostView]]:
     """A sandbox for a whole test module (Tessera installed with these extra chart ``values``, and
-    Prometheus with ``monitoring``; the DRA path with ``dra``; ``nodes`` real nodes), always brought
-    down, with the host as it was before."""
+    Prometheus with ``monitoring``; the chart's ``mode`` (cluster.in_mode); ``nodes`` real nodes),
+    always brought down, with the host as it was before."""
     before = HostView.now()
     root = Path(f"/tmp/tessera-{name}-{os.getpid()}")
     try:
         options = cluster.Options(root=root, values=values, monitoring=monitoring, nodes=nodes)
-        if dra:
-            options = cluster.dra(options)
+        options = cluster.in_mode(options, mode)
         state = cluster.up(options, report=lambda _: None)
         api = config.new_client_from_config(config_file=state.kubeconfig)
         try:

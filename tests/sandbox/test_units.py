@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import ipaddress
@@ -31,10 +32,12 @@ from sandbox import (
     images,
     install,
     kubelet,
+    nodelife,
     processes,
 )
 from sandbox.controlplane import DRA_K8S_VERSION, bin_dir_for
 from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, POD_NETWORK, POD_SUBNET, SERVICE_CIDR, Layout
+from sandbox.processes import StartError
 from tessera.contract import KEYS
 
 LAYOUT = Layout(Path("/srv/sbx"))
@@ -128,6 +131,29 @@ def test_the_dra_sandbox_runs_the_newest_kubernetes_with_its_containerd_and_the_
     options = cluster.dra(cluster.Options(root=LAYOUT.root, values=("a=b",)))
     assert options.kubernetes_bin == options.containerd_bin == bin_dir_for(DRA_K8S_VERSION)
     assert (options.mode, options.values) == ("dra", ("a=b",))
+
+
+def test_a_mixed_sandbox_runs_the_dra_paths_kubernetes_with_its_last_node_dras() -> None:
+    plain = cluster.Options(root=LAYOUT.root, values=("a=b",), nodes=3)
+    assert cluster.in_mode(plain, "deviceplugin") == plain
+    assert cluster.in_mode(plain, "dra") == cluster.dra(plain)
+    options = cluster.in_mode(plain, "mixed")
+    assert options == dataclasses.replace(cluster.dra(plain), mode="mixed")
+    further = nodelife.plan("n", 3)
+    assert [cluster.node_mode(options, n, further) for n in ("n", "n-2", "n-3")] == [
+        "deviceplugin",
+        "deviceplugin",
+        "dra",
+    ]
+    assert cluster.node_mode(cluster.dra(plain), "n", further) == "dra"
+    assert cluster.CHART_VALUES["mixed"] == ("mode=mixed",)  # the scheduler and extender stay on
+
+
+def test_a_mixed_sandbox_needs_a_node_of_each_kind(tmp_path: Path) -> None:
+    options = cluster.in_mode(cluster.Options(root=tmp_path), "mixed")
+    with pytest.raises(StartError, match="mode mixed needs a node of each kind"):
+        cluster.up(options, report=lambda _: None)
+    assert not (tmp_path / "sandbox.json").exists()
 
 
 def test_base_spec_adds_bind_mounts_and_environment() -> None:

@@ -8,7 +8,9 @@ GPU driver, kube-scheduler (profile tessera-scheduler) with the extender as a De
 ``--monitoring`` a Prometheus that discovers Tessera's pods (:mod:`sandbox.monitoring`). With
 ``--mode dra`` it runs the DRA path instead (docs/dra.md): Kubernetes ``DRA_K8S_VERSION``, the
 containerd 2 that hack/k8s-binaries.sh builds (CDI), the chart's node agent as ``tessera-dra`` and
-placement by the cluster's own kube-scheduler (no tessera-scheduler, no extender). It records
+placement by the cluster's own kube-scheduler (no tessera-scheduler, no extender); ``--mode mixed``
+runs both agents on that Kubernetes, the DRA driver on the last node and the device plugin on the
+others, with tessera-scheduler and the extender for the device plugin nodes. It records
 what it started in ``sandbox.json`` and returns; the processes run on. ``down`` stops them newest
 first and removes what they left on the host (:mod:`sandbox.host`).
 """
@@ -90,9 +92,15 @@ DEFAULT_SCHEDULER_CONFIG = yaml.safe_dump(
 )
 
 
-# The chart in DRA mode: tessera-dra as the node agent, placement by the cluster's kube-scheduler, so
-# neither the chart's scheduler (whose image is built for the pinned Kubernetes only) nor the extender.
-DRA_VALUES = ("mode=dra", "scheduler.enabled=false", "extender.enabled=false")
+# The chart's values of each mode. DRA: tessera-dra as the node agent, placement by the cluster's
+# kube-scheduler, so neither the chart's scheduler (whose image is built for the pinned Kubernetes
+# only) nor the extender. Mixed: both agents, and the scheduler with the extender for the device
+# plugin nodes (its pinned image runs against the DRA path's newer API server; docs/sandbox.md).
+CHART_VALUES: dict[Mode, tuple[str, ...]] = {
+    "deviceplugin": (),
+    "dra": ("mode=dra", "scheduler.enabled=false", "extender.enabled=false"),
+    "mixed": ("mode=mixed",),
+}
 # How long the token the sandbox's Prometheus scrapes with lasts: longer than any sandbox runs.
 SCRAPER_TOKEN_SECONDS = 7 * 24 * 3600
 
@@ -129,6 +137,21 @@ def dra(options: Options) -> Options:
     hack/k8s-binaries.sh also links containerd 2 into, and the chart in DRA mode."""
     binaries = bin_dir_for(DRA_K8S_VERSION)
     return dataclasses.replace(options, kubernetes_bin=binaries, containerd_bin=binaries, mode="dra")
+
+
+def in_mode(options: Options, mode: Mode) -> Options:
+    """These options for ``mode``: the device plugin path's as they are; a mixed cluster (its last
+    node DRA's, the others the device plugin's) on the DRA path's Kubernetes and containerd, which
+    both agents run on."""
+    return options if mode == "deviceplugin" else dataclasses.replace(dra(options), mode=mode)
+
+
+def node_mode(options: Options, node: str, further: Sequence[FurtherNode]) -> Mode:
+    """The node's own agent: a mixed cluster's last node runs the DRA driver, its others the device
+    plugin."""
+    if options.mode != "mixed":
+        return options.mode
+    return "dra" if node == further[-1].name else "deviceplugin"
 
 
 def _recorded(process: ManagedProcess) -> Started:
@@ -361,16 +384,21 @@ def _install(
     *,
     report: Callable[[str], None],
 ) -> None:
-    """Tessera by its chart, waited for on every node."""
-    report(f"Tessera: helm install {install.RELEASE} charts/tessera -n {install.NAMESPACE}")
-    values = (*DRA_VALUES, *options.values) if options.mode == "dra" else options.values
-    install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, values)
+    """Tessera by its chart, waited for on every node (for its own agent's, in a mixed cluster)."""
     every = [
         _Node(options.node, options.kubelet_port),
         *(_Node(n.name, nodelife.KUBELET_PORT, n.addresses.address) for n in further),
     ]
+    if options.mode == "mixed":
+        # Before the chart: each node's agent is its mode's from the start (one mode per node).
+        dra_node = further[-1].name
+        report(f"node {dra_node}: {KEYS.node_mode}=dra")
+        client.CoreV1Api(api).patch_node(dra_node, {"metadata": {"labels": {KEYS.node_mode: "dra"}}})
+    report(f"Tessera: helm install {install.RELEASE} charts/tessera -n {install.NAMESPACE}")
+    values = (*CHART_VALUES[options.mode], *options.values)
+    install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, values)
     for node in every:
-        _wait_installed(api, layout, node, options.mode, options.timeout)
+        _wait_installed(api, layout, node, node_mode(options, node.node, further), options.timeout)
 
 
 def _start_monitoring(
@@ -390,9 +418,10 @@ def _start_monitoring(
 
 
 def _wait_installed(api: client.ApiClient, layout: Layout, node: _Node, mode: Mode, timeout: float) -> None:
-    """The chart's pods are up: the node agent registered the GPU slices and published the
-    inventory, and every tessera-scheduler replica's extender has synced its caches; in DRA mode,
-    the driver published the node's ResourceSlice and the kubelet registered it."""
+    """The chart's pods are up on a node whose agent is ``mode``'s: the device plugin registered
+    the GPU slices and published the inventory, and every tessera-scheduler replica's extender has
+    synced its caches; the DRA driver published the node's ResourceSlice and the kubelet registered
+    it."""
     install.wait(
         f"node {node.node}: the node agent's pod ready",
         lambda: install.agent_ready(api, node.node),
@@ -424,6 +453,8 @@ def up(options: Options, report: Callable[[str], None] = print) -> SandboxState:
         further = nodelife.plan(options.node, options.nodes, options.node_gpus)
     except (nodes.NodeError, ValueError) as e:
         raise StartError(f"cannot start the sandbox: {e}") from None
+    if options.mode == "mixed" and not further:
+        raise StartError("cannot start the sandbox: mode mixed needs a node of each kind (--nodes 2 or more)")
     found = preflight(options, layout)
     if found:
         raise StartError("cannot start the sandbox:\n  - " + "\n  - ".join(found))

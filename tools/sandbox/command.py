@@ -29,7 +29,7 @@ def _options(args: argparse.Namespace, mode: record.Mode = "deviceplugin") -> cl
         timeout=args.timeout,
         values=tuple(args.set),
     )
-    return cluster.dra(options) if mode == "dra" else options
+    return cluster.in_mode(options, mode)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -233,7 +233,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="deviceplugin",
         help="the chart's node agent: the device plugin with the extender on Kubernetes "
         f"{K8S_VERSION} and the host's containerd (default), or the DRA driver on Kubernetes "
-        f"{DRA_K8S_VERSION} with the containerd 2 hack/k8s-binaries.sh builds (docs/dra.md)",
+        f"{DRA_K8S_VERSION} with the containerd 2 hack/k8s-binaries.sh builds (docs/dra.md), or mixed: "
+        "the DRA driver on the last node, the device plugin on the others, on the DRA path's "
+        'Kubernetes (--nodes 2 or more; docs/dra.md, "One mode per node")',
     )
     up.set_defaults(func=_up)
 

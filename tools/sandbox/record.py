@@ -13,8 +13,10 @@ from sandbox.layout import Layout
 from sandbox.nodes import NodeAddresses
 from sandbox.processes import Started, StartError
 
-Mode = Literal["deviceplugin", "dra"]
-MODES: tuple[Mode, ...] = ("deviceplugin", "dra")
+# mixed: the last node runs the DRA driver, the others the device plugin (docs/dra.md, "One mode per
+# node").
+Mode = Literal["deviceplugin", "dra", "mixed"]
+MODES: tuple[Mode, ...] = ("deviceplugin", "dra", "mixed")
 
 
 class FurtherNode(BaseModel):
