@@ -83,7 +83,7 @@ def test_each_node_runs_the_agent_of_its_mode_and_no_other(sbx: Sandbox) -> None
         assert node_slice_devices(sbx.api, node) == 0
         assert KEYS.node_mode not in (sbx.core.read_node(node).metadata.labels or {})
     versions = {n.status.node_info.kubelet_version for n in sbx.core.list_node().items}
-    assert versions == {f"v{DRA_K8S_VERSION}"}
+    assert versions == {DRA_K8S_VERSION}
 
 
 def test_a_vgpu_pod_lands_on_a_device_plugin_node_held_to_its_quota(sbx: Sandbox, view: Cluster) -> None:

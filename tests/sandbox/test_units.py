@@ -146,7 +146,8 @@ def test_a_mixed_sandbox_runs_the_dra_paths_kubernetes_with_its_last_node_dras()
         "dra",
     ]
     assert cluster.node_mode(cluster.dra(plain), "n", further) == "dra"
-    assert cluster.CHART_VALUES["mixed"] == ("mode=mixed",)  # the scheduler and extender stay on
+    # The scheduler and extender stay on, the scheduler's image the one built, for the pinned version.
+    assert cluster.CHART_VALUES["mixed"] == ("mode=mixed", f"scheduler.image.tag={controlplane.K8S_VERSION}")
 
 
 def test_a_mixed_sandbox_needs_a_node_of_each_kind(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ from sandbox import (
 )
 from sandbox.controlplane import (
     DRA_K8S_VERSION,
+    K8S_VERSION,
     LOOPBACK,
     ControlPlane,
     ManagedProcess,
@@ -95,11 +96,12 @@ DEFAULT_SCHEDULER_CONFIG = yaml.safe_dump(
 # The chart's values of each mode. DRA: tessera-dra as the node agent, placement by the cluster's
 # kube-scheduler, so neither the chart's scheduler (whose image is built for the pinned Kubernetes
 # only) nor the extender. Mixed: both agents, and the scheduler with the extender for the device
-# plugin nodes (its pinned image runs against the DRA path's newer API server; docs/sandbox.md).
+# plugin nodes, its image the pinned one (the chart's default tag is the cluster's version, for
+# which no image is built), which runs against the DRA path's newer API server (docs/sandbox.md).
 CHART_VALUES: dict[Mode, tuple[str, ...]] = {
     "deviceplugin": (),
     "dra": ("mode=dra", "scheduler.enabled=false", "extender.enabled=false"),
-    "mixed": ("mode=mixed",),
+    "mixed": ("mode=mixed", f"scheduler.image.tag={K8S_VERSION}"),
 }
 # How long the token the sandbox's Prometheus scrapes with lasts: longer than any sandbox runs.
 SCRAPER_TOKEN_SECONDS = 7 * 24 * 3600
