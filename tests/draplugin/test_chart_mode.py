@@ -104,7 +104,7 @@ def test_mixed_mode_runs_each_agent_on_its_node_pool_and_never_both_on_a_node(re
     """mode=mixed: the DRA driver where the node's <domain>/mode label says dra, the device plugin on
     every other node; in the single modes an agent keeps off nodes labelled for the other one, so two
     releases of different modes do not meet on a node either (docs/dra.md, "One mode per node")."""
-    key = f"{KEYS.domain}/mode"
+    key = KEYS.node_mode
     workloads = {
         d["metadata"]["name"]: d for d in rendered(repo_root, "mode=mixed") if d["kind"] == "DaemonSet"
     }
@@ -136,7 +136,7 @@ def test_the_users_node_affinity_keeps_every_term_and_gains_the_mode(repo_root: 
         f"{prefix}[1].matchFields[0].values[0]=gpu-7",
     )
     [dra] = [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "tessera-dra"]
-    mode = {"key": f"{keys_for('gpu.example.com').domain}/mode", "operator": "In", "values": ["dra"]}
+    mode = {"key": keys_for("gpu.example.com").node_mode, "operator": "In", "values": ["dra"]}
     assert required_terms(dra) == [
         {"matchExpressions": [{"key": "pool", "operator": "Exists"}, mode]},
         {
