@@ -188,7 +188,9 @@ save() {
 }
 
 import_into_sandbox() {
-  [ -S "$sandbox_root/containerd/containerd.sock" ] || return 0
+  # The first node's containerd (sandbox.layout: <dir>/node); a further node's images are imported
+  # when `up` makes it.
+  [ -S "$sandbox_root/node/containerd/containerd.sock" ] || return 0
   [ -x "$python" ] || die "$python is missing (make's venv), needed to import into the sandbox"
   log "importing into the sandbox's containerd ($sandbox_root)"
   # The sandbox's own importer (ctr images import against its socket), not a second one.

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tarfile
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -242,12 +244,13 @@ def test_the_scheduler_image_serves_as_its_non_root_user(
 # (sandbox/layout.py): it runs in the sandbox lane, never beside a sandbox.
 @pytest.mark.sandbox
 def test_the_images_are_imported_into_a_running_sandbox_containerd(
-    built: dict[str, Path], repo_root: Path, tmp_path: Path
+    built: dict[str, Path], repo_root: Path
 ) -> None:
     """With a sandbox's containerd answering (here a private one laid out as the sandbox lays it out),
     the script imports the archives through the sandbox's own importer, under the names the kubelet
     asks for."""
-    layout = Layout(tmp_path / "sandbox")
+    # A short root, as the sandbox's own: containerd's ttrpc socket path must fit sockaddr_un.
+    layout = Layout(Path(tempfile.mkdtemp(prefix="tsi-", dir="/tmp")))
     layout.containerd_socket.parent.mkdir(parents=True)
     layout.containerd_config.write_text(
         "version = 2\n"
@@ -275,6 +278,7 @@ def test_the_images_are_imported_into_a_running_sandbox_containerd(
         assert set(built) <= set(images(layout)), images(layout)
     finally:
         stop(containerd)
+        shutil.rmtree(layout.root, ignore_errors=True)
 
 
 def test_the_oci_archives_name_their_image_in_full(built: dict[str, Path]) -> None:

@@ -420,13 +420,20 @@ def test_losing_the_node_of_the_leading_scheduler_loses_no_scheduling(sbx: Sandb
         print(f"the replica on {dead} stopped; the other led after {took:.1f}s (lease {duration:.0f}s)")
         # Within the lease's duration, plus its retry period and a loaded host's slack.
         assert took <= 2 * duration, f"took {took:.1f}s over a {duration:.0f}s lease"
-        wait_for(
-            lambda: (
-                [p.status.phase for p in sbx.core.list_namespaced_pod("default").items] == ["Running"] * 20
-            ),
-            timeout=300,
-            what="all 20 pods placed and running on the other nodes",
-        )
+
+        def not_running() -> list[str]:
+            return [
+                f"{p.metadata.name} on {p.spec.node_name}: {p.status.phase} "
+                f"{next((c.message for c in p.status.conditions or [] if c.status == 'False'), '')}"
+                for p in sbx.core.list_namespaced_pod("default").items
+                if p.status.phase != "Running"
+            ]
+
+        try:
+            wait_for(lambda: len(sbx.core.list_namespaced_pod("default").items) == 20 and not not_running(),
+                     timeout=300, what="all 20 pods placed and running on the other nodes")  # fmt: skip
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {not_running()[:10]}") from None
         twice = {n: c for n, c in _scheduled_events(sbx, set(names)).items() if c != 1}
         assert not twice, f"pods not bound exactly once: {twice}"
 

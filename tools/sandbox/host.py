@@ -184,13 +184,16 @@ def port_taken(port: int) -> bool:
 
 
 def processes_named(names: Iterable[str]) -> list[tuple[int, str]]:
+    """Running processes of these names; not a zombie, which runs nothing and shares nothing (a
+    parent that has not reaped its exited containerd yet)."""
     wanted = set(names)
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, IndexError):
                 comm = (entry / "comm").read_text().strip()
-                if comm in wanted:
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if comm in wanted and state != "Z":
                     found.append((int(entry.name), comm))
     return found
 
