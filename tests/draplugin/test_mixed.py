@@ -17,10 +17,9 @@ from sandbox.cluster import node_has_gpus, node_slice_devices
 from sandbox.controlplane import DRA_K8S_VERSION
 from sandbox.fakenode import PRESETS
 from tessera.contract import KEYS
-from tests.draplugin.conftest import GROUP, VERSION, Cluster, namespace_view
-from tests.draplugin.test_node import EXAMPLE, probe_container, probe_report
+from tests.draplugin.conftest import GROUP, VERSION, Cluster
+from tests.draplugin.test_node import EXAMPLE, probe_report, probe_view
 from tests.sandbox.conftest import HostView, Sandbox, differences, running_sandbox
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -43,13 +42,7 @@ def sbx(mixed: tuple[Sandbox, HostView]) -> Sandbox:
 
 @pytest.fixture
 def view(sbx: Sandbox) -> Iterator[Cluster]:
-    with namespace_view(sbx.api, probe_container()) as found:
-        # The ServiceAccount admission refuses pods until the namespace has its default account.
-        wait_for(
-            lambda: found.core.list_namespaced_service_account(found.namespace).items,
-            60.0,
-            f"the default service account of {found.namespace}",
-        )
+    with probe_view(sbx) as found:
         yield found
 
 

@@ -6,6 +6,7 @@ QoS class."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,15 +72,22 @@ def node() -> Iterator[Sandbox]:
         yield sandbox
 
 
-@pytest.fixture
-def cluster(node: Sandbox) -> Iterator[Cluster]:
-    with namespace_view(node.api, probe_container()) as view:
+@contextlib.contextmanager
+def probe_view(sandbox: Sandbox) -> Iterator[Cluster]:
+    """A namespace of the sandbox for probe pods, ready for them."""
+    with namespace_view(sandbox.api, probe_container()) as view:
         # The ServiceAccount admission refuses pods until the namespace has its default account.
         wait_for(
             lambda: view.core.list_namespaced_service_account(view.namespace).items,
             60.0,
             f"the default service account of {view.namespace}",
         )
+        yield view
+
+
+@pytest.fixture
+def cluster(node: Sandbox) -> Iterator[Cluster]:
+    with probe_view(node) as view:
         yield view
 
 
