@@ -282,11 +282,8 @@ def create_cgroup_root(path: str = f"/{CGROUP_ROOT}") -> None:
 
 
 def cgroup_pids() -> set[int]:
-    pids: set[int] = set()
-    for directory in cgroup_dirs():
-        with contextlib.suppress(OSError):
-            pids.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
-    return pids
+    """Processes anywhere in the sandbox's cgroup subtree (every node's pods)."""
+    return nodes.cgroup_pids(f"/{CGROUP_ROOT}")
 
 
 def cmdline(pid: int) -> list[str]:

@@ -22,12 +22,9 @@ the node network (the host's end ``10.245.i.1``) and pods in ``10.244.(77+i).0/2
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import re
-import signal
 import subprocess
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,10 +75,6 @@ class NodeAddresses:
     @property
     def pod_subnet(self) -> str:
         return f"10.244.{_FIRST_POD_OCTET + self.index}.0/24"
-
-    @property
-    def pod_gateway(self) -> str:
-        return str(next(ipaddress.ip_network(self.pod_subnet).hosts()))
 
 
 def cgroup_root(node: str) -> str:
@@ -210,20 +203,6 @@ def cgroup_pids(root: str) -> set[int]:
             with contextlib.suppress(OSError, ValueError):
                 pids.update(int(line) for line in procs.read_text().split())
     return pids
-
-
-def _kill(pids: Iterable[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _partition_rules(api_address: str) -> list[list[str]]:
