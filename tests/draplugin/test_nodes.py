@@ -37,6 +37,7 @@ from tests.sandbox.test_nodes import (
     cut_off_and_rejoin,
     deployment_of,
     drain,
+    run_deployment,
     uncordon,
     wait_moved,
     watching,
@@ -269,11 +270,7 @@ def test_a_dead_nodes_claim_pods_move_and_its_prepared_claims_go_when_it_returns
     further = [n.name for n in sbx.state.nodes]
     _view(sbx).create_claim_template("survivor", {"memory": "4Gi", "cores": "20"})
     with _watched(sbx):
-        client.AppsV1Api(sbx.api).create_namespaced_deployment(
-            "default", deployment_of("survivor", 3, claim_pod("survivor", "survivor", further))
-        )
-        wait_for(lambda: len(_running(_pods_of(sbx, "survivor"))) == 3, timeout=180, what="3 pods running")
-        before = _running(_pods_of(sbx, "survivor"))
+        before = run_deployment(sbx, deployment_of("survivor", 3, claim_pod("survivor", "survivor", further)))
         counts = {n: sum(p.spec.node_name == n for p in before) for n in further}
         victim = max(counts, key=lambda n: counts[n])
         doomed = {
@@ -336,11 +333,7 @@ def test_drain_moves_claim_pods_with_their_quotas_and_uncordon_brings_the_node_b
     further = [n.name for n in sbx.state.nodes]
     _view(sbx).create_claim_template("drained", {"memory": "2Gi", "cores": "30"})
     with _watched(sbx):
-        client.AppsV1Api(sbx.api).create_namespaced_deployment(
-            "default", deployment_of("drained", 2, claim_pod("drained", "drained", further))
-        )
-        wait_for(lambda: len(_running(_pods_of(sbx, "drained"))) == 2, timeout=180, what="2 pods running")
-        first = _running(_pods_of(sbx, "drained"))[0]
+        first = run_deployment(sbx, deployment_of("drained", 2, claim_pod("drained", "drained", further)))[0]
         victim = first.spec.node_name
         moving = _claim_of(sbx, first)["metadata"]["uid"]
         drain(sbx, victim)

@@ -156,6 +156,16 @@ def _pods_of(sbx: Sandbox, app: str) -> list[Any]:
     return list(sbx.core.list_namespaced_pod("default", label_selector=f"app={app}").items)
 
 
+def run_deployment(sbx: Sandbox, deployment: dict[str, Any]) -> list[Any]:
+    """The Deployment created in ``default``; its pods once all of its replicas are Running."""
+    client.AppsV1Api(sbx.api).create_namespaced_deployment("default", deployment)
+    app, replicas = deployment["metadata"]["name"], deployment["spec"]["replicas"]
+    wait_for(
+        lambda: len(_running(_pods_of(sbx, app))) == replicas, timeout=180, what=f"{replicas} pods running"
+    )
+    return _running(_pods_of(sbx, app))
+
+
 def _running(pods: list[Any]) -> list[Any]:
     return [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
 
@@ -222,11 +232,7 @@ def test_three_nodes_each_run_gpu_pods_and_reach_each_other(sbx: Sandbox) -> Non
 def test_a_dead_nodes_gpu_pods_move_and_its_leftovers_go_when_it_returns(sbx: Sandbox) -> None:
     further = [n.name for n in sbx.state.nodes]
     with _watched(sbx):
-        client.AppsV1Api(sbx.api).create_namespaced_deployment(
-            "default", _deployment("survivor", 3, further, 1024, 20)
-        )
-        wait_for(lambda: len(_running(_pods_of(sbx, "survivor"))) == 3, timeout=180, what="3 pods running")
-        before = _running(_pods_of(sbx, "survivor"))
+        before = run_deployment(sbx, _deployment("survivor", 3, further, 1024, 20))
         counts = {n: sum(p.spec.node_name == n for p in before) for n in further}
         victim = max(counts, key=lambda n: counts[n])
         doomed = {p.metadata.uid for p in before if p.spec.node_name == victim}
@@ -314,11 +320,7 @@ def uncordon(sbx: Sandbox, node: str) -> None:
 def test_drain_moves_gpu_pods_with_their_quotas_and_uncordon_brings_the_node_back(sbx: Sandbox) -> None:
     further = [n.name for n in sbx.state.nodes]
     with _watched(sbx):
-        client.AppsV1Api(sbx.api).create_namespaced_deployment(
-            "default", _deployment("drained", 2, further, 2048, 30)
-        )
-        wait_for(lambda: len(_running(_pods_of(sbx, "drained"))) == 2, timeout=180, what="2 pods running")
-        victim = _running(_pods_of(sbx, "drained"))[0].spec.node_name
+        victim = run_deployment(sbx, _deployment("drained", 2, further, 2048, 30))[0].spec.node_name
         drain(sbx, victim)
         wait_moved(sbx, "drained", 2, victim)
         for pod in _running(_pods_of(sbx, "drained")):
