@@ -198,10 +198,11 @@ def cgroup_pids(root: str) -> set[int]:
     """Processes in a cgroup subtree (any hierarchy): a node's pods."""
     pids: set[int] = set()
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        base = hierarchy / root.lstrip("/")
-        for procs in base.rglob("cgroup.procs") if base.is_dir() else ():
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(line) for line in procs.read_text().split())
+        # os.walk, not Path.rglob: a pod's cgroup removed mid-walk is skipped, not raised.
+        for directory, _, files in os.walk(hierarchy / root.lstrip("/")):
+            if "cgroup.procs" in files:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(line) for line in Path(directory, "cgroup.procs").read_text().split())
     return pids
 
 
