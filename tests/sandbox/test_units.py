@@ -34,6 +34,7 @@ from sandbox import (
     kubelet,
     nodelife,
     processes,
+    record,
 )
 from sandbox.controlplane import DRA_K8S_VERSION, bin_dir_for
 from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, POD_NETWORK, POD_SUBNET, SERVICE_CIDR, Layout
@@ -139,13 +140,14 @@ def test_a_mixed_sandbox_runs_the_dra_paths_kubernetes_with_its_last_node_dras()
     assert cluster.in_mode(plain, "dra") == cluster.dra(plain)
     options = cluster.in_mode(plain, "mixed")
     assert options == dataclasses.replace(cluster.dra(plain), mode="mixed")
-    further = nodelife.plan("n", 3)
-    assert [cluster.node_mode(options, n, further) for n in ("n", "n-2", "n-3")] == [
+    further = [n.name for n in nodelife.plan("n", 3)]
+    assert [record.node_mode(options.mode, n, further) for n in ("n", "n-2", "n-3")] == [
         "deviceplugin",
         "deviceplugin",
         "dra",
     ]
-    assert cluster.node_mode(cluster.dra(plain), "n", further) == "dra"
+    assert record.node_mode(cluster.dra(plain).mode, "n", further) == "dra"
+    assert record.node_mode("mixed", "n", []) == "deviceplugin"  # one node: nothing is last
     # The scheduler and extender stay on, the scheduler's image the one built, for the pinned version.
     assert cluster.CHART_VALUES["mixed"] == ("mode=mixed", f"scheduler.image.tag={controlplane.K8S_VERSION}")
 

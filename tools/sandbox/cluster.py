@@ -64,6 +64,7 @@ from sandbox.record import (
     SandboxState,
     api_client,
     load_state,
+    node_mode,
     node_ready,
     running_state,
     save_state,
@@ -146,14 +147,6 @@ def in_mode(options: Options, mode: Mode) -> Options:
     node DRA's, the others the device plugin's) on the DRA path's Kubernetes and containerd, which
     both agents run on."""
     return options if mode == "deviceplugin" else dataclasses.replace(dra(options), mode=mode)
-
-
-def node_mode(options: Options, node: str, further: Sequence[FurtherNode]) -> Mode:
-    """The node's own agent: a mixed cluster's last node runs the DRA driver, its others the device
-    plugin."""
-    if options.mode != "mixed":
-        return options.mode
-    return "dra" if node == further[-1].name else "deviceplugin"
 
 
 def _recorded(process: ManagedProcess) -> Started:
@@ -400,7 +393,9 @@ def _install(
     values = (*CHART_VALUES[options.mode], *options.values)
     install.install(options.kubernetes_bin / "helm", plane.kubeconfig, layout, values)
     for node in every:
-        _wait_installed(api, layout, node, node_mode(options, node.node, further), options.timeout)
+        _wait_installed(
+            api, layout, node, node_mode(options.mode, node.node, [n.name for n in further]), options.timeout
+        )
 
 
 def _start_monitoring(
@@ -579,12 +574,9 @@ def _wait_dra_driver(api: client.ApiClient, layout: Layout, node: _Node, timeout
         timeout,
         lambda: install.describe_pods(api),
     )
-    registry = f"{layout.kubelet_root / 'plugins_registry'}/"
     install.wait(
         f"node {node.node}: the kubelet registered the DRA driver",
-        lambda: any(
-            p.startswith(registry) for p in kubelet.registered_plugins(node.kubelet_port, node.address)
-        ),
+        lambda: kubelet.dra_driver_registered(layout, node.kubelet_port, node.address),
         timeout,
         lambda: install.describe_pods(api),
     )

@@ -175,6 +175,13 @@ def registered_plugins(port: int, address: str = BRIDGE_ADDRESS) -> list[str]:
     return REGISTERED_PLUGIN.findall(metrics(port, address) or "")
 
 
+def dra_driver_registered(layout: Layout, port: int, address: str = BRIDGE_ADDRESS) -> bool:
+    """The kubelet has registered a DRA driver of the node's plugin registry (``layout``'s: every
+    node's kubelet sees its own at the same path)."""
+    registry = f"{layout.kubelet_root / 'plugins_registry'}/"
+    return any(p.startswith(registry) for p in registered_plugins(port, address))
+
+
 def healthy(healthz_port: int, address: str = LOOPBACK) -> bool:
     try:
         with urllib.request.urlopen(f"http://{address}:{healthz_port}/healthz", timeout=2) as response:

@@ -320,7 +320,7 @@ def restart_component(
     """Stop one of a further node's components and start it again as `up` did (in the node's
     namespaces, which outlive it); ``crash``: SIGKILL it alone first, as a crash would. For the
     kubelet, returns once it offers the node agent's GPU slices again (the agent registers with the
-    new kubelet); for the others, once they answer."""
+    new kubelet), or on a DRA node has registered the DRA driver; for the others, once they answer."""
     if component not in RESTARTABLE:
         raise ValueError(f"component: {component!r} is not one of {', '.join(RESTARTABLE)}")
     layout, state = running_state(root)
@@ -334,7 +334,14 @@ def restart_component(
     process = until_healthy(
         lambda: start(old.name, old.argv, Path(old.log)), _healthy(layout, node, component), timeout
     )
-    if component == "kubelet":
+    if component == "kubelet" and state.node_mode(name) == "dra":
+        wait_for(
+            f"node {name}: the DRA driver registered with the new kubelet",
+            lambda: kubelet.dra_driver_registered(layout, KUBELET_PORT, node.addresses.address),
+            process,
+            timeout,
+        )
+    elif component == "kubelet":
         home = layout.of_node(name)
         wait_for(
             f"node {name}: the node agent registered with the new kubelet",

@@ -3,6 +3,7 @@ the tests."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -17,6 +18,14 @@ from sandbox.processes import Started, StartError
 # node").
 Mode = Literal["deviceplugin", "dra", "mixed"]
 MODES: tuple[Mode, ...] = ("deviceplugin", "dra", "mixed")
+
+
+def node_mode(mode: Mode, node: str, further: Sequence[str]) -> Mode:
+    """The node's own agent in a sandbox of ``mode`` whose further nodes are ``further``: a mixed
+    cluster's last node runs the DRA driver, its others the device plugin."""
+    if mode != "mixed":
+        return mode
+    return "dra" if further and node == further[-1] else "deviceplugin"
 
 
 class FurtherNode(BaseModel):
@@ -71,6 +80,9 @@ class SandboxState(BaseModel):
 
     def replace(self, new: Started) -> None:
         self.processes = [new if p.name == new.name else p for p in self.processes]
+
+    def node_mode(self, node: str) -> Mode:
+        return node_mode(self.mode, node, [n.name for n in self.nodes])
 
     def further_node(self, name: str) -> FurtherNode:
         for n in self.nodes:
