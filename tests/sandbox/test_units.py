@@ -521,3 +521,32 @@ def test_a_process_whose_main_thread_exited_first_is_alive_until_its_last_thread
             os.kill(process.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(process.pid, 0)
+
+
+def test_a_further_nodes_processes_are_read_by_its_namespace_only_while_its_holder_pins_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a mount namespace's last process is gone its number is free, and the next container any
+    node starts may take it: a listing by that number would then kill another node's process."""
+    holder = processes.start("n-2/holder", ["sleep", "60"], tmp_path / "holder.log")
+    kubelet = processes.start("n-2/kubelet", ["sleep", "60"], tmp_path / "kubelet.log")
+    try:
+        state = record.SandboxState(
+            node="n", kubeconfig="", api_url="", kubernetes_bin="", kubelet_port=1, kubelet_healthz_port=2,
+            processes=[holder, kubelet], nodes=[record.FurtherNode(name="n-2", index=2, gpus=("t4",))],
+        )  # fmt: skip
+        in_namespace = {holder.pid, kubelet.pid, 4242}
+        monkeypatch.setattr(nodelife.nodes, "mount_namespace", lambda pid: "mnt:[4026532249]")
+        monkeypatch.setattr(nodelife.nodes, "processes_in", lambda namespace: sorted(in_namespace))
+        monkeypatch.setattr(nodelife.nodes, "cgroup_pids", lambda root: set())
+        listed = nodelife.node_processes(LAYOUT, state, "n-2")
+        assert listed() == {kubelet.pid, 4242}  # the holder outlives the rest of its node
+        in_namespace -= {4242, kubelet.pid}
+        processes.stop(kubelet)
+        assert listed() == {holder.pid}
+        processes.stop(holder)
+        in_namespace.add(5151)  # another node's new container, in a namespace of the same number
+        assert listed() == set()
+    finally:
+        processes.stop(kubelet)
+        processes.stop(holder)

@@ -207,9 +207,11 @@ def _first_node_shims(layout: Layout) -> set[int]:
 def node_processes(layout: Layout, state: SandboxState, name: str) -> Callable[[], set[int]]:
     """What lists a node's processes at each call: its components, its containers' shims and its
     pods' processes. A further node's are every process in its mount namespace (taken now, while
-    its holder runs) and in its cgroup subtree; the first node's, its recorded components, the shims
-    serving its containerd from the host's mount namespace and what runs in its pods' cgroups."""
+    its holder runs) and in its cgroup subtree, its holder listed alone once the rest is gone; the
+    first node's, its recorded components, the shims serving its containerd from the host's mount
+    namespace and what runs in its pods' cgroups."""
     namespace: str | None = None
+    holder: Started | None = None
     if name == state.node:
         components = _processes(state, FIRST_NODE_COMPONENTS)
         pods = f"/{CGROUP_ROOT}/kubepods"
@@ -221,10 +223,17 @@ def node_processes(layout: Layout, state: SandboxState, name: str) -> Callable[[
         pods = nodes.cgroup_root(name)
 
     def listed() -> set[int]:
-        found = nodes.cgroup_pids(pods) | {p.pid for p in components if alive(p)}
+        found = nodes.cgroup_pids(pods) | {p.pid for p in components if alive(p) and p is not holder}
         if name == state.node:
             return found | _first_node_shims(layout)
-        return found | (set(nodes.processes_in(namespace)) if namespace else set())
+        if holder is None or not alive(holder):
+            return found
+        # Read by the namespace only while the holder pins it: a namespace's number is free again
+        # once its last process is gone, and the next container any node starts may take it (a
+        # further node's stop once killed a pause process starting on another node).
+        in_namespace = set(nodes.processes_in(namespace)) - {holder.pid} if namespace else set()
+        # The holder goes last, once nothing else of the node is left.
+        return found | in_namespace or {holder.pid}
 
     return listed
 
