@@ -223,7 +223,8 @@ class Kube:
         annotations: dict[str, str] = json.loads(response.data)["metadata"].get("annotations") or {}
         return annotations
 
-    def annotate_node(self, annotations: Mapping[str, str]) -> None:
+    def annotate_node(self, annotations: Mapping[str, str | None]) -> None:
+        """Patch the node's annotations (a merge patch: None removes one)."""
         self._core.patch_node(self.node, {"metadata": {"annotations": dict(annotations)}})
 
 

@@ -195,9 +195,16 @@ class PluginServer:
 
 
 def run_registration(
-    slices: Slices, answers: Answers, config: Config, metrics: PluginMetrics, stop: threading.Event
+    slices: Slices,
+    answers: Answers,
+    config: Config,
+    metrics: PluginMetrics,
+    stop: threading.Event,
+    *,
+    registered: threading.Event | None = None,
 ) -> None:
-    """Serve and register until ``stop``; start over whenever the kubelet restarts.
+    """Serve and register until ``stop``; start over whenever the kubelet restarts. ``registered`` is
+    set once the kubelet first took the registration.
 
     A restarted kubelet deletes our socket and re-creates ``kubelet.sock`` (a new inode): either
     sign stops the old server (ending its stream), starts a fresh one, and registers again.
@@ -237,6 +244,8 @@ def run_registration(
                 else:
                     registered_with = kubelet
                     metrics.registered.set(1)
+                    if registered is not None:
+                        registered.set()
                     last_error = ""
                     log.info("registered %s with the kubelet at %s", config.keys.vgpu, config.kubelet_socket)
             stop.wait(SOCKET_POLL_SECONDS)

@@ -17,6 +17,7 @@ from deviceplugin.allocation import Allocator
 from deviceplugin.config import Config, parse_config
 from deviceplugin.driverchecks import Driver, DriverChecks
 from deviceplugin.driveruse import GpuHolders, gpu_holders
+from deviceplugin.handover import hand_over
 from deviceplugin.inventory import Inventory
 from deviceplugin.kube import Kube
 from deviceplugin.kubelet import run_registration
@@ -38,7 +39,8 @@ from nodeagent.metricsserver import scrape_authorizer, serve_metrics
 from nodeagent.nodelock import serve_holding_node
 from nodeagent.nvml import discover_gpus, gpu_reader
 from nodeagent.statedir import StateDir
-from tessera.contract import GpuInfo, SharingMode
+from tessera.contract import ContractKeys, GpuInfo, SharingMode
+from tessera.inflight import is_allocating
 
 log = logging.getLogger("tessera-device-plugin")
 
@@ -175,27 +177,40 @@ def run(config: Config, stop: threading.Event) -> None:
     )
 
     inventory = agent.inventory
+    # The publisher starts once the kubelet has the agent registered (a heartbeat says pods may be
+    # placed here, and the kubelet fails a pod it admits with no plugin to call) and ends at the
+    # signal; the rest once the agent has handed over (deviceplugin.handover).
+    registered = threading.Event()
+    halt = threading.Event()
+    publisher = threading.Thread(
+        target=_publish_once_registered, args=(agent.publisher, registered, stop), name="publisher"
+    )
     threads = [
-        threading.Thread(target=cache.run, args=(stop,), name="pods"),
-        threading.Thread(target=phases.run, args=(stop,), name="phases"),
+        threading.Thread(target=cache.run, args=(halt,), name="pods"),
+        threading.Thread(target=phases.run, args=(halt,), name="phases"),
         threading.Thread(
             target=run_registration,
-            args=(inventory, agent.allocator, config, plugin_metrics, stop),
+            args=(inventory, agent.allocator, config, plugin_metrics, halt),
+            kwargs={"registered": registered},
             name="kubelet",
         ),
-        threading.Thread(target=agent.publisher.run, args=(stop,), name="publisher"),
-        threading.Thread(target=agent.admissions.run, args=(stop,), name="admissions"),
-        threading.Thread(target=agent.usage.run, args=(stop,), name="usage"),
+        publisher,
+        threading.Thread(target=agent.admissions.run, args=(halt,), name="admissions"),
+        threading.Thread(target=agent.usage.run, args=(halt,), name="usage"),
     ]
-    threads += health_threads(nvml, inventory, stop)
+    threads += health_threads(nvml, inventory, halt)
     if report is not None:
-        threads.append(threading.Thread(target=report.watch, args=(stop,), name="mps"))
+        threads.append(threading.Thread(target=report.watch, args=(halt,), name="mps"))
     for thread in threads:
         thread.start()
     try:
         stop.wait()
+        inventory.wake()
+        publisher.join()
+        hand_over(agent.publisher.withdraw, lambda: _allocating(cache, config.keys))
     finally:
         stop.set()
+        halt.set()
         inventory.wake()
         agent.usage.wake()
         cache.interrupt()
@@ -207,6 +222,20 @@ def run(config: Config, stop: threading.Event) -> None:
         if nvml is not None:
             nvml.close()
         log.info("stopped")
+
+
+def _publish_once_registered(
+    publisher: Publisher, registered: threading.Event, stop: threading.Event
+) -> None:
+    while not registered.wait(0.5):
+        if stop.is_set():
+            return
+    publisher.run(stop)
+
+
+def _allocating(cache: PodCache, keys: ContractKeys) -> int:
+    """The pods bound here that the kubelet has not had Allocate for yet."""
+    return sum(is_allocating(p.annotations.get(keys.allocation_phase)) for p in cache.pending_pods() or [])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -78,6 +78,10 @@ class Publisher:
             self._usage_published_at = time.monotonic()
         return True
 
+    def withdraw(self) -> None:
+        """Remove the node's heartbeat: the extender places no more pods here (deviceplugin.handover)."""
+        self._kube.annotate_node({self._config.keys.node_heartbeat: None})
+
     def run(self, stop: threading.Event) -> None:
         """Publish at once, on every health change, and every heartbeat interval, and tidy every
         :data:`TIDY_SECONDS`, until ``stop``."""

@@ -193,7 +193,10 @@ class NodeBook:
         if record.heartbeat_error is not None:
             return record.heartbeat_error
         if record.heartbeat is None:
-            return f"no heartbeat from the Tessera device plugin (annotation {self.keys.node_heartbeat})"
+            return (
+                f"no heartbeat from the Tessera device plugin (annotation {self.keys.node_heartbeat}): "
+                "not running, stopping, or not yet registered with the kubelet"
+            )
         age = now - record.heartbeat
         if age > self.heartbeat_timeout:
             return (

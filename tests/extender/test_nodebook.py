@@ -50,7 +50,8 @@ def test_a_missing_or_unreadable_heartbeat_is_the_reason() -> None:
     assert built is not None
     assert (
         built.unschedulable_reason
-        == f"no heartbeat from the Tessera device plugin (annotation {KEYS.node_heartbeat})"
+        == f"no heartbeat from the Tessera device plugin (annotation {KEYS.node_heartbeat}): "
+        "not running, stopping, or not yet registered with the kubelet"
     )
     broken = node_object("n", inventory("n", "Tesla T4", 15360), NOW)
     broken["metadata"]["annotations"][KEYS.node_heartbeat] = "yesterday"
