@@ -26,9 +26,9 @@ from nodeagent.statedir import StateDir
 from sandbox import cluster, containerd, install, kubeapi, nodelife
 from sandbox.layout import Layout
 from tessera.contract import KEYS, MIB, parse_allocation, parse_inventory
-from tests.sandbox.conftest import FLEET_NODES, LAST, HostView, Sandbox, differences
+from tests.sandbox.conftest import FLEET_NODES, LAST, HostView, Sandbox, differences, pod_story
 from tests.sandbox.test_chaos import Invariants, limits_lines, mounted_limits
-from tests.sandbox.test_chart_lifecycle import SCHEDULER, helm, leader_pod, probe_pod
+from tests.sandbox.test_chart_lifecycle import SCHEDULER, helm, leader_pod, probe_pod, rolled_out
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -382,17 +382,39 @@ def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_pods_quotas(s
 
 
 def _scheduled_events(sbx: Sandbox, names: set[str]) -> dict[str, int]:
-    """How many times each pod was bound, by kube-scheduler's Scheduled events."""
+    """How many times each pod was bound, by kube-scheduler's Scheduled events: those of the pod of
+    that name now (events outlive their pod, and an earlier test's pod may have had the name)."""
+    uids = {p.metadata.uid: p.metadata.name for p in sbx.core.list_namespaced_pod("default").items}
     counts = dict.fromkeys(names, 0)
     for event in sbx.core.list_namespaced_event("default").items:
-        if event.reason == "Scheduled" and event.involved_object.name in counts:
-            counts[event.involved_object.name] += event.count or 1
+        name = uids.get(event.involved_object.uid)
+        if event.reason == "Scheduled" and name in counts:
+            counts[name] += event.count or 1
     return counts
 
 
-def test_losing_the_node_of_the_leading_scheduler_loses_no_scheduling(sbx: Sandbox) -> None:
-    leader = leader_pod(sbx)
-    assert leader, "no tessera-scheduler holds the lease"
+def _lead_from(sbx: Sandbox, *, first: bool) -> str:
+    """The leading tessera-scheduler pod once it runs on the first node (``first``) or on a further
+    one: the leader is deleted (it releases its lease on the way out) until the other replica, on a
+    node of that kind, leads; both replicas are ready again before it returns."""
+    for _ in range(4):
+        wait_for(
+            lambda: rolled_out(sbx) and bool(leader_pod(sbx)), timeout=120, what="both replicas, one leading"
+        )
+        leader = leader_pod(sbx)
+        node = sbx.core.read_namespaced_pod(leader, install.NAMESPACE).spec.node_name
+        if (node == sbx.state.node) == first:
+            return leader
+        sbx.core.delete_namespaced_pod(leader, install.NAMESPACE)
+        wait_for(
+            lambda old=leader: leader_pod(sbx) not in ("", old), timeout=60, what="the other replica to lead"
+        )
+    raise AssertionError(f"no replica on {'the first' if first else 'a further'} node came to lead")
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["on-the-first-node", "on-a-further-node"])
+def test_losing_the_node_of_the_leading_scheduler_loses_no_scheduling(sbx: Sandbox, first: bool) -> None:
+    leader = _lead_from(sbx, first=first)
     dead = str(sbx.core.read_namespaced_pod(leader, install.NAMESPACE).spec.node_name)
     lease = client.CoordinationV1Api(sbx.api).read_namespaced_lease(SCHEDULER, install.NAMESPACE)
     duration = float(lease.spec.lease_duration_seconds)
@@ -425,8 +447,7 @@ def test_losing_the_node_of_the_leading_scheduler_loses_no_scheduling(sbx: Sandb
 
         def not_running() -> list[str]:
             return [
-                f"{p.metadata.name} on {p.spec.node_name}: {p.status.phase} "
-                f"{next((c.message for c in p.status.conditions or [] if c.status == 'False'), '')}"
+                pod_story(p)
                 for p in sbx.core.list_namespaced_pod("default").items
                 if p.status.phase != "Running"
             ]
@@ -444,12 +465,15 @@ def _agents(sbx: Sandbox) -> list[Any]:
     return list(sbx.core.list_namespaced_pod(install.NAMESPACE, label_selector=install.AGENT_SELECTOR).items)
 
 
-def _limits_files(state_dirs: dict[str, StateDir]) -> dict[Path, str]:
+def _limits_files(state_dirs: dict[str, StateDir], pod_uids: set[str]) -> dict[Path, str]:
+    """The limits files of these pods' containers, with their text, on every node (an earlier test's
+    pods' are left alone: the agent removes them within its clean-up's period)."""
     found = {}
     for state in state_dirs.values():
-        for where, _record in state.records():
-            with contextlib.suppress(OSError):
-                found[where.limits] = where.limits.read_text()
+        for where, record in state.records():
+            if record.pod_uid in pod_uids:
+                with contextlib.suppress(OSError):
+                    found[where.limits] = where.limits.read_text()
     return found
 
 
@@ -462,10 +486,9 @@ def test_a_rolling_upgrade_goes_node_by_node_and_no_container_loses_its_quota(sb
         containerd.ctr(node_layout, "images", "tag", "--force", image, f"{image}-rolled")
     for i, node in enumerate(nodes):
         kubeapi.create_pod(sbx.core, _on_node(probe_pod(f"steady-{i}", 1024, 10, idle=True), [node]))
-    for i in range(len(nodes)):
-        sbx.wait_pod(f"steady-{i}", "Running", timeout=120)
+    steady = {sbx.wait_pod(f"steady-{i}", "Running", timeout=120).metadata.uid for i in range(len(nodes))}
     state_dirs = sbx.state_dirs()
-    files = _limits_files(state_dirs)
+    files = _limits_files(state_dirs, steady)
     assert len(files) == len(nodes)
     unavailable: list[set[str]] = []
     admitted: list[str] = []
@@ -504,7 +527,7 @@ def test_a_rolling_upgrade_goes_node_by_node_and_no_container_loses_its_quota(sb
             watcher.join()
         assert max(len(u) for u in unavailable) <= 1, [sorted(u) for u in unavailable if u]
         # No running container lost its quota or its limits file.
-        assert {p: t for p, t in _limits_files(state_dirs).items() if p in files} == files
+        assert _limits_files(state_dirs, steady) == files
         for i in range(len(nodes)):
             pod = sbx.core.read_namespaced_pod(f"steady-{i}", "default")
             assert all(s.restart_count == 0 for s in pod.status.container_statuses or [])
@@ -512,7 +535,17 @@ def test_a_rolling_upgrade_goes_node_by_node_and_no_container_loses_its_quota(sb
         # Every pod admitted during the roll got exactly the quota it was placed with. One created
         # while an agent re-registered may have found no slices offered there ("Insufficient
         # tessera.io/vgpu"): it is not admitted anywhere, and waits for kube-scheduler's retry.
-        wait_for(lambda: all(_settled(sbx, n) for n in admitted), timeout=180, what="the roll's pods settled")
+        try:
+            wait_for(
+                lambda: all(_settled(sbx, n) for n in admitted), timeout=180, what="the roll's pods settled"
+            )
+        except AssertionError as e:
+            unsettled = [
+                pod_story(sbx.core.read_namespaced_pod(n, "default"))
+                for n in admitted
+                if not _settled(sbx, n)
+            ]
+            raise AssertionError(f"{e}: {unsettled}") from None
         running = [n for n in admitted if _settled(sbx, n) == "Running"]
         assert len(running) >= len(admitted) // 2, {n: _settled(sbx, n) for n in admitted}
         for name in running:
