@@ -141,14 +141,17 @@ def claim_files(node: Sandbox, name: str | None = None) -> list[str]:
     return sorted(str(p) for root in roots if root.exists() for p in root.rglob("*") if p.is_file())
 
 
-def files_of(node: Sandbox, claim_uid: str) -> list[str]:
-    return [f for f in claim_files(node) if claim_uid in f]
+def files_of(node: Sandbox, claim_uid: str, name: str | None = None) -> list[str]:
+    return [f for f in claim_files(node, name) if claim_uid in f]
 
 
-def driver_written(node: Sandbox, claim_uid: str) -> dict[str, bytes]:
+def driver_written(node: Sandbox, claim_uid: str, name: str | None = None) -> dict[str, bytes]:
     """The claim's files the driver wrote (limits, CDI spec, record), not the hook's accounting
-    region beside them, which changes as the claim's processes use the GPU."""
-    return {f: Path(f).read_bytes() for f in files_of(node, claim_uid) if f"/{claim_uid}/state/" not in f}
+    region beside them, which changes as the claim's processes use the GPU; on the first node, or
+    on further node ``name``."""
+    return {
+        f: Path(f).read_bytes() for f in files_of(node, claim_uid, name) if f"/{claim_uid}/state/" not in f
+    }
 
 
 def events(cluster: Cluster, pod: str, reason: str) -> list[str]:

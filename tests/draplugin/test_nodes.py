@@ -4,7 +4,8 @@ placement by the cluster's kube-scheduler. What tests/sandbox/test_nodes.py asks
 path, through claims: every node publishes its own GPUs and runs claim pods with their quotas; a node
 that dies with claim pods on it has them recreated elsewhere, its claims kept allocated while its
 pods may still run and its prepared claims cleaned when it returns; a drained node's claim pods move
-with their quotas; a node cut off from the control plane keeps enforcing its pod's quota."""
+with their quotas; a node cut off from the control plane keeps enforcing its pod's quota; a rolling
+upgrade of the driver's DaemonSet goes node by node and leaves every prepared claim as it was."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,9 +25,9 @@ from kubernetes.utils import parse_quantity
 
 from sandbox import cluster, gpu, install, kubeapi, nodelife
 from sandbox.controlplane import DRA_K8S_VERSION
-from tessera.contract import DRA_CORES_CAPACITY, DRA_MEMORY_CAPACITY, KEYS, MIB
+from tessera.contract import COORDINATION_SLOT_SUFFIX, DRA_CORES_CAPACITY, DRA_MEMORY_CAPACITY, KEYS, MIB
 from tests.draplugin.conftest import GROUP, VERSION, Cluster
-from tests.draplugin.test_node import EXAMPLE, claim_files, probe_container
+from tests.draplugin.test_node import EXAMPLE, claim_files, driver_written, exec_probe, probe_container
 from tests.sandbox.conftest import HostView, Sandbox, differences, restore, running_sandbox
 from tests.sandbox.test_nodes import (
     EVICTION_TIMEOUT,
@@ -37,7 +39,11 @@ from tests.sandbox.test_nodes import (
     cut_off_and_rejoin,
     deployment_of,
     drain,
+    roll,
+    roll_back,
     run_deployment,
+    settle_roll,
+    tag_rolled,
     uncordon,
     wait_moved,
     watching,
@@ -356,6 +362,59 @@ def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_claims_quota(
     allocated = _result(_claim_of(sbx, running))
     again = cut_off_and_rejoin(sbx, node, running)
     assert _result(_claim_of(sbx, again)) == allocated
+
+
+def _as_prepared(sbx: Sandbox, pod: Any) -> tuple[dict[str, Any] | None, dict[str, bytes], dict[str, int]]:
+    """The pod's claim as prepared on its node: its allocated device, the files the driver wrote for
+    it, and when it wrote those only it writes (limits, CDI spec, record; not the coordination slot,
+    which the claim's processes write)."""
+    claim = _claim_of(sbx, pod)
+    written = driver_written(sbx, claim["metadata"]["uid"], pod.spec.node_name)
+    at = {f: Path(f).stat().st_mtime_ns for f in written if not f.endswith(COORDINATION_SLOT_SUFFIX)}
+    return _result(claim), written, at
+
+
+def test_a_rolling_upgrade_goes_node_by_node_and_no_claim_pod_loses_its_quota(sbx: Sandbox) -> None:
+    nodes = [sbx.state.node, *(n.name for n in sbx.state.nodes)]
+    tag_rolled(sbx, nodes)
+    view = _view(sbx)
+    view.create_claim_template("steady", {"memory": "1Gi", "cores": "10"})
+    view.create_claim_template("rolling", {"memory": "512Mi", "cores": "5"})
+    for i, node in enumerate(nodes):
+        kubeapi.create_pod(sbx.core, claim_pod(f"steady-{i}", "steady", [node]))
+    steady = {}
+    for i in range(len(nodes)):
+        pod = sbx.wait_pod(f"steady-{i}", "Running", timeout=120)
+        _check_quota(sbx, pod.metadata.name, 1024)
+        steady[pod.metadata.name] = (pod, _as_prepared(sbx, pod))
+        assert {Path(f).name for f in steady[pod.metadata.name][1][2]} >= {"limits", "prepared.json"}
+    with _watched(sbx):
+        created = roll(sbx, nodes, lambda name: claim_pod(name, "rolling", nodes))
+        # No running claim pod lost its quota: never restarted, its claim allocated as it was and
+        # still prepared (no file of it removed or written again by the new driver), and a new
+        # process in it held to its share.
+        for name, (pod, prepared) in steady.items():
+            again = sbx.core.read_namespaced_pod(name, "default")
+            assert again.metadata.uid == pod.metadata.uid
+            assert all(s.restart_count == 0 for s in again.status.container_statuses or [])
+            assert _as_prepared(sbx, again) == prepared, name
+            report = exec_probe(view, name)
+            assert (report["total_mib"], report["allocations_ok"]) == ("1024", str(1024 // BLOCK_MIB)), report
+        # Every claim pod created during the roll runs with exactly its share, on the node its claim
+        # was allocated on. One bound to a node while its driver was away waits (the kubelet retries
+        # the claim's prepare until a driver answers): never refused, never run unprepared.
+        settled = settle_roll(sbx, created)
+        assert "Rejected" not in settled.values(), settled
+        for name in (n for n, how in settled.items() if how == "Running"):
+            pod = sbx.core.read_namespaced_pod(name, "default")
+            result = _result(_claim_of(sbx, pod))
+            assert result is not None and result["pool"] == pod.spec.node_name, (name, result)
+            _check_quota(sbx, name, 512)
+        # Once rolled, a new claim pod runs with its share.
+        kubeapi.create_pod(sbx.core, claim_pod("after-roll", "rolling", nodes))
+        sbx.wait_pod("after-roll", "Running", timeout=180)
+        _check_quota(sbx, "after-roll", 512)
+    roll_back(sbx, nodes)
 
 
 def test_down_removes_every_node_from_the_host(fleet: tuple[Sandbox, HostView]) -> None:

@@ -15,7 +15,7 @@ import copy
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -381,6 +381,13 @@ def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_pods_quotas(s
     _check_limits(sbx, again)
 
 
+def _not_running(sbx: Sandbox) -> list[str]:
+    """The pods in ``default`` that are not Running, each with why (pod_story)."""
+    return [
+        pod_story(p) for p in sbx.core.list_namespaced_pod("default").items if p.status.phase != "Running"
+    ]
+
+
 def _scheduled_events(sbx: Sandbox, names: set[str]) -> dict[str, int]:
     """How many times each pod was bound, by kube-scheduler's Scheduled events: those of the pod of
     that name now (events outlive their pod, and an earlier test's pod may have had the name)."""
@@ -445,18 +452,11 @@ def test_losing_the_node_of_the_leading_scheduler_loses_no_scheduling(sbx: Sandb
         # Within the lease's duration, plus its retry period and a loaded host's slack.
         assert took <= 2 * duration, f"took {took:.1f}s over a {duration:.0f}s lease"
 
-        def not_running() -> list[str]:
-            return [
-                pod_story(p)
-                for p in sbx.core.list_namespaced_pod("default").items
-                if p.status.phase != "Running"
-            ]
-
         try:
-            wait_for(lambda: len(sbx.core.list_namespaced_pod("default").items) == 20 and not not_running(),
+            wait_for(lambda: len(sbx.core.list_namespaced_pod("default").items) == 20 and not _not_running(sbx),
                      timeout=300, what="all 20 pods placed and running on the other nodes")  # fmt: skip
         except AssertionError as e:
-            raise AssertionError(f"{e}: {not_running()[:10]}") from None
+            raise AssertionError(f"{e}: {_not_running(sbx)[:10]}") from None
         twice = {n: c for n, c in _scheduled_events(sbx, set(names)).items() if c != 1}
         assert not twice, f"pods not bound exactly once: {twice}"
 
@@ -477,98 +477,125 @@ def _limits_files(state_dirs: dict[str, StateDir], pod_uids: set[str]) -> dict[P
     return found
 
 
+# The release's image, and the tag of a rolling upgrade's "new release" (tag_rolled).
+RELEASED_IMAGE = "docker.io/library/tessera:0.1.0"
+ROLLED_TAG = "0.1.0-rolled"
+
+
+def tag_rolled(sbx: Sandbox, nodes: list[str]) -> None:
+    """The "new release": the release's image under ROLLED_TAG, in every node's containerd."""
+    layout = Layout(sbx.root)
+    rolled = f"{RELEASED_IMAGE.rpartition(':')[0]}:{ROLLED_TAG}"
+    for node in nodes:
+        node_layout = layout if node == sbx.state.node else layout.of_node(node)
+        containerd.ctr(node_layout, "images", "tag", "--force", RELEASED_IMAGE, rolled)
+
+
+def _upgrade(sbx: Sandbox, tag: str) -> None:
+    helm(sbx, "upgrade", install.RELEASE, str(install.CHART), "--namespace", install.NAMESPACE,
+         "--reuse-values", "--set", f"image.tag={tag}")  # fmt: skip
+
+
+def _agents_on(sbx: Sandbox, nodes: list[str], rolled: bool) -> bool:
+    """Every node's agent Ready, on the rolled tag (``rolled``) or else on the release's."""
+    agents = _agents(sbx)
+    return len(agents) == len(nodes) and all(
+        p.spec.containers[0].image.endswith(ROLLED_TAG) == rolled and _pod_ready(p) for p in agents
+    )
+
+
+def roll(sbx: Sandbox, nodes: list[str], pod: Callable[[str], dict[str, Any]]) -> list[str]:
+    """`helm upgrade` of the release to tag_rolled's image, until every node's agent runs it: the
+    DaemonSet rolls node by node (watched every second, at most one node's agent unready at any
+    moment). Meanwhile a pod a second, ``pod(name)``, is created (12 at most); returns their names."""
+    unavailable: list[set[str]] = []
+    created: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(1.0):
+            ready = {p.spec.node_name for p in _agents(sbx) if _pod_ready(p)}
+            unavailable.append(set(nodes) - ready)
+            if len(created) < 12:
+                name = f"rolling-{len(created):02d}"
+                kubeapi.create_pod(sbx.core, pod(name))
+                created.append(name)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        _upgrade(sbx, ROLLED_TAG)
+        wait_for(lambda: _agents_on(sbx, nodes, rolled=True), timeout=300, what="every node's agent rolled")
+    finally:
+        stop.set()
+        watcher.join()
+    # Seen rolling (a node's agent away at some moment), never two nodes' agents at once.
+    assert any(unavailable), "no agent seen replaced"
+    assert max(len(u) for u in unavailable) <= 1, [sorted(u) for u in unavailable if u]
+    return created
+
+
+def roll_back(sbx: Sandbox, nodes: list[str]) -> None:
+    """The release's own tag again on every node's agent, as the tests after this one expect."""
+    _upgrade(sbx, "")
+    wait_for(
+        lambda: _agents_on(sbx, nodes, rolled=False), timeout=300, what="the agents back on the release's tag"
+    )
+
+
+def settle_roll(sbx: Sandbox, created: list[str]) -> dict[str, str]:
+    """How each pod created during the roll settled (_settled), once each has: at least half of them
+    Running."""
+    try:
+        wait_for(lambda: all(_settled(sbx, n) for n in created), timeout=180, what="the roll's pods settled")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {_not_running(sbx)}") from None
+    settled = {n: str(_settled(sbx, n)) for n in created}
+    assert sum(s == "Running" for s in settled.values()) >= len(created) // 2, settled
+    return settled
+
+
 def test_a_rolling_upgrade_goes_node_by_node_and_no_container_loses_its_quota(sbx: Sandbox) -> None:
     nodes = [n.metadata.name for n in sbx.core.list_node().items]
-    layout = Layout(sbx.root)
-    image = "docker.io/library/tessera:0.1.0"
-    for node in nodes:  # the "new release": the same image under a new tag, on every node
-        node_layout = layout if node == sbx.state.node else layout.of_node(node)
-        containerd.ctr(node_layout, "images", "tag", "--force", image, f"{image}-rolled")
+    tag_rolled(sbx, nodes)
     for i, node in enumerate(nodes):
         kubeapi.create_pod(sbx.core, _on_node(probe_pod(f"steady-{i}", 1024, 10, idle=True), [node]))
     steady = {sbx.wait_pod(f"steady-{i}", "Running", timeout=120).metadata.uid for i in range(len(nodes))}
     state_dirs = sbx.state_dirs()
     files = _limits_files(state_dirs, steady)
     assert len(files) == len(nodes)
-    unavailable: list[set[str]] = []
-    admitted: list[str] = []
-    stop = threading.Event()
-
-    def watch() -> None:
-        # The DaemonSet's agents without a Ready pod at each moment, and pods admitted meanwhile.
-        n = 0
-        while not stop.wait(1.0):
-            ready = {p.spec.node_name for p in _agents(sbx) if _pod_ready(p)}
-            unavailable.append(set(nodes) - ready)
-            if n < 12:
-                name = f"rolling-{n:02d}"
-                kubeapi.create_pod(sbx.core, probe_pod(name, 512, 5, idle=True))
-                admitted.append(name)
-                n += 1
-
-    watcher = threading.Thread(target=watch, daemon=True)
     with _watched(sbx):
-        watcher.start()
-        try:
-            helm(sbx, "upgrade", install.RELEASE, str(install.CHART), "--namespace", install.NAMESPACE,
-                 "--reuse-values", "--set", "image.tag=0.1.0-rolled")  # fmt: skip
-            wait_for(
-                lambda: (
-                    all(
-                        p.spec.containers[0].image.endswith("-rolled") and _pod_ready(p) for p in _agents(sbx)
-                    )
-                    and len(_agents(sbx)) == len(nodes)
-                ),
-                timeout=300,
-                what="every node's agent on the new tag",
-            )
-        finally:
-            stop.set()
-            watcher.join()
-        assert max(len(u) for u in unavailable) <= 1, [sorted(u) for u in unavailable if u]
+        admitted = roll(sbx, nodes, lambda name: probe_pod(name, 512, 5, idle=True))
         # No running container lost its quota or its limits file.
         assert _limits_files(state_dirs, steady) == files
         for i in range(len(nodes)):
             pod = sbx.core.read_namespaced_pod(f"steady-{i}", "default")
             assert all(s.restart_count == 0 for s in pod.status.container_statuses or [])
             _check_limits(sbx, pod)
-        # Every pod admitted during the roll got exactly the quota it was placed with. One created
-        # while an agent re-registered may have found no slices offered there ("Insufficient
-        # tessera.io/vgpu"): it is not admitted anywhere, and waits for kube-scheduler's retry.
-        try:
-            wait_for(
-                lambda: all(_settled(sbx, n) for n in admitted), timeout=180, what="the roll's pods settled"
-            )
-        except AssertionError as e:
-            unsettled = [
-                pod_story(sbx.core.read_namespaced_pod(n, "default"))
-                for n in admitted
-                if not _settled(sbx, n)
-            ]
-            raise AssertionError(f"{e}: {unsettled}") from None
-        running = [n for n in admitted if _settled(sbx, n) == "Running"]
-        assert len(running) >= len(admitted) // 2, {n: _settled(sbx, n) for n in admitted}
-        for name in running:
-            _check_limits(sbx, sbx.core.read_namespaced_pod(name, "default"))
+        # Every pod admitted during the roll got exactly the quota it was placed with, and none was
+        # refused by a kubelet (Rejected): an agent told to stop withdraws its heartbeat first and
+        # serves until what was bound to its node is allocated, and the next one publishes its
+        # heartbeat once registered (deviceplugin.handover). One created while a node had no
+        # heartbeat waits, Pending, for kube-scheduler's retry.
+        settled = settle_roll(sbx, admitted)
+        assert "Rejected" not in settled.values(), settled
+        for name, outcome in settled.items():
+            if outcome == "Running":
+                _check_limits(sbx, sbx.core.read_namespaced_pod(name, "default"))
         # Once rolled, the cluster places and admits GPU pods as before.
         kubeapi.create_pod(sbx.core, probe_pod("after-roll", 512, 5, idle=True))
         _check_limits(sbx, sbx.wait_pod("after-roll", "Running", timeout=180))
-    helm(sbx, "upgrade", install.RELEASE, str(install.CHART), "--namespace", install.NAMESPACE,
-         "--reuse-values", "--set", "image.tag=")  # fmt: skip
-    wait_for(
-        lambda: all(
-            not p.spec.containers[0].image.endswith("-rolled") and _pod_ready(p) for p in _agents(sbx)
-        ),
-        timeout=300,
-        what="the agents back on the release's tag",
-    )
+    roll_back(sbx, nodes)
 
 
 def _settled(sbx: Sandbox, name: str) -> str | None:
-    """Running, or Pending with kube-scheduler's reason; None while neither."""
+    """Running; Rejected, refused by its node's kubelet before any container started; or Pending
+    with kube-scheduler's reason; None while none of them."""
     pod = sbx.core.read_namespaced_pod(name, "default")
     if pod.status.phase == "Running":
         return "Running"
+    if pod.status.reason == "UnexpectedAdmissionError" and not pod.status.container_statuses:
+        return "Rejected"
     scheduled = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
     if scheduled is not None and scheduled.status == "False" and scheduled.reason == "Unschedulable":
         return "Pending"
