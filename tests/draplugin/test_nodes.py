@@ -5,15 +5,18 @@ path, through claims: every node publishes its own GPUs and runs claim pods with
 that dies with claim pods on it has them recreated elsewhere, its claims kept allocated while its
 pods may still run and its prepared claims cleaned when it returns; a drained node's claim pods move
 with their quotas; a node cut off from the control plane keeps enforcing its pod's quota; a rolling
-upgrade of the driver's DaemonSet goes node by node and leaves every prepared claim as it was."""
+upgrade of the driver's DaemonSet goes node by node and leaves every prepared claim as it was; waves
+of claim pods survive components killed at random (tests/sandbox/test_chaos.py's waves, on claims)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import random
+import re
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,12 +26,14 @@ import yaml
 from kubernetes import client, config
 from kubernetes.utils import parse_quantity
 
+from nodeagent.statedir import StateDir
 from sandbox import cluster, gpu, install, kubeapi, nodelife
 from sandbox.controlplane import DRA_K8S_VERSION
 from tessera.contract import COORDINATION_SLOT_SUFFIX, DRA_CORES_CAPACITY, DRA_MEMORY_CAPACITY, KEYS, MIB
 from tests.draplugin.conftest import GROUP, VERSION, Cluster
 from tests.draplugin.test_node import EXAMPLE, claim_files, driver_written, exec_probe, probe_container
 from tests.sandbox.conftest import HostView, Sandbox, differences, restore, running_sandbox
+from tests.sandbox.test_chaos import HOLDING, SEED, SHAPES_CORES, SHAPES_MIB, Chaos, Waves, waves_under_kills
 from tests.sandbox.test_nodes import (
     EVICTION_TIMEOUT,
     PROBE_LOOP,
@@ -153,12 +158,19 @@ def _gpus_of(sbx: Sandbox, node: str) -> set[tuple[str, str]]:
 
 @dataclass
 class ClaimInvariants:
-    """What must hold at every moment on the DRA path (a test_nodes.Watcher): no device's capacity
-    is exceeded by the claims allocated on it, and every pod bound to a node and not finished has its
-    claims allocated and reserved for it (never freed while the pod may run)."""
+    """What must hold at every moment on the DRA path (a test_chaos.Watcher): no device's capacity
+    is exceeded by the claims allocated on it, nor by what their processes hold (the hook's
+    accounting region of each claim), no claim's processes hold more than its share, and every pod
+    bound to a node and not finished has its claims allocated and reserved for it (never freed while
+    the pod may run), each as it was allocated when first seen so (never moved under the pod)."""
 
     kubeconfig: str
     capacity: dict[tuple[str, str], tuple[int, int]]  # (pool, device): (memory bytes, cores)
+    uuids: dict[tuple[str, str], str]  # (pool, device): the GPU's UUID
+    state_dirs: Mapping[str, StateDir]
+    """Each node's Tessera state directory (its prepared claims' regions), by node name: its pool."""
+    allocated: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each claim's device, by claim UID, as first seen under a bound pod."""
     violations: list[str] = field(default_factory=list)
     checks: int = 0
     api: client.ApiClient = field(init=False)
@@ -180,6 +192,7 @@ class ClaimInvariants:
         )["items"]
         after = self._pods()
         used: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        held: dict[tuple[str, str], int] = defaultdict(int)
         by_name = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
         for claim in claims:
             result = _result(claim)
@@ -187,8 +200,20 @@ class ClaimInvariants:
                 continue
             consumed = result.get("consumedCapacity") or {}
             where = (result["pool"], result["device"])
-            used[where][0] += int(parse_quantity(consumed.get(DRA_MEMORY_CAPACITY, "0")))
+            memory = int(parse_quantity(consumed.get(DRA_MEMORY_CAPACITY, "0")))
+            used[where][0] += memory
             used[where][1] += int(parse_quantity(consumed.get(DRA_CORES_CAPACITY, "0")))
+            state_dir = self.state_dirs.get(result["pool"])
+            usage = state_dir.claim(claim["metadata"]["uid"]).usage() if state_dir else None
+            device = usage.device(self.uuids[where]) if usage else None
+            if device is None:  # not prepared yet, no process on the GPU yet, or unprepared
+                continue
+            held[where] += device.memory_used_bytes
+            if device.memory_used_bytes > memory:
+                self.violations.append(
+                    f"claim {claim['metadata']['name']}: holds {device.memory_used_bytes} bytes on "
+                    f"{where} over its {memory}"
+                )
         for where, (memory, cores) in used.items():
             total_memory, total_cores = self.capacity[where]
             if memory > total_memory or cores > total_cores:
@@ -196,17 +221,35 @@ class ClaimInvariants:
                     f"{where}: claims allocate {memory // MIB}/{total_memory // MIB} MiB, "
                     f"{cores}/{total_cores} cores"
                 )
+            if held[where] > total_memory:
+                self.violations.append(f"{where}: claims hold {held[where]} bytes of {total_memory}")
         for uid, pod in before.items():
-            if uid not in after or not pod.spec.node_name or pod.status.phase in ("Succeeded", "Failed"):
+            # Finished by the second list, it may have finished before the claims were listed, and
+            # a finished pod's claims are freed.
+            finished = ("Succeeded", "Failed")
+            if (
+                uid not in after
+                or not pod.spec.node_name
+                or pod.status.phase in finished
+                or after[uid].status.phase in finished
+            ):
                 continue
             for status in pod.status.resource_claim_statuses or []:
                 claim = by_name.get((pod.metadata.namespace, status.resource_claim_name))
                 reserved = [r["uid"] for r in ((claim or {}).get("status") or {}).get("reservedFor", [])]
-                if claim is None or _result(claim) is None or uid not in reserved:
+                result = _result(claim) if claim is not None else None
+                if claim is None or result is None or uid not in reserved:
                     self.violations.append(
                         f"pod {pod.metadata.name} on {pod.spec.node_name} ({pod.status.phase}, deleted "
                         f"{pod.metadata.deletion_timestamp}): claim {status.resource_claim_name} "
                         "not allocated and reserved for it"
+                    )
+                    continue
+                first = self.allocated.setdefault(claim["metadata"]["uid"], result)
+                if result != first:
+                    self.violations.append(
+                        f"pod {pod.metadata.name}: claim {status.resource_claim_name} allocated {first}, "
+                        f"now {result}"
                     )
         self.checks += 1
 
@@ -221,17 +264,27 @@ class ClaimInvariants:
                 return
 
 
-def _watched(sbx: Sandbox) -> contextlib.AbstractContextManager[ClaimInvariants]:
-    """No device overcommitted and no claim freed under a pod, checked every 2 s."""
+def _devices(api: client.ApiClient) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every device the driver published, by (pool, device name) as a claim's result names it."""
+    return {(s["spec"]["pool"]["name"], d["name"]): d for s in _slices(api) for d in s["spec"]["devices"]}
+
+
+def _claim_invariants(sbx: Sandbox) -> ClaimInvariants:
+    devices = _devices(sbx.api)
     capacity = {
-        (s["spec"]["pool"]["name"], d["name"]): (
+        where: (
             int(d["capacity"][DRA_MEMORY_CAPACITY]["value"]),
             int(d["capacity"][DRA_CORES_CAPACITY]["value"]),
         )
-        for s in _slices(sbx.api)
-        for d in s["spec"]["devices"]
+        for where, d in devices.items()
     }
-    return watching(ClaimInvariants(sbx.state.kubeconfig, capacity))
+    uuids = {where: d["attributes"]["uuid"]["string"] for where, d in devices.items()}
+    return ClaimInvariants(sbx.state.kubeconfig, capacity, uuids, sbx.state_dirs())
+
+
+def _watched(sbx: Sandbox) -> contextlib.AbstractContextManager[ClaimInvariants]:
+    """No device overcommitted and no claim freed or moved under a pod, checked every 2 s."""
+    return watching(_claim_invariants(sbx))
 
 
 def test_every_node_publishes_its_own_gpus_and_runs_claim_pods_with_their_quotas(sbx: Sandbox) -> None:
@@ -415,6 +468,83 @@ def test_a_rolling_upgrade_goes_node_by_node_and_no_claim_pod_loses_its_quota(sb
         sbx.wait_pod("after-roll", "Running", timeout=180)
         _check_quota(sbx, "after-roll", 512)
     roll_back(sbx, nodes)
+
+
+# The kills of the DRA path: a node's driver (``tessera-dra``, its DaemonSet pod's container), any
+# node's kubelet or containerd, kube-apiserver, etcd.
+CHAOS_COMPONENTS = ("dra", "kubelet", "containerd", "kube-apiserver", "etcd")
+# How a wave's pod may fail under the kills (its container's terminated state; the pods never
+# restart): its container's processes SIGKILLed (exit 137, not the kernel's OOM killer) or lost by
+# a restarted kubelet (ContainerStatusUnknown, the kubelet's 137), or its container started while
+# containerd was being killed (StartError, containerd's connection gone). A container that ended on
+# its own (the probe's exit 1: no quota held) or was refused its claim's CDI device is no kill's.
+CONTAINERD_GONE = re.compile(r"connection refused|connection reset|ttrpc: closed|transport is closing|EOF")
+
+
+def _killed(pod: Any) -> bool:
+    ended = [
+        s.state.terminated for s in pod.status.container_statuses or [] if s.state and s.state.terminated
+    ]
+    return bool(ended) and all(
+        (t.exit_code == 137 and t.reason != "OOMKilled")
+        or t.reason == "ContainerStatusUnknown"
+        or (t.reason == "StartError" and CONTAINERD_GONE.search(t.message or "") is not None)
+        for t in ended
+    )
+
+
+def _share_template(mib: int, cores: int) -> str:
+    return f"chaos-{mib}mi-{cores}"
+
+
+def test_waves_of_claim_pods_survive_components_killed_at_random_across_nodes(sbx: Sandbox) -> None:
+    """test_chaos's waves on the DRA path: 300 claim pods of mixed shares (each its own claim from a
+    template), placed by kube-scheduler across the nodes while the kills go on; no device allocated
+    past its capacity, no claim freed or moved under its pod, every Running pod's container sees
+    exactly its claim's share."""
+    nodes = [sbx.state.node, *(n.name for n in sbx.state.nodes)]
+    view = _view(sbx)
+    for mib in SHAPES_MIB:
+        for cores in SHAPES_CORES:
+            view.create_claim_template(
+                _share_template(mib, cores), {"memory": f"{mib}Mi", "cores": str(cores)}
+            )
+    invariants = _claim_invariants(sbx)
+    rng = random.Random(SEED)
+
+    def wave_pod(name: str) -> dict[str, Any]:
+        return claim_pod(
+            name, _share_template(rng.choice(SHAPES_MIB), rng.choice(SHAPES_CORES)), nodes, HOLDING
+        )
+
+    def claim_limits(pod: Any) -> dict[str, set[str]]:
+        """The device line the driver writes for the pod's claim, which all its containers share."""
+        result = _result(kubeapi.retried(lambda: _claim_of(sbx, pod)))
+        assert result is not None and result["pool"] == pod.spec.node_name, (pod.metadata.name, result)
+        consumed = result["consumedCapacity"]
+        line = (
+            f"device {invariants.uuids[(result['pool'], result['device'])]} memory "
+            f"{int(parse_quantity(consumed[DRA_MEMORY_CAPACITY]))} cores {int(consumed[DRA_CORES_CAPACITY])}"
+        )
+        return {c.name: {line} for c in pod.spec.containers}
+
+    chaos = Chaos(sbx.root, random.Random(SEED + 1), nodes, CHAOS_COMPONENTS)
+    waves = Waves(client.CoreV1Api(invariants.api), invariants.check, wave_pod, claim_limits, _killed)
+
+    def back() -> None:
+        """Every node Ready, its driver's pod Ready and its devices published again."""
+        wait_for(
+            lambda: all(
+                _ready(sbx, n)
+                and install.agent_ready(sbx.api, n)
+                and cluster.node_slice_devices(sbx.api, n) > 0
+                for n in nodes
+            ),
+            timeout=240,
+            what="every node Ready with its driver back",
+        )
+
+    waves_under_kills(chaos, invariants, waves, back)
 
 
 def test_down_removes_every_node_from_the_host(fleet: tuple[Sandbox, HostView]) -> None:

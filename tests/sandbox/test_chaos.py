@@ -23,10 +23,10 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import urllib3
@@ -53,6 +53,8 @@ KILL_GAP = (4.0, 12.0)
 COMPONENTS = ("extender", "device-plugin", "kubelet", "containerd", "kube-apiserver", "etcd")
 SHAPES_MIB = (256, 512, 1024, 2048, 3072)
 SHAPES_CORES = (5, 10, 20, 30)
+# A wave's pod fills its quota in 256 MiB blocks and holds it: the regions then show real use.
+HOLDING = ["/bin/sh", "-c", "trap 'exit 0' TERM; vgpu-probe 256 100000"]
 
 
 def processes_named(name: str) -> list[int]:
@@ -80,13 +82,16 @@ class Chaos:
     rng: random.Random
     nodes: list[str]
     """Every node; the first is the host's (its components restart by their own name)."""
+    components: tuple[str, ...] = COMPONENTS
+    """What it kills: any node's kubelet or containerd, kube-apiserver, etcd, or else Tessera's
+    program ``tessera-COMPONENT`` (a pod's container on any node, restarted by its kubelet)."""
     stop: threading.Event = field(default_factory=threading.Event)
     kills: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     errors: list[str] = field(default_factory=list)
 
     def schedule(self) -> Iterator[str]:
         while True:
-            order = list(COMPONENTS)
+            order = list(self.components)
             self.rng.shuffle(order)
             yield from order
 
@@ -100,20 +105,29 @@ class Chaos:
             self.errors.append(f"{type(e).__name__}: {e}")
 
     def kill(self, component: str) -> None:
-        if component in ("extender", "device-plugin"):
-            name = f"tessera-{component}"
-            pids = processes_named(name)
+        if component in ("kubelet", "containerd"):
+            node = self.rng.choice(self.nodes)
+            where = component if node == self.nodes[0] else f"{node}/{component}"
+            cluster.restart(self.root, where, timeout=180, crash=True)
+        elif component in ("kube-apiserver", "etcd"):
+            cluster.restart(self.root, component, timeout=180, crash=True)
+        else:
+            pids = processes_named(f"tessera-{component}")
             if not pids:  # its container is between restarts: nothing to kill this time
                 return
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.rng.choice(sorted(pids)), signal.SIGKILL)
-        elif component in ("kubelet", "containerd"):
-            node = self.rng.choice(self.nodes)
-            where = component if node == self.nodes[0] else f"{node}/{component}"
-            cluster.restart(self.root, where, timeout=180, crash=True)
-        else:
-            cluster.restart(self.root, component, timeout=180, crash=True)
         self.kills[component] += 1
+
+
+class Watcher(Protocol):
+    """What checks invariants from a thread of its own (:class:`Invariants`), on its own client."""
+
+    violations: list[str]
+    checks: int
+    api: client.ApiClient
+
+    def watch(self, stop: threading.Event) -> None: ...
 
 
 @dataclass
@@ -282,13 +296,24 @@ def test_down_where_no_sandbox_began_leaves_the_running_one_alone(
     sbx.core.delete_namespaced_pod("bystander", "default", grace_period_seconds=0)
 
 
+def any_failure(pod: Any) -> bool:
+    """Every failure that has a reason (``settled``'s) is one the kills may explain."""
+    return True
+
+
 @dataclass
 class Waves:
     """Creates a wave of pods, waits until each has settled, checks it, holds it, deletes it."""
 
     core: client.CoreV1Api
-    invariants: Invariants
-    rng: random.Random
+    check: Callable[[], None]
+    """The invariants, checked once more when a wave has settled."""
+    pod: Callable[[str], dict[str, Any]]
+    """A wave's pod of this name, of a shape drawn from the test's seeded generator."""
+    limits: Callable[[Any], dict[str, set[str]]]
+    """The device lines of its limits file each container of a Running pod sees, by container."""
+    explained: Callable[[Any], bool] = any_failure
+    """Whether the kills explain why a Failed pod failed."""
     outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -306,14 +331,7 @@ class Waves:
     def run(self, label: str, hold: float) -> dict[str, int]:
         names = [f"{label}-{i:02d}" for i in range(PODS_PER_WAVE)]
         for name in names:
-            pod = probe_pod(name, self.rng.choice(SHAPES_MIB), self.rng.choice(SHAPES_CORES))
-            # Fill the quota in 256 MiB blocks and hold it: the regions then show real use.
-            pod["spec"]["containers"][0]["command"] = [
-                "/bin/sh",
-                "-c",
-                "trap 'exit 0' TERM; vgpu-probe 256 100000",
-            ]
-            kubeapi.create_pod(self.core, pod)
+            kubeapi.create_pod(self.core, self.pod(name))
         deadline = time.monotonic() + 420
         while None in (now := self.states(names)).values():
             waiting = [n for n, s in now.items() if s is None]
@@ -321,17 +339,15 @@ class Waves:
                 describe(p) for p in self.pods() if p.metadata.name in waiting[:10]
             )
             time.sleep(2)
-        self.invariants.check()
-        # The Running ones: the node agent served exactly their allocation.
+        self.check()
         for pod in self.pods():
-            if pod.metadata.name in names and (now[pod.metadata.name] or ("", ""))[0] == "running":
-                allocation = parse_allocation(pod.metadata.annotations[KEYS.allocation])
-                for container in allocation.containers:
-                    limits = mounted_limits(self.core, pod.metadata.name, container.name)
-                    assert limits_lines(limits) == {
-                        f"device {g.uuid} memory {g.memory_quota_mib * MIB} cores {g.cores}"
-                        for g in container.gpus
-                    }, f"pod {pod.metadata.name}: {limits} against {allocation}"
+            outcome = (now.get(pod.metadata.name) or ("", ""))[0]
+            # The Running ones: the node's agent served exactly their share.
+            if outcome == "running":
+                for container, lines in self.limits(pod).items():
+                    limits = mounted_limits(self.core, pod.metadata.name, container)
+                    assert limits_lines(limits) == lines, f"pod {pod.metadata.name}: {limits} against {lines}"
+            assert outcome != "failed" or self.explained(pod), f"no kill explains: {describe(pod)}"
         wave: dict[str, int] = defaultdict(int)
         for outcome, reason in filter(None, now.values()):
             wave[outcome] += 1
@@ -348,12 +364,30 @@ class Waves:
         return dict(wave)
 
 
-def test_waves_of_gpu_pods_survive_components_killed_at_random_across_nodes(fleet: Sandbox) -> None:
-    sbx = fleet
-    nodes = [sbx.state.node, *(n.name for n in sbx.state.nodes)]
-    invariants = Invariants(sbx, sbx.state_dirs(), sbx.gpu_capacity())
-    chaos = Chaos(sbx.root, random.Random(SEED + 1), nodes)
-    waves = Waves(client.CoreV1Api(invariants.api), invariants, random.Random(SEED))
+def holding_gpu_pods(rng: random.Random) -> Callable[[str], dict[str, Any]]:
+    """Pods of shapes drawn from ``rng``, each filling its quota and holding it."""
+
+    def pod(name: str) -> dict[str, Any]:
+        body = probe_pod(name, rng.choice(SHAPES_MIB), rng.choice(SHAPES_CORES))
+        body["spec"]["containers"][0]["command"] = HOLDING
+        return body
+
+    return pod
+
+
+def allocated_limits(pod: Any) -> dict[str, set[str]]:
+    """The device lines the node agent writes for each container of the pod: its allocation."""
+    allocation = parse_allocation(pod.metadata.annotations[KEYS.allocation])
+    return {
+        c.name: {f"device {g.uuid} memory {g.memory_quota_mib * MIB} cores {g.cores}" for g in c.gpus}
+        for c in allocation.containers
+    }
+
+
+def waves_under_kills(chaos: Chaos, invariants: Watcher, waves: Waves, back: Callable[[], None]) -> None:
+    """WAVES waves of pods while ``chaos`` kills and ``invariants`` checks, each from a thread of its
+    own; the summary printed; then, once ``back()`` has waited for every component to serve again, a
+    calm wave must place pods that run."""
     stop = threading.Event()
     threads = [
         threading.Thread(target=chaos.run, name="chaos", daemon=True),
@@ -380,24 +414,42 @@ def test_waves_of_gpu_pods_survive_components_killed_at_random_across_nodes(flee
     for reason, count in sorted(waves.reasons.items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {count:4d}  {reason}")
     assert invariants.violations == [], invariants.violations[:20]
-    assert set(chaos.kills) == set(COMPONENTS), dict(chaos.kills)
+    assert set(chaos.kills) == set(chaos.components), dict(chaos.kills)
     # Afterwards the cluster serves as before: every component back, and a calm wave places pods.
-    # Back means: both extenders synced, and the node agent registered again with the kubelet, which
-    # offers its slices (a Ready agent pod alone is not enough: it registers after it starts).
-    deadline = time.monotonic() + 240
-    while not (
-        install.extenders_ready(invariants.api)
-        and all(install.agent_ready(invariants.api, n) for n in nodes)
-        and all(cluster.node_has_gpus(invariants.api, n) for n in nodes)
-    ):
-        assert time.monotonic() < deadline, install.describe_pods(invariants.api)
-        time.sleep(1)
+    back()
     waves.reasons.clear()
     calm = waves.run("calm", hold=0.0)
     print(f"calm wave: {calm}")
     assert calm.get("running", 0) >= 5 and "failed" not in calm, (calm, dict(waves.reasons))
     assert invariants.violations == [], invariants.violations[:20]
     invariants.api.close()
+
+
+def test_waves_of_gpu_pods_survive_components_killed_at_random_across_nodes(fleet: Sandbox) -> None:
+    sbx = fleet
+    nodes = [sbx.state.node, *(n.name for n in sbx.state.nodes)]
+    invariants = Invariants(sbx, sbx.state_dirs(), sbx.gpu_capacity())
+    chaos = Chaos(sbx.root, random.Random(SEED + 1), nodes)
+    waves = Waves(
+        client.CoreV1Api(invariants.api),
+        invariants.check,
+        holding_gpu_pods(random.Random(SEED)),
+        allocated_limits,
+    )
+
+    def back() -> None:
+        """Both extenders synced, and every node agent registered again with its kubelet, which
+        offers its slices (a Ready agent pod alone is not enough: it registers after it starts)."""
+        deadline = time.monotonic() + 240
+        while not (
+            install.extenders_ready(invariants.api)
+            and all(install.agent_ready(invariants.api, n) for n in nodes)
+            and all(cluster.node_has_gpus(invariants.api, n) for n in nodes)
+        ):
+            assert time.monotonic() < deadline, install.describe_pods(invariants.api)
+            time.sleep(1)
+
+    waves_under_kills(chaos, invariants, waves, back)
 
 
 def test_down_after_a_dead_kubelet_leaves_nothing_behind(

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client
@@ -27,7 +27,7 @@ from sandbox import cluster, containerd, install, kubeapi, nodelife
 from sandbox.layout import Layout
 from tessera.contract import KEYS, MIB, parse_allocation, parse_inventory
 from tests.sandbox.conftest import FLEET_NODES, LAST, HostView, Sandbox, differences, pod_story
-from tests.sandbox.test_chaos import Invariants, limits_lines, mounted_limits
+from tests.sandbox.test_chaos import Invariants, Watcher, limits_lines, mounted_limits
 from tests.sandbox.test_chart_lifecycle import SCHEDULER, helm, leader_pod, probe_pod, rolled_out
 from tests.waiting import wait_for
 
@@ -92,16 +92,6 @@ def _watched(sbx: Sandbox) -> Iterator[Invariants]:
     """No GPU overcommitted at any moment, by every pod Kubernetes still has (checked every 2 s)."""
     with watching(Invariants(sbx, sbx.state_dirs(), sbx.gpu_capacity())) as invariants:
         yield invariants
-
-
-class Watcher(Protocol):
-    """What checks invariants from a thread of its own (test_chaos.Invariants), on its own client."""
-
-    violations: list[str]
-    checks: int
-    api: client.ApiClient
-
-    def watch(self, stop: threading.Event) -> None: ...
 
 
 W = TypeVar("W", bound=Watcher)
