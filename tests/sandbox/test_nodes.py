@@ -203,10 +203,16 @@ def test_three_nodes_each_run_gpu_pods_and_reach_each_other(sbx: Sandbox) -> Non
     kubeapi.retried(lambda: sbx.core.create_namespaced_service("default", service))
     try:
         ip = sbx.wait_pod("web", "Running", timeout=120).status.pod_ip
-        # busybox nc (its static wget crashes on name lookups), HTTP/1.0 so the server closes.
+        # busybox nc (its static wget crashes on name lookups), HTTP/1.0 so the server closes. Tried
+        # for up to 30 s, as a client would: a Running server may not listen yet, and each node's
+        # kube-proxy writes a new Service's rules within its sync period.
         for address, port in ((ip, 8080), ("web.default.svc.cluster.local", 80)):
             client_pod = _on_node(probe_pod("fetch", 256, 5), [nodes[1]])
-            fetch = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {address} {port}"
+            fetch = (
+                "i=0; while [ $i -lt 30 ]; do "
+                f"out=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {address} {port}); "
+                'case "$out" in *across-nodes*) echo "$out"; exit 0;; esac; i=$((i + 1)); sleep 1; done; exit 1'
+            )
             client_pod["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", fetch]
             kubeapi.create_pod(sbx.core, client_pod)
             done = sbx.wait_pod("fetch", "Succeeded", timeout=120)
