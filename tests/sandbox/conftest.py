@@ -34,29 +34,6 @@ from tessera.contract import KEYS, parse_inventory
 from tests.waiting import wait_for
 
 
-def pod_story(pod: Any) -> str:
-    """Where a pod is and why, for a failure message: its phase and reason, its conditions that do
-    not hold, and its containers' waiting or ended states."""
-    conditions = [
-        f"{c.type}={c.status} {c.reason or ''} {c.message or ''}".strip()
-        for c in pod.status.conditions or []
-        if c.status != "True"
-    ]
-    containers = []
-    for s in pod.status.container_statuses or []:
-        if s.state and s.state.waiting:
-            containers.append(
-                f"{s.name}: waiting {s.state.waiting.reason} {s.state.waiting.message or ''}".strip()
-            )
-        elif s.state and s.state.terminated:
-            t = s.state.terminated
-            containers.append(f"{s.name}: exited {t.exit_code} {t.reason} {t.message or ''}".strip())
-    return (
-        f"{pod.metadata.name} on {pod.spec.node_name or '-'}: {pod.status.phase} "
-        f"{pod.status.reason or ''} {pod.status.message or ''} {conditions} {containers}"
-    )
-
-
 @dataclass(frozen=True)
 class HostView:
     """What a clean host looks like, seen without the sandbox's own bookkeeping."""

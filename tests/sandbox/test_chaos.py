@@ -265,7 +265,8 @@ def describe(pod: Any) -> str:
     )
     return (
         f"{pod.metadata.name} {pod.status.phase} node={pod.spec.node_name} deleting="
-        f"{bool(pod.metadata.deletion_timestamp)} [{conditions}] [{containers}] {pod.status.message or ''}"
+        f"{bool(pod.metadata.deletion_timestamp)} [{conditions}] [{containers}] {pod.status.reason or ''} "
+        f"{pod.status.message or ''}"
     )
 
 

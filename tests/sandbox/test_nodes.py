@@ -26,8 +26,8 @@ from nodeagent.statedir import StateDir
 from sandbox import cluster, containerd, install, kubeapi, nodelife
 from sandbox.layout import Layout
 from tessera.contract import KEYS, MIB, parse_allocation, parse_inventory
-from tests.sandbox.conftest import FLEET_NODES, LAST, HostView, Sandbox, differences, pod_story
-from tests.sandbox.test_chaos import Invariants, Watcher, limits_lines, mounted_limits
+from tests.sandbox.conftest import FLEET_NODES, LAST, HostView, Sandbox, differences
+from tests.sandbox.test_chaos import Invariants, Watcher, describe, limits_lines, mounted_limits
 from tests.sandbox.test_chart_lifecycle import SCHEDULER, helm, leader_pod, probe_pod, rolled_out
 from tests.waiting import wait_for
 
@@ -378,10 +378,8 @@ def test_a_node_cut_off_from_the_control_plane_keeps_enforcing_its_pods_quotas(s
 
 
 def _not_running(sbx: Sandbox) -> list[str]:
-    """The pods in ``default`` that are not Running, each with why (pod_story)."""
-    return [
-        pod_story(p) for p in sbx.core.list_namespaced_pod("default").items if p.status.phase != "Running"
-    ]
+    """The pods in ``default`` that are not Running, each with why (test_chaos.describe)."""
+    return [describe(p) for p in sbx.core.list_namespaced_pod("default").items if p.status.phase != "Running"]
 
 
 def _scheduled_events(sbx: Sandbox, names: set[str]) -> dict[str, int]:
