@@ -59,6 +59,12 @@ def test_dra_mode_runs_the_driver_instead_of_the_device_plugin(repo_root: Path) 
             "verbs": ["get", "create", "update"],
         },
     ]
+    assert workloads["tessera-dra"]["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    on_delete = rendered(repo_root, "mode=dra", "devicePlugin.updateStrategy.type=OnDelete")
+    [daemonset] = [
+        d for d in on_delete if d["metadata"]["name"] == "tessera-dra" and d["kind"] == "DaemonSet"
+    ]
+    assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
     default = rendered(repo_root)
     assert not [d for d in default if d["kind"] == "DeviceClass" or d["metadata"]["name"] == "tessera-dra"]
 
