@@ -13,14 +13,16 @@ that grants a class is the lowest of the pods the claim is reserved for (``statu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from draplugin.slices import defaults_for, device_name
+from draplugin.slices import capacity_of, defaults_for, device_name
 from hook.limits import DeviceLimit
+from nodeagent.records import PreparedRecord
 from tessera.contract import (
     DRA_CORES_CAPACITY,
     DRA_MEMORY_CAPACITY,
+    MIB,
     ContractError,
     ContractKeys,
     GpuInfo,
@@ -30,6 +32,10 @@ from tessera.contract import (
     parse_integer_quantity,
 )
 from tessera.placement.qos import QosThresholds, qos_class, qos_lowered
+
+# Why the driver does not prepare a claim yet (docs/dra.md, "Allocated past a device's capacity"):
+# the phrase of its error, which the kubelet reports on the pod.
+OVERCOMMITTED = "claims allocated past its capacity"
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +226,34 @@ def plan_claim(
         reserved_for=reserved_for,
         owner_uid=_owner_pod(metadata),
     )
+
+
+def overcommit(plan: ClaimPlan, prepared: Iterable[PreparedRecord], gpus: Sequence[GpuInfo]) -> str:
+    """Why preparing ``plan`` beside the claims already ``prepared`` here would give one of its GPUs'
+    claims more than the GPU has ("" when it fits).
+
+    kube-scheduler never allocates past a device's capacity, as it knows the device. It can lose one
+    allocation, though: a bind whose answer an API server restart cut off, when the bind in fact
+    succeeded, makes it undo the pod's claims in its cache while the claim stays allocated, and it
+    gives the same capacity again. This node prepares every claim on its GPUs and so sees both: it
+    prepares the one that does not fit only once others are unprepared (the kubelet retries)."""
+    by_uuid = {g.uuid: g for g in gpus}
+    records = [r for r in prepared if r.uid != plan.ref.uid]
+    for limit in plan.limits:
+        gpu = by_uuid[limit.uuid]
+        capacity = capacity_of(gpu)
+        beside = [(r, q) for r in records for q in r.quotas if q.uuid == limit.uuid]
+        memory = limit.memory_quota_bytes + sum(q.memory_quota_bytes for _, q in beside)
+        cores = limit.cores + sum(q.cores for _, q in beside)
+        if memory > capacity.memory_bytes or cores > capacity.cores:
+            names = ", ".join(f"{r.namespace}/{r.name}" for r, _ in beside) or "none"
+            return (
+                f"{device_name(gpu)} ({gpu.uuid}) would give its claims {memory // MIB} MiB of its "
+                f"{capacity.memory_bytes // MIB} and {cores} of its {capacity.cores} cores with this one "
+                f"({limit.memory_quota_bytes // MIB} MiB, {limit.cores} cores) beside those prepared on it "
+                f"({names}): {OVERCOMMITTED}; preparing it once enough of them are unprepared"
+            )
+    return ""
 
 
 def _owner_pod(metadata: Mapping[str, object]) -> str | None:

@@ -33,7 +33,15 @@ import urllib3
 from kubernetes import client
 
 from draplugin.cdi import cdi_device_id, render_spec, spec_file
-from draplugin.claims import ClaimRef, ReservedPod, claim_class, claim_containers, plan_claim, reserved_pods
+from draplugin.claims import (
+    ClaimRef,
+    ReservedPod,
+    claim_class,
+    claim_containers,
+    overcommit,
+    plan_claim,
+    reserved_pods,
+)
 from hook.limits import write_limits
 from nodeagent.kubeapi import EventTarget
 from nodeagent.records import GpuQuota, PreparedDevice, PreparedRecord, RecordError, dump_record, load_record
@@ -122,6 +130,11 @@ class Driver:
             if claim is None:
                 raise ContractError(f"{ref}: not found in the API server")
             plan = plan_claim(claim, ref, self.node, self.gpus, self.keys)
+            records = [r for _, r in self.state.prepared_records()]
+            if overcommit(plan, records, self.gpus):
+                over = overcommit(plan, [r for r in records if self._allocated(r)], self.gpus)
+                if over:
+                    raise ContractError(f"{ref}: {over}")
             pods = self._read_pods(ref, plan.reserved_for)
             qos, lowered = claim_class(plan.qos, [p.priority for p in pods], self.qos, ref.namespace)
             cdi_id = cdi_device_id(self.keys, ref.uid)
@@ -185,6 +198,28 @@ class Driver:
             if lowered:
                 self._tell_lowered(ref, [p.pod for p in pods], lowered)
             return devices
+
+    def _allocated(self, record: PreparedRecord) -> bool:
+        """Whether a prepared claim is still allocated in the API server. One that is not (deleted,
+        or deallocated) was not unprepared when it should have been: kube-scheduler has given its
+        share again, so it holds none of its GPUs' capacity here either."""
+        claim = self._claims.read_claim(record.namespace, record.name)
+        metadata = None if claim is None else claim.get("metadata")
+        status = None if claim is None else claim.get("status")
+        allocated = (
+            isinstance(metadata, Mapping)
+            and metadata.get("uid") == record.uid
+            and isinstance(status, Mapping)
+            and bool(status.get("allocation"))
+        )
+        if not allocated:
+            log.warning(
+                "claim %s/%s (%s): prepared here but no longer allocated; its share is not counted",
+                record.namespace,
+                record.name,
+                record.uid,
+            )
+        return allocated
 
     def _read_pods(self, ref: ClaimRef, reserved: Sequence[ReservedPod]) -> list[PodOfClaim]:
         """The claim's pods that still exist, with their priorities and their containers that use

@@ -52,8 +52,20 @@ class ShareDefaults:
     cores: int
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceCapacity:
+    """What the claims on one GPU may consume in all: the device's capacities in the slice."""
+
+    memory_bytes: int
+    cores: int
+
+
+def capacity_of(gpu: GpuInfo) -> DeviceCapacity:
+    return DeviceCapacity(memory_bytes=gpu.total_memory_mib * MIB, cores=MAX_CORES)
+
+
 def defaults_for(gpu: GpuInfo) -> ShareDefaults:
-    return ShareDefaults(memory_quota_bytes=gpu.total_memory_mib * MIB, cores=DEFAULT_CORES)
+    return ShareDefaults(memory_quota_bytes=capacity_of(gpu).memory_bytes, cores=DEFAULT_CORES)
 
 
 def device_name(gpu: GpuInfo) -> str:
@@ -92,7 +104,7 @@ def nvlink_islands(gpus: Iterable[GpuInfo]) -> dict[str, str]:
 
 def device(gpu: GpuInfo, profiles: SpeedProfiles, island: str) -> JsonObject:
     """One GPU as a shareable device; attributes are in the driver's domain (unqualified)."""
-    memory = gpu.total_memory_mib * MIB
+    capacity = capacity_of(gpu)
     defaults = defaults_for(gpu)
     attributes: dict[str, JsonObject] = {
         "model": {"string": profiles.model_key(gpu.model) or gpu.model},
@@ -110,21 +122,21 @@ def device(gpu: GpuInfo, profiles: SpeedProfiles, island: str) -> JsonObject:
         "attributes": attributes,
         "capacity": {
             DRA_MEMORY_CAPACITY: {
-                "value": str(memory),
+                "value": str(capacity.memory_bytes),
                 "requestPolicy": {
                     "default": str(defaults.memory_quota_bytes),
                     "validRange": {
                         "min": str(MEMORY_STEP_BYTES),
-                        "max": str(memory),
+                        "max": str(capacity.memory_bytes),
                         "step": str(MEMORY_STEP_BYTES),
                     },
                 },
             },
             DRA_CORES_CAPACITY: {
-                "value": str(MAX_CORES),
+                "value": str(capacity.cores),
                 "requestPolicy": {
                     "default": str(defaults.cores),
-                    "validRange": {"min": "0", "max": str(MAX_CORES), "step": "1"},
+                    "validRange": {"min": "0", "max": str(capacity.cores), "step": "1"},
                 },
             },
         },

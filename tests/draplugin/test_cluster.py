@@ -6,11 +6,13 @@ test_node.py."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import re
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +24,7 @@ from kubernetes import client
 from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
+from draplugin.claims import OVERCOMMITTED
 from draplugin.health import GPU_UNHEALTHY_REASON
 from hook.limits import DeviceLimit, write_limits
 from sandbox.controlplane import ControlPlane, fake_node_body
@@ -374,6 +377,65 @@ def test_a_claim_asking_more_than_its_pods_priority_grants_is_lowered_with_an_ev
         if kubelet is not None:
             kubelet.close()
         scheduling.delete_priority_class(priority_class)
+
+
+def test_a_claim_allocated_past_its_gpus_capacity_waits_until_the_node_has_room(
+    cluster: Cluster, start_driver: Any
+) -> None:
+    """kube-scheduler's lost bind (docs/dra.md, "Allocated past a device's capacity"), as it leaves
+    the API server: a second claim allocated on the A100 beside a first, 120 of its 100 cores in all,
+    and reserved for a pod bound to the node. The driver prepares the first, refuses the second
+    naming the first, and prepares it once the first is unprepared."""
+    driver = start_driver()
+    wait_published(driver, cluster.api)
+    share = {"memory": "1Gi", "cores": "60"}
+    cluster.create_claim("first", share, A100)
+    cluster.create_pod("first", "first")
+    cluster.allocated("first")
+    cluster.create_claim("second", share, A100)
+    container = {**cluster.container, "resources": {"claims": [{"name": "gpu"}]}}
+    pod = cluster.core.create_namespaced_pod(
+        cluster.namespace,
+        {
+            "metadata": {"name": "second"},
+            "spec": {
+                "nodeName": NODE,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "second"}],
+                "containers": [container],
+            },
+        },
+    )
+    lost = cluster.claim("second")
+    allocation = copy.deepcopy(cluster.claim("first")["status"]["allocation"])
+    allocation["devices"]["results"][0]["shareID"] = str(uuid.uuid4())
+    lost["status"] = {
+        "allocation": allocation,
+        "reservedFor": [{"resource": "pods", "name": "second", "uid": pod.metadata.uid}],
+    }
+    cluster.objects.replace_namespaced_custom_object_status(
+        GROUP, VERSION, cluster.namespace, "resourceclaims", "second", lost
+    )
+    wait_for(
+        lambda: (cluster.claim("first").get("status") or {}).get("reservedFor"),
+        60.0,
+        "the first claim reserved",
+    )
+    first, second = (
+        claim_message(cluster.namespace, name, cluster.claim(name)["metadata"]["uid"])
+        for name in ("first", "second")
+    )
+    kubelet = register(driver.registration_socket, KEYS.dra_driver)
+    try:
+        assert kubelet.prepare(first).claims[first.uid].error == ""
+        refused = kubelet.prepare(second).claims[second.uid].error
+        assert OVERCOMMITTED in refused, refused
+        assert "gpu-0 (" in refused and "120 of its 100 cores" in refused, refused
+        assert f"beside those prepared on it ({cluster.namespace}/first)" in refused, refused
+        assert kubelet.prepare(second).claims[second.uid].error == refused  # the kubelet's retry
+        kubelet.unprepare(first)
+        assert kubelet.prepare(second).claims[second.uid].error == ""
+    finally:
+        kubelet.close()
 
 
 def device_taints(driver: DriverProcess, api: client.ApiClient) -> list[list[dict[str, Any]]]:

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 import pytest
 from kubernetes import client
 
-from draplugin.claims import ClaimRef
+from draplugin.claims import OVERCOMMITTED, ClaimRef
 from draplugin.driver import Driver
 from nodeagent.kubeapi import EventTarget
 from nodeagent.statedir import StateDir
@@ -540,3 +540,74 @@ def test_the_pods_of_the_claims_prepared_on_a_device_are_told(
     prepared.unprepare(REF)
     prepared.unprepare(on_t4)
     assert [r.name for r in prepared.prepared()] == []
+
+
+def _claim_of(n: int, memory: str, cores: str, device: str = "gpu-0") -> tuple[ClaimRef, dict[str, object]]:
+    """Claim ``n`` (its pod ``job-<n>``) of ``memory`` and ``cores`` on ``device``."""
+    ref = ClaimRef(namespace="team", name=f"share-{n}", uid=f"0b1c2d3e-0000-4000-8000-00000000010{n}")
+    result = {
+        "request": "gpu",
+        "driver": KEYS.dra_driver,
+        "pool": NODE,
+        "device": device,
+        "shareID": f"5a0e6c1f-1111-4000-8000-00000000010{n}",
+        "consumedCapacity": {"memory": memory, "cores": cores},
+    }
+    return ref, claim(ref, results=[result], reserved=((f"job-{n}", f"uid-{n}"),))
+
+
+def _claims_of(*made: tuple[ClaimRef, dict[str, object]]) -> Claims:
+    return Claims(*(c for _, c in made), pods=tuple(pod(f"job-{n}", f"uid-{n}") for n in range(len(made))))
+
+
+@pytest.mark.parametrize(
+    ("third", "fits"),
+    [
+        (("8Gi", "40"), True),  # 40 GiB and 100 cores in all: exactly the A100
+        (("9Gi", "10"), False),  # 41 GiB of memory
+        (("1Gi", "41"), False),  # 101 cores
+        (("15Gi", "100", "gpu-1"), True),  # the other GPU's claims do not count
+    ],
+)
+def test_a_claim_allocated_past_its_gpus_capacity_is_prepared_only_once_others_are_unprepared(
+    tmp_path: Path, third: tuple[str, ...], fits: bool
+) -> None:
+    """kube-scheduler can allocate a device's capacity twice when it loses track of an allocation
+    (docs/dra.md, "Allocated past a device's capacity"); the node never gives more than the GPU has."""
+    made = [_claim_of(0, "16Gi", "30"), _claim_of(1, "16Gi", "30"), _claim_of(2, *third)]
+    d = driver(tmp_path, _claims_of(*made))
+    for ref, _ in made[:2]:
+        d.prepare(ref)
+    before = written(tmp_path)
+    ref, _ = made[2]
+    if fits:
+        d.prepare(ref)
+        return
+    with pytest.raises(ContractError) as refused:
+        d.prepare(ref)
+    assert str(refused.value).startswith(f"{ref}: gpu-")
+    assert OVERCOMMITTED in str(refused.value)
+    assert "beside those prepared on it (team/share-0, team/share-1)" in str(refused.value)
+    assert written(tmp_path) == before  # nothing of the refused claim
+    d.unprepare(made[0][0])
+    d.prepare(ref)  # the kubelet's next try, once enough is unprepared
+    assert [r.uid for r in d.prepared()] == sorted([made[1][0].uid, ref.uid])
+
+
+@pytest.mark.parametrize("gone", ["deleted", "deallocated", "made again"])
+def test_a_prepared_claim_no_longer_allocated_holds_no_capacity(tmp_path: Path, gone: str) -> None:
+    """A record the kubelet never had unprepared (its claim deleted, deallocated, or another claim
+    under its name now) does not keep a newly allocated claim off the GPU."""
+    made = [_claim_of(0, "24Gi", "60"), _claim_of(1, "24Gi", "60")]
+    claims = _claims_of(*made)
+    d = driver(tmp_path, claims)
+    d.prepare(made[0][0])
+    stale = claims.by_name[("team", "share-0")]
+    if gone == "deleted":
+        del claims.by_name[("team", "share-0")]
+    elif gone == "deallocated":
+        stale["status"] = {}
+    else:
+        stale["metadata"] = {**stale["metadata"], "uid": "another"}  # type: ignore[dict-item]
+    d.prepare(made[1][0])
+    assert {r.uid for r in d.prepared()} == {made[0][0].uid, made[1][0].uid}
