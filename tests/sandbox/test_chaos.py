@@ -33,6 +33,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.stream import stream
 
+from draplugin.claims import OVERCOMMITTED
 from hook.region import RegionError, read_region
 from nodeagent.statedir import StateDir
 from sandbox import cluster, host, install, kubeapi
@@ -249,6 +250,11 @@ def settled(pod: Any, events: dict[str, list[str]]) -> tuple[str, str] | None:
     if phase == "Failed":
         found = events.get(pod.metadata.name) or terminations(pod)
         return ("failed", found[-1]) if found else None
+    if phase == "Pending" and pod.spec.node_name:
+        # On the DRA path, a claim allocated past its GPU's capacity waits on its node (docs/dra.md).
+        held = [m for m in events.get(pod.metadata.name, []) if OVERCOMMITTED in m]
+        if held:
+            return "held", held[-1]
     if phase == "Pending" and not pod.spec.node_name:
         scheduled = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
         if scheduled and scheduled[0].status == "False" and scheduled[0].message:
@@ -315,6 +321,8 @@ class Waves:
     """The device lines of its limits file each container of a Running pod sees, by container."""
     explained: Callable[[Any], bool] = any_failure
     """Whether the kills explain why a Failed pod failed."""
+    freed: Callable[[], bool] = lambda: True
+    """Whether what a deleted wave's pods held is free again for the next wave (their claims gone)."""
     outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -359,8 +367,8 @@ class Waves:
         for name in names:
             kubeapi.delete_pod(self.core, name)
         deadline = time.monotonic() + 180
-        while any(p.metadata.name in names for p in self.pods()):
-            assert time.monotonic() < deadline, f"{label}: pods not gone after 180 s"
+        while any(p.metadata.name in names for p in self.pods()) or not self.freed():
+            assert time.monotonic() < deadline, f"{label}: pods or what they held not gone after 180 s"
             time.sleep(1)
         return dict(wave)
 
