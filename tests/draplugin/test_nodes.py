@@ -543,9 +543,13 @@ CHAOS_COMPONENTS = ("dra", "kubelet", "containerd", "kube-apiserver", "etcd")
 # How a wave's pod may fail under the kills (its container's terminated state; the pods never
 # restart): its container's processes SIGKILLed (exit 137, not the kernel's OOM killer) or lost by
 # a restarted kubelet (ContainerStatusUnknown, the kubelet's 137), or its container started while
-# containerd was being killed (StartError, containerd's connection gone). A container that ended on
-# its own (the probe's exit 1: no quota held) or was refused its claim's CDI device is no kill's.
-CONTAINERD_GONE = re.compile(r"connection refused|connection reset|ttrpc: closed|transport is closing|EOF")
+# containerd was being killed (StartError, containerd's connection gone) or while the kubelet was
+# (StartError "failed to create shim task: context canceled": the kubelet's call, gone with it,
+# cancelled the start; seen in CI). A container that ended on its own (the probe's exit 1: no quota
+# held) or was refused its claim's CDI device is no kill's.
+CONTAINERD_GONE = re.compile(
+    r"connection refused|connection reset|ttrpc: closed|transport is closing|EOF|context canceled"
+)
 
 
 def _killed(pod: Any) -> bool:
