@@ -7,7 +7,9 @@ QoS class."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
 import fakegpu
+from draplugin.claims import OVERCOMMITTED
 from draplugin.health import GPU_UNHEALTHY_REASON
 from sandbox import cluster as sandbox_cluster
 from sandbox import gpu, install
@@ -379,6 +382,57 @@ def test_three_15g_claims_on_the_40g_gpu_two_fit_and_deleting_a_pod_frees_its_sh
     )
     assert cluster.allocated("c3", timeout=120)["device"] == "gpu-0"
     assert probe_report(cluster, "p3")["total_mib"] == "15360"
+
+
+def test_a_claim_allocated_past_its_gpus_capacity_waits_on_the_node_until_it_fits(
+    node: Sandbox, cluster: Cluster
+) -> None:
+    """kube-scheduler's lost bind (docs/dra.md, "Allocated past a device's capacity") met by the real
+    kubelet: a second claim allocated on the A100 beside a running 30 GiB one, 50 of its 40 GiB in
+    all, reserved for a pod bound to the node. The kubelet reports the driver's reason on the pod and
+    retries; once the first pod is gone and its claim unprepared, the second runs with its share."""
+    cluster.create_claim("first", {"memory": "30Gi"}, A100_ONLY)
+    cluster.create_pod("first", "first")
+    assert cluster.allocated("first")["device"] == "gpu-0"
+    assert probe_report(cluster, "first")["total_mib"] == str(30 * 1024)
+    cluster.create_claim("second", {"memory": "20Gi"}, A100_ONLY)
+    container = {**cluster.container, "resources": {"claims": [{"name": "gpu"}]}}
+    pod = cluster.core.create_namespaced_pod(
+        cluster.namespace,
+        {
+            "metadata": {"name": "second"},
+            "spec": {
+                "nodeName": node.state.node,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "second"}],
+                "containers": [container],
+            },
+        },
+    )
+    lost = cluster.claim("second")
+    allocation = copy.deepcopy(cluster.claim("first")["status"]["allocation"])
+    [result] = allocation["devices"]["results"]
+    result["shareID"] = str(uuid.uuid4())
+    result["consumedCapacity"]["memory"] = str(20 * GIB)
+    lost["status"] = {
+        "allocation": allocation,
+        "reservedFor": [{"resource": "pods", "name": "second", "uid": pod.metadata.uid}],
+    }
+    cluster.objects.replace_namespaced_custom_object_status(
+        "resource.k8s.io", "v1", cluster.namespace, "resourceclaims", "second", lost
+    )
+    [held, *_] = wait_for(
+        lambda: [m for m in events(cluster, "second", "FailedPrepareDynamicResources") if OVERCOMMITTED in m],
+        90.0,
+        "the kubelet's event with the driver's reason",
+    )
+    assert "gpu-0 (" in held and "51200 MiB of its 40960" in held, held
+    assert f"beside those prepared on it ({cluster.namespace}/first)" in held, held
+    assert cluster.core.read_namespaced_pod("second", cluster.namespace).status.phase == "Pending"
+    second = lost["metadata"]["uid"]
+    assert files_of(node, second) == []
+
+    cluster.delete_pod("first", grace_seconds=None)
+    assert probe_report(cluster, "second", timeout=180)["total_mib"] == str(20 * 1024)
 
 
 # (memory, cores) of each claim in turn: they fill the A100, spill to the T4, come back to the A100's
