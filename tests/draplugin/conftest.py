@@ -7,6 +7,7 @@ too."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 import shutil
 import sys
@@ -226,6 +227,34 @@ class Cluster:
                 "metadata": {"name": name},
                 "spec": {**spec, "schedulerName": scheduler, "containers": [container]},
             },
+        )
+
+    def allocate_as_lost_bind(
+        self, name: str, beside: str, node: str, memory_bytes: int | None = None
+    ) -> None:
+        """Claim ``name`` allocated on the device of claim ``beside``, and reserved for a new pod of
+        that name bound to ``node``, as kube-scheduler leaves them after a lost bind (docs/dra.md,
+        "Allocated past a device's capacity"): written by hand, past the device's capacity.
+        ``memory_bytes``: what the claim consumes of the device's memory (as ``beside`` by default)."""
+        self._create_pod(
+            name,
+            {"nodeName": node, "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
+            {"claims": [{"name": "gpu"}]},
+            "default-scheduler",
+        )
+        pod = self.core.read_namespaced_pod(name, self.namespace)
+        allocation = copy.deepcopy(self.claim(beside)["status"]["allocation"])
+        [result] = allocation["devices"]["results"]
+        result["shareID"] = str(uuid.uuid4())
+        if memory_bytes is not None:
+            result["consumedCapacity"]["memory"] = str(memory_bytes)
+        lost = self.claim(name)
+        lost["status"] = {
+            "allocation": allocation,
+            "reservedFor": [{"resource": "pods", "name": name, "uid": pod.metadata.uid}],
+        }
+        self.objects.replace_namespaced_custom_object_status(
+            GROUP, VERSION, self.namespace, "resourceclaims", name, lost
         )
 
     def delete_pod(self, name: str, grace_seconds: int | None = 0) -> None:

@@ -6,13 +6,11 @@ test_node.py."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import re
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -393,28 +391,7 @@ def test_a_claim_allocated_past_its_gpus_capacity_waits_until_the_node_has_room(
     cluster.create_pod("first", "first")
     cluster.allocated("first")
     cluster.create_claim("second", share, A100)
-    container = {**cluster.container, "resources": {"claims": [{"name": "gpu"}]}}
-    pod = cluster.core.create_namespaced_pod(
-        cluster.namespace,
-        {
-            "metadata": {"name": "second"},
-            "spec": {
-                "nodeName": NODE,
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": "second"}],
-                "containers": [container],
-            },
-        },
-    )
-    lost = cluster.claim("second")
-    allocation = copy.deepcopy(cluster.claim("first")["status"]["allocation"])
-    allocation["devices"]["results"][0]["shareID"] = str(uuid.uuid4())
-    lost["status"] = {
-        "allocation": allocation,
-        "reservedFor": [{"resource": "pods", "name": "second", "uid": pod.metadata.uid}],
-    }
-    cluster.objects.replace_namespaced_custom_object_status(
-        GROUP, VERSION, cluster.namespace, "resourceclaims", "second", lost
-    )
+    cluster.allocate_as_lost_bind("second", "first", NODE)
     wait_for(
         lambda: (cluster.claim("first").get("status") or {}).get("reservedFor"),
         60.0,

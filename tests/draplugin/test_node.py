@@ -7,9 +7,7 @@ QoS class."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -396,30 +394,7 @@ def test_a_claim_allocated_past_its_gpus_capacity_waits_on_the_node_until_it_fit
     assert cluster.allocated("first")["device"] == "gpu-0"
     assert probe_report(cluster, "first")["total_mib"] == str(30 * 1024)
     cluster.create_claim("second", {"memory": "20Gi"}, A100_ONLY)
-    container = {**cluster.container, "resources": {"claims": [{"name": "gpu"}]}}
-    pod = cluster.core.create_namespaced_pod(
-        cluster.namespace,
-        {
-            "metadata": {"name": "second"},
-            "spec": {
-                "nodeName": node.state.node,
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": "second"}],
-                "containers": [container],
-            },
-        },
-    )
-    lost = cluster.claim("second")
-    allocation = copy.deepcopy(cluster.claim("first")["status"]["allocation"])
-    [result] = allocation["devices"]["results"]
-    result["shareID"] = str(uuid.uuid4())
-    result["consumedCapacity"]["memory"] = str(20 * GIB)
-    lost["status"] = {
-        "allocation": allocation,
-        "reservedFor": [{"resource": "pods", "name": "second", "uid": pod.metadata.uid}],
-    }
-    cluster.objects.replace_namespaced_custom_object_status(
-        "resource.k8s.io", "v1", cluster.namespace, "resourceclaims", "second", lost
-    )
+    cluster.allocate_as_lost_bind("second", "first", node.state.node, memory_bytes=20 * GIB)
     [held, *_] = wait_for(
         lambda: [m for m in events(cluster, "second", "FailedPrepareDynamicResources") if OVERCOMMITTED in m],
         90.0,
@@ -428,8 +403,7 @@ def test_a_claim_allocated_past_its_gpus_capacity_waits_on_the_node_until_it_fit
     assert "gpu-0 (" in held and "51200 MiB of its 40960" in held, held
     assert f"beside those prepared on it ({cluster.namespace}/first)" in held, held
     assert cluster.core.read_namespaced_pod("second", cluster.namespace).status.phase == "Pending"
-    second = lost["metadata"]["uid"]
-    assert files_of(node, second) == []
+    assert files_of(node, cluster.claim("second")["metadata"]["uid"]) == []
 
     cluster.delete_pod("first", grace_seconds=None)
     assert probe_report(cluster, "second", timeout=180)["total_mib"] == str(20 * 1024)

@@ -166,8 +166,8 @@ class ClaimInvariants:
     for it (never freed while the pod may run), each as it was allocated when first seen so (never
     moved under the pod).
 
-    With ``control_plane_killed`` (kube-apiserver or etcd), two of these are kube-scheduler's to keep and it cannot always
-    (docs/dra.md, "Allocated past a device's capacity"): a bind whose answer a kill cut off makes it
+    With ``control_plane_killed`` (kube-apiserver or etcd), two of these are kube-scheduler's to
+    keep and it cannot always (docs/dra.md, "Allocated past a device's capacity"): a bind whose answer a kill cut off makes it
     undo the claims of a pod that is in fact bound. Claims then allocated past a device's capacity,
     and a pod not yet Running whose claim is not reserved for it a moment, are noted in ``lost``, not
     violations; the node's side (what it prepares, what runs) stays held to the rule."""
@@ -234,7 +234,7 @@ class ClaimInvariants:
         after = self._pods()
         given = self._given(prepared, {c["metadata"]["uid"] for c in claims if _result(c) is not None})
         used: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-        on: dict[tuple[str, str], list[str]] = defaultdict(list)  # the claims, for the message
+        on: dict[tuple[str, str], list[tuple[Any, int, int]]] = defaultdict(list)  # for the message
         held: dict[tuple[str, str], int] = defaultdict(int)
         by_name = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
         for claim in claims:
@@ -247,7 +247,7 @@ class ClaimInvariants:
             cores = int(parse_quantity(consumed.get(DRA_CORES_CAPACITY, "0")))
             used[where][0] += memory
             used[where][1] += cores
-            on[where].append(f"{_story(claim)} {memory // MIB} MiB {cores} cores")
+            on[where].append((claim, memory, cores))
             state_dir = self.state_dirs.get(result["pool"])
             usage = state_dir.claim(claim["metadata"]["uid"]).usage() if state_dir else None
             device = usage.device(self.uuids[where]) if usage else None
@@ -264,7 +264,8 @@ class ClaimInvariants:
             if memory > total_memory or cores > total_cores:
                 self._scheduler_broke(
                     f"{where}: claims allocate {memory // MIB}/{total_memory // MIB} MiB, "
-                    f"{cores}/{total_cores} cores: {'; '.join(on[where])}"
+                    f"{cores}/{total_cores} cores: "
+                    + "; ".join(f"{_story(c)} {m // MIB} MiB {n} cores" for c, m, n in on[where])
                 )
             memory, cores = given.get(where, (0, 0))
             if memory > total_memory or cores > total_cores:
