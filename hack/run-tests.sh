@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The test run of `make test`, once `make test-deps` has built everything (the Makefile passes the DRA
-# path's Kubernetes version, DRA_K8S_VERSION). Two lanes run at once, because the sandbox tests mostly
-# wait (on pods, processes, timers) and leave a core idle:
+# path's Kubernetes version, DRA_K8S_VERSION). Three lanes run at once, because the sandbox tests
+# mostly wait (on pods, processes, timers) and leave a core idle:
 #
-#   the sandbox lane, at normal priority (the longest, so it sets the run's time): the tests that bring
-#     up a sandbox, one at a time (one sandbox fits a host: its bridge and the kubelet's host paths
-#     are fixed), then the DRA path's sandbox tests;
-#   the other lane, at nice 10, so that it takes only what the sandbox lane leaves: the tests that
+#   three sandbox lanes, at normal priority, each bringing up one sandbox at a time (one sandbox fits
+#     a host: its bridge and the kubelet's host paths are fixed), two of them in a host of their own
+#     (sandbox.ownhost: network and mount namespaces of their own, a cgroup subtree of their own):
+#     the device plugin path's sandbox tests on one node (the sandbox lane, on this host), those on
+#     the three-node fleet (marker `fleet`, in host "fleet"), and the DRA path's (in host "dra");
+#   the other lane, at nice 10, so that it takes only what the sandbox lanes leave: the tests that
 #     need no cluster, in three worker processes as `make check` runs them (valgrind's and
 #     Prometheus's too); those that need a control plane (each its own, on loopback ports) or look
 #     into the images (buildah, and a containerd of their own), in two;
@@ -15,14 +17,15 @@
 #     kube-scheduler).
 #
 # When the other lane is done, the tests that hold host latencies to tight bounds run beside the
-# sandbox lane at a high CPU priority.
+# sandbox lanes at a high CPU priority.
 #
 # Every step runs even when an earlier one failed; the exit status is the first failure's. The
-# sandbox lane's output goes to build/test-logs/sandbox.log, printed when the lane ends.
+# sandbox lanes' output goes to build/test-logs/LANE.log, printed when each lane ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage="usage: hack/run-tests.sh DRA_K8S_VERSION"
+python=.venv/bin/python
 logs=build/test-logs
 pytest=.venv/bin/pytest
 
@@ -52,7 +55,12 @@ if [ "${1:-}" = --lane ]; then
   dra_version="${3:?$usage}"
   case "$2" in
     sandbox)
-      run $pytest --ignore=tests/draplugin -m sandbox
+      run $pytest --ignore=tests/draplugin -m "sandbox and not fleet"
+      ;;
+    fleet)
+      run $pytest --ignore=tests/draplugin -m "sandbox and fleet"
+      ;;
+    dra-sandbox)
       run dra_tests -m sandbox
       ;;
     other)
@@ -69,6 +77,20 @@ fi
 
 dra_version="${1:?$usage}"
 mkdir -p "$logs"
+# The kernel settings each kubelet writes when it starts (sandbox.host.KUBELET_SYSCTLS), written once
+# for the whole run and put back after it: they are the machine's, shared by the sandbox lanes, and
+# a kubelet of one lane starting between the other's `up` and its check after `down` would
+# otherwise change them under it.
+kubelet_sysctls=()
+while IFS= read -r setting; do kubelet_sysctls+=("$setting"); done < <(
+  $python -c 'from sandbox.host import KUBELET_SYSCTLS as s; print("\n".join(f"{k}={v}" for k, v in s.items()))'
+)
+sysctls_before=()
+for setting in "${kubelet_sysctls[@]}"; do
+  key="${setting%%=*}"
+  sysctls_before+=("$key=$(cat "/proc/sys/$key")")
+  echo "${setting#*=}" >"/proc/sys/$key"
+done
 # Everything runs in sessions of its own, in the background, so that the EXIT trap stops the whole
 # of each (pytest and its clusters) when the run ends early: a failure here, Ctrl-C, CI's timeout. A
 # signal ends `wait` at once (it would wait for a foreground command first).
@@ -77,23 +99,43 @@ start() {
   setsid "$@" &
   sessions+=("$!")
 }
-trap 'for s in "${sessions[@]}"; do kill -- -"$s" 2>/dev/null; done' EXIT
+finish() {
+  for s in "${sessions[@]}"; do kill -- -"$s" 2>/dev/null; done
+  for setting in "${sysctls_before[@]}"; do echo "${setting#*=}" >"/proc/sys/${setting%%=*}"; done
+  rm -rf build/hosts
+}
+trap finish EXIT
 trap 'exit 143' TERM INT HUP
 
-start "$0" --lane sandbox "$dra_version" >"$logs/sandbox.log" 2>&1
-sandbox=$!
-echo "run-tests: the sandbox lane runs beside this one (log: $logs/sandbox.log)" >&2
+# A sandbox lane: LANE [HOST], HOST naming the host of its own it runs in; its PID in lanes[LANE].
+declare -A lanes
+start_lane() {
+  local lane=$1 host=${2:-}
+  if [ -n "$host" ]; then
+    start $python -m sandbox.ownhost "$host" "build/hosts/$host" "$0" --lane "$lane" "$dra_version"
+  else
+    start "$0" --lane "$lane" "$dra_version"
+  fi >"$logs/$lane.log" 2>&1
+  lanes[$lane]=$!
+}
+start_lane sandbox
+start_lane fleet fleet
+start_lane dra-sandbox dra
+echo "run-tests: the sandbox lanes run beside this one (logs: $logs/LANE.log)" >&2
 
 start nice -n 10 "$0" --lane other "$dra_version"
 run wait "$!"
 # The tests that hold host latencies to tight bounds, once the other lane is done: beside the sandbox
-# lane, which mostly waits, at nice -15, so that its processes never wait on the lane's (they sleep
+# lanes, which mostly wait, at nice -15, so that their processes never wait on the lanes' (they sleep
 # most of their time and take little CPU).
 start nice -n -15 $pytest -m alone
 run wait "$!"
-wait "$sandbox"
-sandbox_status=$?
-echo "run-tests: the sandbox lane ended ($sandbox_status); its output:" >&2
-cat "$logs/sandbox.log"
-[ "$status" -ne 0 ] || status=$sandbox_status
+# Each sandbox lane's end: its status, then its output.
+for lane in sandbox fleet dra-sandbox; do
+  wait "${lanes[$lane]}"
+  lane_status=$?
+  echo "run-tests: the $lane lane ended ($lane_status); its output:" >&2
+  cat "$logs/$lane.log"
+  [ "$status" -ne 0 ] || status=$lane_status
+done
 exit "$status"

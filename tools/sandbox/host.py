@@ -41,16 +41,22 @@ REQUIRED_PROGRAMS = (
     "iptables", "iptables-save", "ip6tables", "ip6tables-save",
 )  # fmt: skip
 CNI_PLUGINS = (Path("/usr/lib/cni/bridge"), Path("/usr/lib/cni/host-local"), Path("/usr/lib/cni/loopback"))
-# The kubelet sets the first six when protectKernelDefaults is false; the CNI bridge (isGateway)
-# turns on forwarding. kube-proxy is configured to leave the last five alone (conntrack: 0,
-# localhostNodePorts: false); they are watched in case it does not.
+# What the kubelet writes when it starts, protectKernelDefaults being false (pkg/kubelet/cm,
+# setupKernelTunables). They are the machine's, not a network namespace's: sandboxes at once on one
+# machine (sandbox.ownhost) share them.
+KUBELET_SYSCTLS = {
+    "vm/overcommit_memory": "1",
+    "vm/panic_on_oom": "0",
+    "kernel/panic": "10",
+    "kernel/panic_on_oops": "1",
+    "kernel/keys/root_maxkeys": "1000000",
+    "kernel/keys/root_maxbytes": "25000000",
+}
+# The kubelet's, and the CNI bridge (isGateway) turns on forwarding. kube-proxy is configured to
+# leave the last five alone (conntrack: 0, localhostNodePorts: false); they are watched in case it
+# does not.
 TRACKED_SYSCTLS = (
-    "vm/overcommit_memory",
-    "vm/panic_on_oom",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
+    *KUBELET_SYSCTLS,
     "net/ipv4/ip_forward",
     "net/ipv4/conf/all/route_localnet",
     "net/netfilter/nf_conntrack_max",
@@ -184,16 +190,19 @@ def port_taken(port: int) -> bool:
 
 
 def processes_named(names: Iterable[str]) -> list[tuple[int, str]]:
-    """Running processes of these names; not a zombie, which runs nothing and shares nothing (a
-    parent that has not reaped its exited containerd yet)."""
+    """Running processes of these names that share this process's mounts. Not a zombie, which runs
+    nothing and shares nothing (a parent that has not reaped its exited containerd yet); not one in
+    another mount namespace, which sees other directories at the host paths (another sandbox's in a
+    host of its own, sandbox.ownhost; a container's)."""
     wanted = set(names)
+    mounts = nodes.mount_namespace(os.getpid())
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError):
                 comm = (entry / "comm").read_text().strip()
                 state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if comm in wanted and state != "Z":
+                if comm in wanted and state != "Z" and nodes.mount_namespace(int(entry.name)) == mounts:
                     found.append((int(entry.name), comm))
     return found
 

@@ -4,6 +4,9 @@ the kubelet use whatever they are told (the only ones `sandbox down` removes out
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +31,20 @@ HOST_NODE_PATHS = (
 )
 
 # The kubelet's pods live under this cgroup in every hierarchy (cgroupRoot), so cleanup has one
-# subtree to remove and never touches cgroups of anything else on the host.
-CGROUP_ROOT = "tessera-sandbox"
+# subtree to remove and never touches cgroups of anything else on the host. Cgroups are the
+# machine's, even for a sandbox in a host of its own (sandbox.ownhost): such a sandbox is given a
+# subtree of its own through the environment.
+CGROUP_ROOT_ENV = "TESSERA_SANDBOX_CGROUP_ROOT"
+
+
+def cgroup_root_of(environ: Mapping[str, str]) -> str:
+    name = environ.get(CGROUP_ROOT_ENV, "tessera-sandbox")
+    if not re.fullmatch(r"[a-z0-9][-a-z0-9]*", name):
+        raise ValueError(f"{CGROUP_ROOT_ENV}={name!r}: a cgroup name of lower-case letters, digits and '-'")
+    return name
+
+
+CGROUP_ROOT = cgroup_root_of(os.environ)
 # The CNI bridge the pod network uses; `down` deletes it.
 BRIDGE = "tessera0"
 NETWORK_NAME = "tessera-sandbox"
