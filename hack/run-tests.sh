@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test run of `make test`, once `make test-deps` has built everything (the Makefile passes the DRA
-# path's Kubernetes version, DRA_K8S_VERSION). Three lanes run at once, because the sandbox tests
-# mostly wait (on pods, processes, timers) and leave a core idle:
+# path's Kubernetes version, DRA_K8S_VERSION). Four lanes run at once, because the sandbox tests
+# mostly wait (on pods, processes, timers) and leave the CPUs idle:
 #
 #   three sandbox lanes, at normal priority, each bringing up one sandbox at a time (one sandbox fits
 #     a host: its bridge and the kubelet's host paths are fixed), two of them in a host of their own
@@ -16,8 +16,8 @@
 #     (the node agent's integration tests against its kube-apiserver, the extender behind its
 #     kube-scheduler).
 #
-# When the other lane is done, the tests that hold host latencies to tight bounds run beside the
-# sandbox lanes at a high CPU priority.
+# Before the other lane, the tests that hold host latencies to tight bounds, then those that hold GPU
+# time shares measured on the wall clock, run beside the sandbox lanes at a high CPU priority.
 #
 # Every step runs even when an earlier one failed; the exit status is the first failure's. The
 # sandbox lanes' output goes to build/test-logs/LANE.log, printed when each lane ends.
@@ -64,7 +64,7 @@ if [ "${1:-}" = --lane ]; then
       run dra_tests -m sandbox
       ;;
     other)
-      run $pytest --ignore=tests/draplugin -m "not sandbox and not k8s and not images and not alone" \
+      run $pytest --ignore=tests/draplugin -m "not sandbox and not k8s and not images and not alone and not wallclock" \
         --numprocesses=3 --dist=loadfile
       run $pytest --ignore=tests/draplugin -m "(k8s or images) and not sandbox" --numprocesses=2 --dist=loadfile
       run dra_tests -m "not sandbox"
@@ -123,12 +123,17 @@ start_lane fleet fleet
 start_lane dra-sandbox dra
 echo "run-tests: the sandbox lanes run beside this one (logs: $logs/LANE.log)" >&2
 
-start nice -n 10 "$0" --lane other "$dra_version"
-run wait "$!"
-# The tests that hold host latencies to tight bounds, once the other lane is done: beside the sandbox
-# lanes, which mostly wait, at nice -15, so that their processes never wait on the lanes' (they sleep
-# most of their time and take little CPU).
+# First, beside the sandbox lanes only, at nice -15 so that their processes never wait on the lanes'
+# for a CPU: the tests that hold host latencies to tight bounds (never beside other tests' workers),
+# then those that hold GPU time shares measured on the wall clock (at nice 10 under the sandbox
+# lanes they measured the share of a client whose launches waited for a CPU: 55% of the GPU's time
+# for a 60% share at a load average of 20-27). Both sleep most of their time, so the sandbox lanes
+# take the rest meanwhile; the other lane, which needs a CPU throughout, comes after them.
 start nice -n -15 $pytest -m alone
+run wait "$!"
+start nice -n -15 $pytest -m wallclock --numprocesses=2 --dist=loadfile
+run wait "$!"
+start nice -n 10 "$0" --lane other "$dra_version"
 run wait "$!"
 # Each sandbox lane's end: its status, then its output.
 for lane in sandbox fleet dra-sandbox; do

@@ -12,6 +12,8 @@ import pytest
 from hook.limits import DeviceLimit, write_limits
 from tests.hook.conftest import GIB, Clients, FakeGpus, Processes
 
+pytestmark = pytest.mark.wallclock
+
 KERNEL = "sleep_us_1000"
 KERNEL_SECONDS = 1e-3
 

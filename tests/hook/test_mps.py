@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from hook.limits import DeviceLimit, MpsClient, write_limits
 from tessera.contract import QosClass
 from tests.hook.conftest import GIB, Clients, FakeGpus, Processes
@@ -81,6 +83,7 @@ def test_a_broken_mps_setting_is_refused_naming_it(gpu: FakeGpus, processes: Pro
     assert "TESSERA_MPS: expected `mps" in result.stderr
 
 
+@pytest.mark.wallclock
 def test_best_effort_under_mps_is_not_capped_in_time(
     gpu: FakeGpus, clients: Clients, processes: Processes
 ) -> None:

@@ -13,9 +13,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from sandbox import images
 from tests.hook.conftest import Clients, FakeGpus, Processes
 from tests.hook.test_compute import finish, share_between, share_of, ticks
+
+pytestmark = pytest.mark.wallclock
 
 # The latency-critical client: 1 ms kernels at 30% of the GPU's time, each waited for.
 CRITICAL_KERNEL = "sleep_us_1000"

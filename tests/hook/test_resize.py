@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hook.limits import DeviceLimit, write_limits
 from hook.region import read_region
 from tests.hook.conftest import MIB, NVML_CLIENT, Clients, FakeGpus, Processes
@@ -115,6 +117,7 @@ def test_a_broken_limits_file_refuses_new_memory_until_a_good_one_replaces_it(
     ), err
 
 
+@pytest.mark.wallclock
 def test_raising_the_compute_share_changes_the_achieved_share(
     gpu: FakeGpus, clients: Clients, processes: Processes, tmp_path: Path
 ) -> None:
