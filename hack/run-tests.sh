@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test run of `make test`, once `make test-deps` has built everything (the Makefile passes the DRA
-# path's Kubernetes version, DRA_K8S_VERSION). Four lanes run at once, because the sandbox tests
+# path's Kubernetes version, DRA_K8S_VERSION). The lanes run at once, because the sandbox tests
 # mostly wait (on pods, processes, timers) and leave the CPUs idle:
 #
 #   three sandbox lanes, at normal priority, each bringing up one sandbox at a time (one sandbox fits
@@ -8,19 +8,20 @@
 #     (sandbox.ownhost: network and mount namespaces of their own, a cgroup subtree of their own):
 #     the device plugin path's sandbox tests on one node (the sandbox lane, on this host), those on
 #     the three-node fleet (marker `fleet`, in host "fleet"), and the DRA path's (in host "dra");
-#   the other lane, at nice 10, so that it takes only what the sandbox lanes leave: the tests that
-#     need no cluster, in three worker processes as `make check` runs them (valgrind's and
-#     Prometheus's too); those that need a control plane (each its own, on loopback ports) or look
-#     into the images (buildah, and a containerd of their own), in two;
-#     then the DRA path's control-plane tests, and the device plugin path on the newest Kubernetes
-#     (the node agent's integration tests against its kube-apiserver, the extender behind its
-#     kube-scheduler).
-#
-# Before the other lane, the tests that hold host latencies to tight bounds, then those that hold GPU
-# time shares measured on the wall clock, run beside the sandbox lanes at a high CPU priority.
+#   at a high CPU priority (nice -15), first the fake GPU's replay of a real GPU's latencies alone
+#     beside them (marker `alone`), then the tests that hold GPU time shares on the wall clock
+#     (`wallclock`);
+#   once the replay is done, at nice 10, so that they take only what the rest leaves:
+#     the other lane: the tests that need no cluster, in three worker processes as `make check` runs
+#       them (valgrind's and Prometheus's too), then those that need a control plane (each worker its
+#       own, on loopback ports) or look into the images (buildah, and a containerd of their own), in
+#       two;
+#     the newest lane: the DRA path's control-plane tests, then the device plugin path on the newest
+#       Kubernetes (the node agent's integration tests against its kube-apiserver, the extender
+#       behind its kube-scheduler).
 #
 # Every step runs even when an earlier one failed; the exit status is the first failure's. The
-# sandbox lanes' output goes to build/test-logs/LANE.log, printed when each lane ends.
+# output of all but the other lane goes to build/test-logs/LANE.log, printed when each lane ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,6 +68,8 @@ if [ "${1:-}" = --lane ]; then
       run $pytest --ignore=tests/draplugin -m "not sandbox and not k8s and not images and not alone and not wallclock" \
         --numprocesses=3 --dist=loadfile
       run $pytest --ignore=tests/draplugin -m "(k8s or images) and not sandbox" --numprocesses=2 --dist=loadfile
+      ;;
+    newest)
       run dra_tests -m "not sandbox"
       run newest_device_plugin_tests
       ;;
@@ -99,48 +102,55 @@ start() {
   setsid "$@" &
   sessions+=("$!")
 }
+running() {
+  local s
+  for s in "${sessions[@]}"; do kill -0 -- -"$s" 2>/dev/null && return 0; done
+  return 1
+}
 finish() {
   for s in "${sessions[@]}"; do kill -- -"$s" 2>/dev/null; done
+  # A lane's tests bring their sandboxes down on the signal: the kernel settings go back once they are
+  # gone (two minutes at most), or a `down` after it would write the kubelet's again.
+  for _ in $(seq 120); do running || break; sleep 1; done
   for setting in "${sysctls_before[@]}"; do echo "${setting#*=}" >"/proc/sys/${setting%%=*}"; done
   rm -rf build/hosts
 }
 trap finish EXIT
 trap 'exit 143' TERM INT HUP
 
-# A sandbox lane: LANE [HOST], HOST naming the host of its own it runs in; its PID in lanes[LANE].
+# A lane whose output goes to its log: NAME COMMAND...; its PID in lanes[NAME].
 declare -A lanes
-start_lane() {
-  local lane=$1 host=${2:-}
-  if [ -n "$host" ]; then
-    start $python -m sandbox.ownhost "$host" "build/hosts/$host" "$0" --lane "$lane" "$dra_version"
-  else
-    start "$0" --lane "$lane" "$dra_version"
-  fi >"$logs/$lane.log" 2>&1
-  lanes[$lane]=$!
+start_logged() {
+  local name=$1
+  shift
+  start "$@" >"$logs/$name.log" 2>&1
+  lanes[$name]=$!
 }
-start_lane sandbox
-start_lane fleet fleet
-start_lane dra-sandbox dra
+# The sandbox lanes, two of them each in a host of its own (named as the lane).
+start_logged sandbox "$0" --lane sandbox "$dra_version"
+start_logged fleet $python -m sandbox.ownhost fleet build/hosts/fleet "$0" --lane fleet "$dra_version"
+start_logged dra-sandbox $python -m sandbox.ownhost dra build/hosts/dra "$0" --lane dra-sandbox "$dra_version"
 echo "run-tests: the sandbox lanes run beside this one (logs: $logs/LANE.log)" >&2
 
-# First, beside the sandbox lanes only, at nice -15 so that their processes never wait on the lanes'
-# for a CPU: the tests that hold host latencies to tight bounds (never beside other tests' workers),
-# then those that hold GPU time shares measured on the wall clock (at nice 10 under the sandbox
-# lanes they measured the share of a client whose launches waited for a CPU: 55% of the GPU's time
-# for a 60% share at a load average of 20-27). Both sleep most of their time, so the sandbox lanes
-# take the rest meanwhile; the other lane, which needs a CPU throughout, comes after them.
+# First, beside the sandbox lanes only, at nice -15 so that its processes never wait on the lanes'
+# for a CPU, the replay that holds host latencies to tight bounds (never beside other tests'
+# workers); it sleeps most of its time, and the sandbox lanes take the rest meanwhile. Then, at
+# nice -15 in one process, the tests that hold GPU time shares measured on the wall clock (at nice 10
+# under the sandbox lanes they measured the share of a client whose launches waited for a CPU: 55%
+# of the GPU's time for a 60% share at a load average of 20-27; two at once at nice -15, an idle
+# GPU's 78% where 80% is the bound), beside the other lane and the newest lane at nice 10.
 start nice -n -15 $pytest -m alone
 run wait "$!"
-start nice -n -15 $pytest -m wallclock --numprocesses=2 --dist=loadfile
-run wait "$!"
+start_logged wallclock nice -n -15 $pytest -m wallclock
+start_logged newest nice -n 10 "$0" --lane newest "$dra_version"
 start nice -n 10 "$0" --lane other "$dra_version"
 run wait "$!"
-# Each sandbox lane's end: its status, then its output.
-for lane in sandbox fleet dra-sandbox; do
-  wait "${lanes[$lane]}"
+# Each logged lane's end: its status, then its output.
+for name in wallclock newest sandbox fleet dra-sandbox; do
+  wait "${lanes[$name]}"
   lane_status=$?
-  echo "run-tests: the $lane lane ended ($lane_status); its output:" >&2
-  cat "$logs/$lane.log"
+  echo "run-tests: the $name lane ended ($lane_status); its output:" >&2
+  cat "$logs/$name.log"
   [ "$status" -ne 0 ] || status=$lane_status
 done
 exit "$status"
