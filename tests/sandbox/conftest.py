@@ -318,12 +318,7 @@ def _turn(item: pytest.Item, attribute: str) -> int:
     return int(getattr(module, attribute, 0))
 
 
-# Before `-m` selects (tryfirst): `make test` runs the fleet's tests in a lane of their own.
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if _shares(item, "_fleet_running"):
-            item.add_marker(pytest.mark.fleet)
     # Each shared sandbox's tests moved together, where the first of them was: one sandbox at a time.
     for fixture, attribute, _ in SHARED:
         sharing = [item for item in items if _shares(item, fixture)]
