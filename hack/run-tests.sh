@@ -1,31 +1,28 @@
 #!/usr/bin/env bash
 # The test run of `make test`, once `make test-deps` has built everything (the Makefile passes the DRA
-# path's Kubernetes version, DRA_K8S_VERSION). The lanes run at once, because the sandbox tests
-# mostly wait (on pods, processes, timers) and leave the CPUs idle:
+# path's Kubernetes version, DRA_K8S_VERSION). Two lanes run at once, because the sandbox tests mostly
+# wait (on pods, processes, timers) and leave a core idle:
 #
-#   two sandbox lanes, at normal priority, each bringing up one sandbox at a time (one sandbox fits
-#     a host: its bridge and the kubelet's host paths are fixed): the device plugin path's sandbox
-#     tests (the sandbox lane, on this host), and the DRA path's in a host of its own
-#     (sandbox.ownhost: network and mount namespaces of its own, a cgroup subtree of its own);
-#   at a high CPU priority (nice -15), the fake GPU's replay of a real GPU's latencies alone beside
-#     them (marker `alone`);
-#   once it is done, at nice 10, so that they take only what the sandbox lanes leave:
-#     the other lane: the tests that need no cluster, in three worker processes as `make check` runs
-#       them (valgrind's and Prometheus's too), then those that need a control plane (each worker its
-#       own, on loopback ports) or look into the images (buildah, and a containerd of their own), in
-#       two;
-#     the newest lane: the DRA path's control-plane tests, then the device plugin path on the newest
-#       Kubernetes (the node agent's integration tests against its kube-apiserver, the extender
-#       behind its kube-scheduler);
-#   once every lane is done, the tests that hold GPU time shares on the wall clock (`wallclock`).
+#   the sandbox lane, at normal priority (the longest, so it sets the run's time): the tests that bring
+#     up a sandbox, one at a time (one sandbox fits a host: its bridge and the kubelet's host paths
+#     are fixed), then the DRA path's sandbox tests;
+#   the other lane, at nice 10, so that it takes only what the sandbox lane leaves: the tests that
+#     need no cluster, in three worker processes as `make check` runs them (valgrind's and
+#     Prometheus's too); those that need a control plane (each its own, on loopback ports) or look
+#     into the images (buildah, and a containerd of their own), in two;
+#     then the DRA path's control-plane tests, and the device plugin path on the newest Kubernetes
+#     (the node agent's integration tests against its kube-apiserver, the extender behind its
+#     kube-scheduler).
+#
+# When the other lane is done, the tests that hold host latencies to tight bounds, then those that
+# hold GPU time shares on the wall clock, run beside the sandbox lane at a high CPU priority.
 #
 # Every step runs even when an earlier one failed; the exit status is the first failure's. The
-# output of all but the other lane goes to build/test-logs/LANE.log, printed when each lane ends.
+# sandbox lane's output goes to build/test-logs/sandbox.log, printed when the lane ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage="usage: hack/run-tests.sh DRA_K8S_VERSION"
-python=.venv/bin/python
 logs=build/test-logs
 pytest=.venv/bin/pytest
 
@@ -56,16 +53,12 @@ if [ "${1:-}" = --lane ]; then
   case "$2" in
     sandbox)
       run $pytest --ignore=tests/draplugin -m sandbox
-      ;;
-    dra-sandbox)
       run dra_tests -m sandbox
       ;;
     other)
       run $pytest --ignore=tests/draplugin -m "not sandbox and not k8s and not images and not alone and not wallclock" \
         --numprocesses=3 --dist=loadfile
       run $pytest --ignore=tests/draplugin -m "(k8s or images) and not sandbox" --numprocesses=2 --dist=loadfile
-      ;;
-    newest)
       run dra_tests -m "not sandbox"
       run newest_device_plugin_tests
       ;;
@@ -76,20 +69,6 @@ fi
 
 dra_version="${1:?$usage}"
 mkdir -p "$logs"
-# The kernel settings each kubelet writes when it starts (sandbox.host.KUBELET_SYSCTLS), written once
-# for the whole run and put back after it: they are the machine's, shared by the sandbox lanes, and
-# a kubelet of one lane starting between the other's `up` and its check after `down` would
-# otherwise change them under it.
-kubelet_sysctls=()
-while IFS= read -r setting; do kubelet_sysctls+=("$setting"); done < <(
-  $python -c 'from sandbox.host import KUBELET_SYSCTLS as s; print("\n".join(f"{k}={v}" for k, v in s.items()))'
-)
-sysctls_before=()
-for setting in "${kubelet_sysctls[@]}"; do
-  key="${setting%%=*}"
-  sysctls_before+=("$key=$(cat "/proc/sys/$key")")
-  echo "${setting#*=}" >"/proc/sys/$key"
-done
 # Everything runs in sessions of its own, in the background, so that the EXIT trap stops the whole
 # of each (pytest and its clusters) when the run ends early: a failure here, Ctrl-C, CI's timeout. A
 # signal ends `wait` at once (it would wait for a foreground command first).
@@ -98,55 +77,28 @@ start() {
   setsid "$@" &
   sessions+=("$!")
 }
-running() {
-  local s
-  for s in "${sessions[@]}"; do kill -0 -- -"$s" 2>/dev/null && return 0; done
-  return 1
-}
-finish() {
-  for s in "${sessions[@]}"; do kill -- -"$s" 2>/dev/null; done
-  # A lane's tests bring their sandboxes down on the signal: the kernel settings go back once they are
-  # gone (two minutes at most), or a `down` after it would write the kubelet's again.
-  for _ in $(seq 120); do running || break; sleep 1; done
-  for setting in "${sysctls_before[@]}"; do echo "${setting#*=}" >"/proc/sys/${setting%%=*}"; done
-  rm -rf build/hosts
-}
-trap finish EXIT
+trap 'for s in "${sessions[@]}"; do kill -- -"$s" 2>/dev/null; done' EXIT
 trap 'exit 143' TERM INT HUP
 
-# A lane whose output goes to its log: NAME COMMAND...; its PID in lanes[NAME].
-declare -A lanes
-start_logged() {
-  local name=$1
-  shift
-  start "$@" >"$logs/$name.log" 2>&1
-  lanes[$name]=$!
-}
-# The sandbox lanes, the DRA path's in a host of its own. (A third, the device plugin path's fleet
-# tests in one more, took 3 minutes off the run but starved the lanes at nice 10 into timeouts: the
-# run is CPU-bound, docs/benchmarks.md "Sandboxes side by side".)
-start_logged sandbox "$0" --lane sandbox "$dra_version"
-start_logged dra-sandbox $python -m sandbox.ownhost dra build/hosts/dra "$0" --lane dra-sandbox "$dra_version"
-echo "run-tests: the sandbox lanes run beside this one (logs: $logs/LANE.log)" >&2
+start "$0" --lane sandbox "$dra_version" >"$logs/sandbox.log" 2>&1
+sandbox=$!
+echo "run-tests: the sandbox lane runs beside this one (log: $logs/sandbox.log)" >&2
 
-# First, beside the sandbox lanes only, at nice -15 so that its processes never wait on the lanes'
-# for a CPU, the replay that holds host latencies to tight bounds (never beside other tests'
-# workers); it sleeps most of its time, and the sandbox lanes take the rest meanwhile.
-start nice -n -15 $pytest -m alone
-run wait "$!"
-start_logged newest nice -n 10 "$0" --lane newest "$dra_version"
 start nice -n 10 "$0" --lane other "$dra_version"
 run wait "$!"
-# Each logged lane's end: its status, then its output.
-for name in newest sandbox dra-sandbox; do
-  wait "${lanes[$name]}"
-  lane_status=$?
-  echo "run-tests: the $name lane ended ($lane_status); its output:" >&2
-  cat "$logs/$name.log"
-  [ "$status" -ne 0 ] || status=$lane_status
-done
-# Last, with the machine to itself, the tests that hold GPU time shares measured on the wall clock:
-# a client whose launches wait for a CPU falls short of its share, whatever the hook does. Beside the
-# lanes, even at nice -15, a 30% share measured 24.9% and a 60% one 54.6% (load average 30-37).
-run $pytest -m wallclock --numprocesses=2 --dist=loadfile
+# The tests that hold host latencies to tight bounds, once the other lane is done: beside the sandbox
+# lane, which mostly waits, at nice -15, so that its processes never wait on the lane's (they sleep
+# most of their time and take little CPU).
+start nice -n -15 $pytest -m alone
+run wait "$!"
+# Then, the same way, the tests that hold GPU time shares measured on the wall clock: a client whose
+# launches wait for a CPU falls short of its share, whatever the hook does (at nice 10 beside more
+# sandboxes, a 60% share measured 54.7%; docs/benchmarks.md, "Sandboxes side by side").
+start nice -n -15 $pytest -m wallclock
+run wait "$!"
+wait "$sandbox"
+sandbox_status=$?
+echo "run-tests: the sandbox lane ended ($sandbox_status); its output:" >&2
+cat "$logs/sandbox.log"
+[ "$status" -ne 0 ] || status=$sandbox_status
 exit "$status"

@@ -1,6 +1,6 @@
 """A host of its own: a command run in network and mount namespaces of its own, so that a second
-sandbox can run beside the first on one machine (hack/run-tests.sh runs the DRA path's sandbox tests
-so, beside the device plugin path's).
+sandbox can run beside the first on one machine (the DRA path's sandbox tests beside the device plugin
+path's, docs/sandbox.md).
 
 What `up` takes of its host is then the namespaces' own: the loopback ports (the kubelet's 10250),
 the pod bridge and its subnet, kube-proxy's iptables chains, the further nodes' network namespaces
@@ -13,7 +13,7 @@ own sandbox writes there reaches the command.
 Three things stay the machine's and are told apart otherwise: cgroups, by a subtree of its own
 (layout.CGROUP_ROOT, from the environment this sets); processes, which preflight counts only in its
 own mount namespace (host.processes_named); and the kernel's global sysctls that every kubelet
-writes (host.KUBELET_SYSCTLS), which hack/run-tests.sh writes once for the whole run.
+writes (host.KUBELET_SYSCTLS), which whoever runs sandboxes side by side writes once before them.
 
 Usage, as root: ``python -m sandbox.ownhost NAME DIR COMMAND [ARG...]``. DIR holds the overlays'
 layers (emptied first); the namespaces end with the command and everything started in them.
