@@ -21,12 +21,16 @@ TOOL_ONLY_LIBRARIES = ("matplotlib", "tqdm", "rich")
 
 
 def build_wheel(project: Path, out: Path) -> zipfile.ZipFile:
-    # Built from a copy: a build writes build/ and *.egg-info into the project it builds.
+    # Built from a copy: a build writes build/ and *.egg-info into the project it builds. Not the
+    # caches: Hypothesis's database changes under the copy while the fuzzers run in other workers
+    # (CI saw its tmp directory vanish mid-copy).
     source = out / "source"
     shutil.copytree(
         project,
         source,
-        ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", ".*_cache"),
+        ignore=shutil.ignore_patterns(
+            ".venv", ".git", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
+        ),
     )
     done = subprocess.run(
         [
