@@ -1,5 +1,5 @@
-"""A host of its own (sandbox.ownhost), where `make test` runs a second sandbox beside the first:
-what it hides from the machine and what it keeps from it, without a sandbox in it."""
+"""A host of its own (sandbox.ownhost), where a second sandbox runs beside the first: what it hides
+from the machine and what it keeps from it, without a sandbox in it."""
 
 from __future__ import annotations
 

@@ -35,10 +35,11 @@ HOST_NODE_PATHS = (
 # machine's, even for a sandbox in a host of its own (sandbox.ownhost): such a sandbox is given a
 # subtree of its own through the environment.
 CGROUP_ROOT_ENV = "TESSERA_SANDBOX_CGROUP_ROOT"
+DEFAULT_CGROUP_ROOT = "tessera-sandbox"
 
 
 def cgroup_root_of(environ: Mapping[str, str]) -> str:
-    name = environ.get(CGROUP_ROOT_ENV, "tessera-sandbox")
+    name = environ.get(CGROUP_ROOT_ENV, DEFAULT_CGROUP_ROOT)
     if not re.fullmatch(r"[a-z0-9][-a-z0-9]*", name):
         raise ValueError(f"{CGROUP_ROOT_ENV}={name!r}: a cgroup name of lower-case letters, digits and '-'")
     return name

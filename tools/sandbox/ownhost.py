@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandbox.layout import CGROUP_ROOT_ENV, HOST_NODE_PATHS
+from sandbox.layout import CGROUP_ROOT_ENV, DEFAULT_CGROUP_ROOT, HOST_NODE_PATHS
 
 # Where `ip netns add` names network namespaces: the further nodes' must be this host's only.
 NETNS_DIR = Path("/run/netns")
@@ -50,7 +50,7 @@ def overlaid(paths: tuple[Path, ...] = PRIVATE_PATHS) -> list[Path]:
 
 def cgroup_root(name: str) -> str:
     """The cgroup subtree of the sandbox in host ``name``."""
-    return f"tessera-sandbox-{name}"
+    return f"{DEFAULT_CGROUP_ROOT}-{name}"
 
 
 def prepare(directory: Path, paths: tuple[Path, ...] = PRIVATE_PATHS) -> None:
