@@ -229,28 +229,32 @@ def requested_gpus(device_ids: Sequence[str], node_gpus: Collection[str]) -> fro
     return frozenset(uuids)
 
 
-def _concerned(state: NodeSnapshot, gpu_count: int, taken: Collection[ContainerRef]) -> list[BrokenPod]:
-    """The pods a failed Allocate of ``gpu_count`` slices (one per GPU) can be for.
+def _concerned(state: NodeSnapshot, gpu_count: int) -> list[BrokenPod]:
+    """The pods a failed Allocate of ``gpu_count`` slices (one per GPU) fails for good: broken pods
+    with a container of that GPU count, or whose request is invalid (its GPU counts are unknown).
+    They can never be served, whichever pod the kubelet is admitting.
 
-    Broken pods with a container of that GPU count, or whose request is invalid (its GPU counts are
-    unknown), if there are any: they can never be served. Otherwise the in-flight pods with a
-    container of that GPU count, whose GPUs the kubelet did not pick.
+    In-flight pods are never among them, though the call may be for one of them (the kubelet picked
+    other GPUs than its allocation's): which one the kubelet admits is only a guess, and a pod marked
+    ``failed`` on a wrong guess leaves the in-flight rule, so that the extender may bind a container
+    of another key beside it, which its own admission later gets. The kubelet fails the pod it
+    admits itself (``UnexpectedAdmissionError``, with this call's message).
     """
-    broken = [
+    return [
         b
         for b in state.broken
         if b.pod.request_error is not None or any(c.gpu_count == gpu_count for c in b.pod.gpu_containers)
     ]
-    if broken:
-        return broken
-    seen: dict[str, BrokenPod] = {}
-    for c in state.in_flight:
-        if c.key.gpu_count == gpu_count and c.ref not in taken and c.pod.uid not in seen:
-            names = list(c.key.uuids)
-            seen[c.pod.uid] = BrokenPod(
-                c.pod, f"container {c.container!r} was allocated GPU(s) {names}, the kubelet chose others"
-            )
-    return list(seen.values())
+
+
+def _in_flight_of(state: NodeSnapshot, gpu_count: int, taken: Collection[ContainerRef]) -> list[str]:
+    """Why no in-flight container of ``gpu_count`` GPUs matched: each one's allocated GPUs."""
+    return [
+        f"; pod {c.pod.ref}: container {c.container!r} was allocated GPU(s) {list(c.key.uuids)}, "
+        "the kubelet chose others"
+        for c in state.in_flight
+        if c.key.gpu_count == gpu_count and c.ref not in taken
+    ]
 
 
 def match_container(
@@ -271,12 +275,13 @@ def match_container(
     try:
         uuids = requested_gpus(device_ids, node_gpus)
     except ContractError as e:
-        raise AllocationError(f"node {node}: {e}", _concerned(state, gpu_count, taken)) from None
+        raise AllocationError(f"node {node}: {e}", _concerned(state, gpu_count)) from None
     for candidate in state.in_flight:
         if candidate.ref not in taken and serves(candidate.key, uuids):
             return candidate
-    concerned = _concerned(state, gpu_count, taken)
+    concerned = _concerned(state, gpu_count)
     reasons = "".join(f"; pod {b.pod.ref}: {b.reason}" for b in concerned)
+    reasons = reasons or "".join(_in_flight_of(state, gpu_count, taken))
     raise AllocationError(
         f"node {node}: no in-flight container asks for {gpu_count} GPU(s) {sorted(uuids)} "
         f"(devices {list(device_ids)}){reasons}",

@@ -202,6 +202,32 @@ def test_refusal_fails_the_pod_with_an_event(tmp_path: Path) -> None:
     assert kube.events and "GPU GPU-9 is not on this node 'n1'" in kube.events[0][1]
 
 
+def test_an_unmatched_call_fails_no_in_flight_pod_and_each_is_served_its_own_quotas(tmp_path: Path) -> None:
+    """A call no in-flight container matches (here the kubelet asking again for a container it was
+    answered for, as after its restart) is refused, and the pods in flight keep their phase: marked
+    failed, one would leave the in-flight rule, the extender could bind another key on its GPU, and
+    its own admission would later get that pod's quotas (seen in the chaos test)."""
+    agent, kube = make_agent(
+        tmp_path,
+        [
+            in_flight_pod("p", {"main": [("GPU-0", 1024, 10)]}),
+            in_flight_pod("q", {"main": [("GPU-1", 2048, 20)]}),
+        ],
+    )
+    agent.allocator.allocate([["GPU-0::0"]])
+    with pytest.raises(
+        AllocationError, match=r"pod ns/q: container 'main' was allocated GPU\(s\) \['GPU-1'\]"
+    ):
+        agent.allocator.allocate([["GPU-0::1"]])
+    assert kube.phases == {} and kube.events == []
+    (answer,) = agent.allocator.allocate([["GPU-1::0"]])
+    assert (answer.record.pod, answer.record.gpus[0].memory_quota_mib, answer.record.gpus[0].cores) == (
+        "q",
+        2048,
+        20,
+    )
+
+
 def test_without_the_api_preferred_spreads_and_allocate_says_why(tmp_path: Path) -> None:
     agent, kube = make_agent(tmp_path, [in_flight_pod("p", {"main": [("GPU-2", 1024, 10)]})])
 
