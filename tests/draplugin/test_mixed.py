@@ -30,8 +30,8 @@ A100 = PRESETS["a100"]
 
 
 @pytest.fixture(scope="module")
-def mixed() -> Iterator[tuple[Sandbox, HostView]]:
-    with running_sandbox("mixed", mode="mixed", nodes=NODES) as running:
+def mixed(request: pytest.FixtureRequest) -> Iterator[tuple[Sandbox, HostView]]:
+    with running_sandbox("mixed", request.session, mode="mixed", nodes=NODES) as running:
         yield running
 
 

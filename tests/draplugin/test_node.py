@@ -68,8 +68,8 @@ def probe_container() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def node() -> Iterator[Sandbox]:
-    with running_sandbox("dra", mode="dra") as (sandbox, _):
+def node(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    with running_sandbox("dra", request.session, mode="dra") as (sandbox, _):
         yield sandbox
 
 

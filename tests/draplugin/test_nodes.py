@@ -64,8 +64,8 @@ BLOCK_MIB = 256
 
 
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[tuple[Sandbox, HostView]]:
-    with running_sandbox("dra-nodes", mode="dra", nodes=NODES) as running:
+def fleet(request: pytest.FixtureRequest) -> Iterator[tuple[Sandbox, HostView]]:
+    with running_sandbox("dra-nodes", request.session, mode="dra", nodes=NODES) as running:
         yield running
 
 

@@ -165,9 +165,35 @@ def sandbox_root() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+# Where a sandbox's logs are kept when a test failed while it ran: the sandbox goes, and CI's log
+# shows only the assertion.
+KEPT_LOGS = Path(__file__).resolve().parents[2] / "build" / "test-logs" / "sandboxes"
+
+
+def keep_logs(root: Path, into: Path) -> None:
+    """The sandbox's process logs, and every node's pod logs and Tessera state directory (the served
+    records and limits files), copied into ``into``; what cannot be copied (a socket) is left."""
+    layout = Layout(root)
+    places = {
+        "logs": layout.logs,
+        "node/pod-logs": layout.pod_logs,
+        "node/state": install.host_dirs(layout).state,
+    }
+    homes = layout.root / "nodes"
+    for home in sorted(homes.iterdir()) if homes.is_dir() else ():
+        of_node = layout.of_node(home.name)
+        places[f"{home.name}/pod-logs"] = of_node.place(of_node.pod_logs)
+        places[f"{home.name}/state"] = of_node.place(install.host_dirs(of_node).state)
+    for where, path in places.items():
+        if path.is_dir():
+            with contextlib.suppress(shutil.Error):
+                shutil.copytree(path, into / where, symlinks=True, dirs_exist_ok=True)
+
+
 @contextlib.contextmanager
 def running_sandbox(
     name: str,
+    session: pytest.Session,
     values: tuple[str, ...] = (),
     *,
     monitoring: bool = False,
@@ -176,8 +202,10 @@ def running_sandbox(
 ) -> Iterator[tuple[Sandbox, HostView]]:
     """A sandbox for a whole test module (Tessera installed with these extra chart ``values``, and
     Prometheus with ``monitoring``; the chart's ``mode`` (cluster.in_mode); ``nodes`` real nodes),
-    always brought down, with the host as it was before."""
+    always brought down, with the host as it was before; its logs kept under ``KEPT_LOGS`` when a
+    test of the ``session`` failed while it ran."""
     before = HostView.now()
+    failed_before = session.testsfailed
     root = Path(f"/tmp/tessera-{name}-{os.getpid()}")
     try:
         options = cluster.Options(root=root, values=values, monitoring=monitoring, nodes=nodes)
@@ -189,6 +217,8 @@ def running_sandbox(
         finally:
             api.close()
     finally:
+        if session.testsfailed > failed_before:
+            keep_logs(root, KEPT_LOGS / root.name)
         cluster.down(root, report=lambda _: None)
         shutil.rmtree(root, ignore_errors=True)
 
@@ -201,10 +231,12 @@ FIRST, LAST = -1, 1
 
 
 @pytest.fixture(scope="session")
-def _shared_running() -> Iterator[tuple[Sandbox, HostView]]:
+def _shared_running(request: pytest.FixtureRequest) -> Iterator[tuple[Sandbox, HostView]]:
     # Oversubscription changes only where best-effort pods go, and only test_borrowed_memory.py has
     # best-effort pods that could borrow.
-    running = _shared.enter_context(running_sandbox("shared", SHARED_VALUES, monitoring=True))
+    running = _shared.enter_context(
+        running_sandbox("shared", request.session, SHARED_VALUES, monitoring=True)
+    )
     try:
         yield running
     finally:
@@ -243,8 +275,8 @@ FLEET_NODES = 3
 
 
 @pytest.fixture(scope="session")
-def _fleet_running() -> Iterator[tuple[Sandbox, HostView]]:
-    running = _fleet.enter_context(running_sandbox("fleet", nodes=FLEET_NODES))
+def _fleet_running(request: pytest.FixtureRequest) -> Iterator[tuple[Sandbox, HostView]]:
+    running = _fleet.enter_context(running_sandbox("fleet", request.session, nodes=FLEET_NODES))
     try:
         yield running
     finally:

@@ -31,8 +31,8 @@ SPLIT = 30
 
 
 @pytest.fixture(scope="module")
-def chart_sandbox() -> Iterator[tuple[Sandbox, HostView]]:
-    with running_sandbox("chart", values=(f"devicePlugin.split={SPLIT}",)) as running:
+def chart_sandbox(request: pytest.FixtureRequest) -> Iterator[tuple[Sandbox, HostView]]:
+    with running_sandbox("chart", request.session, values=(f"devicePlugin.split={SPLIT}",)) as running:
         yield running
 
 
