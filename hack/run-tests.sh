@@ -18,7 +18,8 @@
 # hold GPU time shares on the wall clock, run beside the sandbox lane at a high CPU priority.
 #
 # Every step runs even when an earlier one failed; the exit status is the first failure's. The
-# sandbox lane's output goes to build/test-logs/sandbox.log, printed when the lane ends.
+# sandbox lane's output goes to build/test-logs/sandbox.log, printed when the lane ends; a sandbox
+# that saw a test fail keeps its logs under build/test-logs/sandboxes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,6 +70,7 @@ fi
 
 dra_version="${1:?$usage}"
 mkdir -p "$logs"
+rm -rf "$logs/sandboxes"  # an earlier run's
 # Everything runs in sessions of its own, in the background, so that the EXIT trap stops the whole
 # of each (pytest and its clusters) when the run ends early: a failure here, Ctrl-C, CI's timeout. A
 # signal ends `wait` at once (it would wait for a foreground command first).
@@ -100,5 +102,9 @@ wait "$sandbox"
 sandbox_status=$?
 echo "run-tests: the sandbox lane ended ($sandbox_status); its output:" >&2
 cat "$logs/sandbox.log"
+# A sandbox torn down after a failed test left its logs (tests/sandbox/conftest.py, keep_logs).
+if [ -d "$logs/sandboxes" ]; then
+  echo "run-tests: the logs of sandboxes that saw a test fail: $(ls -d "$logs"/sandboxes/*)" >&2
+fi
 [ "$status" -ne 0 ] || status=$sandbox_status
 exit "$status"
