@@ -269,16 +269,37 @@ def match_container(
     whose in-flight key the request's GPUs name (:func:`tessera.inflight.serves`).
 
     ``taken`` are containers already matched earlier in the same call. Raises
-    :class:`AllocationError` with a message naming the devices and what did not fit.
+    :class:`AllocationError` with a message naming the devices and what did not fit, or, when
+    another pod's container as fresh (or as stale) as the first asks for the same GPUs with other
+    quotas, naming both: the in-flight rule is broken there (the extender cannot have seen one of
+    them), the kubelet's call does not say which one it admits, and a wrong guess serves one pod's
+    quotas to the other. Neither is failed for it; the kubelet fails the pod it admits.
     """
     gpu_count = len(device_ids)
     try:
         uuids = requested_gpus(device_ids, node_gpus)
     except ContractError as e:
         raise AllocationError(f"node {node}: {e}", _concerned(state, gpu_count)) from None
-    for candidate in state.in_flight:
-        if candidate.ref not in taken and serves(candidate.key, uuids):
-            return candidate
+    candidates = [c for c in state.in_flight if c.ref not in taken and serves(c.key, uuids)]
+    if candidates:
+        first = candidates[0]
+        rival = next(
+            (
+                c
+                for c in candidates
+                if c.pod.uid != first.pod.uid and c.stale == first.stale and c.key != first.key
+            ),
+            None,
+        )
+        if rival is None:
+            return first
+        raise AllocationError(
+            f"node {node}: {gpu_count} GPU(s) {sorted(uuids)} are asked for with different quotas by "
+            f"pod {first.pod.ref} container {first.container!r} ({_quotas(first)}) and pod "
+            f"{rival.pod.ref} container {rival.container!r} ({_quotas(rival)}), both in flight; the call "
+            "does not say which one the kubelet admits, so neither is served",
+            (),
+        )
     concerned = _concerned(state, gpu_count)
     reasons = "".join(f"; pod {b.pod.ref}: {b.reason}" for b in concerned)
     reasons = reasons or "".join(_in_flight_of(state, gpu_count, taken))
@@ -287,6 +308,10 @@ def match_container(
         f"(devices {list(device_ids)}){reasons}",
         concerned,
     )
+
+
+def _quotas(container: InFlight) -> str:
+    return ", ".join(f"{g.uuid}: {g.memory_quota_mib} MiB, {g.cores}% cores" for g in container.grants)
 
 
 def pod_complete(pod: PodView, served: Collection[ContainerRef]) -> bool:

@@ -187,6 +187,30 @@ def test_kubelet_picking_other_gpus_names_the_in_flight_pods_of_that_size_but_fa
     assert "ns/q" not in e.value.message
 
 
+def test_two_pods_in_flight_on_the_same_gpus_with_different_quotas_are_served_to_neither() -> None:
+    """The in-flight rule broken (the extender missed one of them, as when the API server died
+    after committing a binding and before answering it): the call cannot say which pod the kubelet
+    admits, and a guess could give one pod's quotas to the other."""
+    s = state(
+        pod("old", {"main": [("GPU-a", 1024, 10)]}, bind_offset=1),
+        pod("new", {"main": [("GPU-a", 2048, 30)]}, bind_offset=2),
+    )
+    with pytest.raises(AllocationError) as e:
+        match_container(["GPU-a::0"], s, node=NODE, node_gpus=GPUS)
+    assert e.value.concerned == ()
+    assert "pod ns/old container 'main' (GPU-a: 1024 MiB, 10% cores)" in e.value.message
+    assert "pod ns/new container 'main' (GPU-a: 2048 MiB, 30% cores)" in e.value.message
+    # Equal quotas, as the rule keeps them, are no ambiguity: the oldest is served.
+    same = state(
+        pod("old", {"main": [("GPU-a", 1024, 10)]}, bind_offset=1),
+        pod("new", {"main": [("GPU-a", 1024, 10)]}, bind_offset=2),
+    )
+    assert match_container(["GPU-a::0"], same, node=NODE, node_gpus=GPUS).pod.name == "old"
+    # One pod's own containers may differ (the kubelet allocates them in spec order).
+    own = state(pod("p", {"a": [("GPU-a", 1024, 10)], "b": [("GPU-a", 2048, 30)]}))
+    assert match_container(["GPU-a::0"], own, node=NODE, node_gpus=GPUS).container == "a"
+
+
 def test_preferred_allocation_steers_to_the_in_flight_gpus() -> None:
     s = state(
         pod("new", {"main": [("GPU-c", 1, 1), ("GPU-a", 1, 1)]}, bind_offset=9),

@@ -38,9 +38,10 @@ def test_measured_use_is_published_with_the_inventory_and_limits_follow_borrowin
     )
     be = in_flight_pod("be", {"main": [("GPU-0", 16384, 0)]}, bind=1, qos=QosClass.BEST_EFFORT)
     be = dataclasses.replace(be, annotations={**be.annotations, KEYS.allocation: dump_allocation(borrowing)})
-    pods = [in_flight_pod("std", {"main": [("GPU-0", 4096, 10)]}, bind=0), be]
-    agent, kube = make_agent(tmp_path, pods)
+    # One after the other, as the in-flight rule has them bound: their keys differ.
+    agent, kube = make_agent(tmp_path, [in_flight_pod("std", {"main": [("GPU-0", 4096, 10)]}, bind=0)])
     agent.allocator.allocate([["GPU-0::0"]])
+    kube.pods.append(be)
     agent.allocator.allocate([["GPU-0::1"]])
     agent.usage.check()
     assert agent.served.oversubscribed_gpus() == {"GPU-0"}

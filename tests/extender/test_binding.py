@@ -229,3 +229,28 @@ def test_thresholds_of_ones_own_decide_the_class(state: ClusterState) -> None:
         parse_allocation(api.pods["p"]["metadata"]["annotations"][KEYS.allocation]).qos
         == QosClass.LATENCY_CRITICAL
     )
+
+
+def test_a_bind_whose_answer_was_lost_still_holds_its_gpu_for_the_in_flight_rule(state: ClusterState) -> None:
+    """The API server committed the binding and died before answering (the chaos test: `Server
+    disconnected`). The pod is bound and in flight, whatever the extender heard: another key may not
+    be bound on its GPU until it is admitted (the device plugin would serve one pod's quotas to the
+    other)."""
+    api = FakeApi([api_pod("p", memory=1024, cores=10), api_pod("q", memory=2048, cores=30)])
+    ext = extender(state, api)
+    committed = api.bind_pod
+
+    async def answer_lost(*args: Any, **kwargs: Any) -> None:
+        await committed(*args, **kwargs)
+        raise ApiError(0, "POST binding: ServerDisconnectedError: Server disconnected")
+
+    api.bind_pod = answer_lost  # type: ignore[method-assign]
+    assert "Server disconnected" in bind(ext, "default", "p", "uid-p", "n")
+    assert api.pods["p"]["spec"]["nodeName"] == "n"
+    api.bind_pod = committed  # type: ignore[method-assign]
+    # The filter's view has p forgotten (its bind failed, its watch not back yet): q is reserved on
+    # p's GPU, and bind would take that reservation unless the node's list counts p again.
+    assert ext.filter(api.pod("q"), ["n"]).passed == ["n"]
+    refused = bind(ext, "default", "q", "uid-q", "n")
+    assert "in flight" in refused, refused
+    assert "nodeName" not in api.pods["q"]["spec"]
