@@ -143,7 +143,9 @@ class Binder:
             self._undo(uid, early)
             return self._fail("not_leader", f"pod {ref}: {not_leading}"), False
         if catch_up.apply(node_pods):
-            # Pods on the node that the watch had not shown yet: the early decision did not see them.
+            # Pods on the node that the watch had not shown yet, or not there (a bind whose answer
+            # was lost, reserved elsewhere by kube-scheduler's retry): the early decision did not
+            # see them.
             self._undo(uid, early)
             early = None
         refused = self._refuse_bind(pod, uid, node)

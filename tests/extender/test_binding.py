@@ -14,7 +14,7 @@ from extender.kube import ApiError
 from extender.leader import LeaderLease
 from extender.state import ClusterState
 from tessera.contract import KEYS, Phase, QosClass, parse_allocation
-from tessera.placement import QosThresholds, SpeedProfiles
+from tessera.placement import PlacementEngine, QosThresholds, SpeedProfiles
 from tests.extender.bindcase import NOW, FakeApi, api_pod, bind, extender, one_gpu_state, used
 from tests.extender.helpers import gpu_pod, inventory, node_object
 
@@ -251,6 +251,41 @@ def test_a_bind_whose_answer_was_lost_still_holds_its_gpu_for_the_in_flight_rule
     # The filter's view has p forgotten (its bind failed, its watch not back yet): q is reserved on
     # p's GPU, and bind would take that reservation unless the node's list counts p again.
     assert ext.filter(api.pod("q"), ["n"]).passed == ["n"]
+    refused = bind(ext, "default", "q", "uid-q", "n")
+    assert "in flight" in refused, refused
+    assert "nodeName" not in api.pods["q"]["spec"]
+
+
+def test_a_pod_found_bound_where_it_was_only_reserved_elsewhere_undoes_the_early_decision() -> None:
+    """The chaos test (seed 7): p's binding went through but its answer was lost, so p was forgotten
+    and kube-scheduler retried it; meanwhile q was reserved on p's GPU, and p's retry reserved on
+    another node. At q's bind the node's list shows p bound on q's GPU with other quotas: q's
+    decision, taken from its reservation before the list, must be taken again (p was counted, but
+    elsewhere)."""
+    state = ClusterState(PlacementEngine(SpeedProfiles()), KEYS, heartbeat_timeout=timedelta(minutes=5))
+    state.replace_nodes(
+        [node_object(n, inventory(n, "Tesla T4", 15360, count=1, split=4), NOW) for n in ("n", "m")], NOW
+    )
+    state.replace_pods([])
+    api = FakeApi([api_pod("p", memory=1024, cores=10), api_pod("q", memory=2048, cores=30)])
+    ext = extender(state, api)
+    committed = api.bind_pod
+
+    async def answer_lost(*args: Any, **kwargs: Any) -> None:
+        await committed(*args, **kwargs)
+        raise ApiError(0, "POST binding: ServerDisconnectedError: Server disconnected")
+
+    api.bind_pod = answer_lost  # type: ignore[method-assign]
+    assert "Server disconnected" in bind(ext, "default", "p", "uid-p", "n")
+    api.bind_pod = committed  # type: ignore[method-assign]
+    assert ext.filter(api.pod("q"), ["n"]).passed == ["n"]
+    # kube-scheduler's retry of p, from its own cache: the pod as it was before the binding.
+    unbound = api.pod("p")
+    unbound["spec"].pop("nodeName")
+    for key in (KEYS.allocation, KEYS.allocation_phase, KEYS.bind_time):
+        unbound["metadata"]["annotations"].pop(key)
+    assert ext.filter(unbound, ["m"]).passed == ["m"]
+    assert state.counts("uid-p")  # reserved, on the other node
     refused = bind(ext, "default", "q", "uid-q", "n")
     assert "in flight" in refused, refused
     assert "nodeName" not in api.pods["q"]["spec"]
