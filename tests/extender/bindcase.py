@@ -28,6 +28,8 @@ class FakeApi:
         self.version = 100
         self.binds = 0
         self.fail_next_bind: ApiError | None = None
+        # The next binding is stored, and its answer lost (the API server killed in between).
+        self.lose_next_answer = False
         self.lease_holder = ""
         self.lease_error: ApiError | None = None
         self.events: list[tuple[str, str, str, bool]] = []  # (pod, reason, message, warning)
@@ -85,6 +87,9 @@ class FakeApi:
         pod["spec"]["nodeName"] = node
         pod["metadata"]["annotations"].update(annotations)
         self.touch(name)
+        if self.lose_next_answer:
+            self.lose_next_answer = False
+            raise ApiError(0, f"POST {name}/binding: ServerDisconnectedError: Server disconnected")
 
 
 def api_pod(name: str, **kwargs: Any) -> JsonObject:

@@ -238,16 +238,9 @@ def test_a_bind_whose_answer_was_lost_still_holds_its_gpu_for_the_in_flight_rule
     other)."""
     api = FakeApi([api_pod("p", memory=1024, cores=10), api_pod("q", memory=2048, cores=30)])
     ext = extender(state, api)
-    committed = api.bind_pod
-
-    async def answer_lost(*args: Any, **kwargs: Any) -> None:
-        await committed(*args, **kwargs)
-        raise ApiError(0, "POST binding: ServerDisconnectedError: Server disconnected")
-
-    api.bind_pod = answer_lost  # type: ignore[method-assign]
+    api.lose_next_answer = True
     assert "Server disconnected" in bind(ext, "default", "p", "uid-p", "n")
     assert api.pods["p"]["spec"]["nodeName"] == "n"
-    api.bind_pod = committed  # type: ignore[method-assign]
     # The filter's view has p forgotten (its bind failed, its watch not back yet): q is reserved on
     # p's GPU, and bind would take that reservation unless the node's list counts p again.
     assert ext.filter(api.pod("q"), ["n"]).passed == ["n"]
@@ -269,15 +262,8 @@ def test_a_pod_found_bound_where_it_was_only_reserved_elsewhere_undoes_the_early
     state.replace_pods([])
     api = FakeApi([api_pod("p", memory=1024, cores=10), api_pod("q", memory=2048, cores=30)])
     ext = extender(state, api)
-    committed = api.bind_pod
-
-    async def answer_lost(*args: Any, **kwargs: Any) -> None:
-        await committed(*args, **kwargs)
-        raise ApiError(0, "POST binding: ServerDisconnectedError: Server disconnected")
-
-    api.bind_pod = answer_lost  # type: ignore[method-assign]
+    api.lose_next_answer = True
     assert "Server disconnected" in bind(ext, "default", "p", "uid-p", "n")
-    api.bind_pod = committed  # type: ignore[method-assign]
     assert ext.filter(api.pod("q"), ["n"]).passed == ["n"]
     # kube-scheduler's retry of p, from its own cache: the pod as it was before the binding.
     unbound = api.pod("p")
