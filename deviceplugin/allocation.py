@@ -25,6 +25,7 @@ from deviceplugin.matching import (
     InFlight,
     NodeSnapshot,
     PodView,
+    grants_text,
     match_container,
     preferred_devices,
     snapshot,
@@ -142,7 +143,7 @@ class Allocator:
                 "Allocate: pod %s container %s gets %s",
                 c.pod.ref,
                 c.container,
-                ", ".join(f"{g.uuid} ({g.memory_quota_mib} MiB, {g.cores}% cores)" for g in c.grants),
+                grants_text(c.grants),
             )
         return answers
 

@@ -295,9 +295,9 @@ def match_container(
             return first
         raise AllocationError(
             f"node {node}: {gpu_count} GPU(s) {sorted(uuids)} are asked for with different quotas by "
-            f"pod {first.pod.ref} container {first.container!r} ({_quotas(first)}) and pod "
-            f"{rival.pod.ref} container {rival.container!r} ({_quotas(rival)}), both in flight; the call "
-            "does not say which one the kubelet admits, so neither is served",
+            f"pod {first.pod.ref} container {first.container!r} ({grants_text(first.grants)}) and "
+            f"pod {rival.pod.ref} container {rival.container!r} ({grants_text(rival.grants)}), both in "
+            "flight; the call does not say which one the kubelet admits, so neither is served",
             (),
         )
     concerned = _concerned(state, gpu_count)
@@ -310,8 +310,9 @@ def match_container(
     )
 
 
-def _quotas(container: InFlight) -> str:
-    return ", ".join(f"{g.uuid}: {g.memory_quota_mib} MiB, {g.cores}% cores" for g in container.grants)
+def grants_text(grants: Iterable[GpuGrant]) -> str:
+    """A container's GPUs and quotas as the agent's logs and refusals name them."""
+    return ", ".join(f"{g.uuid}: {g.memory_quota_mib} MiB, {g.cores}% cores" for g in grants)
 
 
 def pod_complete(pod: PodView, served: Collection[ContainerRef]) -> bool:

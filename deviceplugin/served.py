@@ -19,7 +19,7 @@ from pathlib import Path
 
 from deviceplugin.config import Config
 from deviceplugin.identity import corrected_records
-from deviceplugin.matching import ContainerRef, InFlight, PodView
+from deviceplugin.matching import ContainerRef, InFlight, PodView, grants_text
 from deviceplugin.mps_daemon import mps_paths
 from deviceplugin.oversubscription import GpuPlan
 from deviceplugin.podresources import Owners
@@ -244,12 +244,11 @@ class ServedContainers:
                 self._write_limits(where, resized)
                 self.state.write_record(where, resized)
                 self._records[where] = resized
-                quotas = ", ".join(f"{g.uuid}: {g.memory_quota_mib} MiB, {g.cores}% compute" for g in grants)
                 log.info(
                     "pod %s container %s resized: %s",
                     pod_ref(resized.namespace, resized.pod),
                     resized.container,
-                    quotas,
+                    grants_text(grants),
                 )
                 count += 1
         return count

@@ -179,7 +179,7 @@ def keep_logs(root: Path, into: Path) -> None:
         "node/pod-logs": layout.pod_logs,
         "node/state": install.host_dirs(layout).state,
     }
-    homes = layout.root / "nodes"
+    homes = layout.node_homes
     for home in sorted(homes.iterdir()) if homes.is_dir() else ():
         of_node = layout.of_node(home.name)
         places[f"{home.name}/pod-logs"] = of_node.place(of_node.pod_logs)

@@ -79,9 +79,14 @@ class Layout:
     def node_root(self) -> Path:
         return self.root / "node"
 
+    @property
+    def node_homes(self) -> Path:
+        """Where the host keeps the further nodes' own directories, one per node."""
+        return self.root / "nodes"
+
     def node_home(self, node: str) -> Path:
         """Where the host keeps a further node's own directory."""
-        return self.root / "nodes" / node
+        return self.node_homes / node
 
     def of_node(self, node: str) -> Layout:
         """This layout with a further node's files placed in its own directory."""
