@@ -40,6 +40,7 @@ from sandbox.controlplane import DRA_K8S_VERSION, bin_dir_for
 from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, POD_NETWORK, POD_SUBNET, SERVICE_CIDR, Layout
 from sandbox.processes import StartError
 from tessera.contract import KEYS
+from tests.sandbox.conftest import keep_logs
 
 LAYOUT = Layout(Path("/srv/sbx"))
 
@@ -550,3 +551,35 @@ def test_a_further_nodes_processes_are_read_by_its_namespace_only_while_its_hold
     finally:
         processes.stop(kubelet)
         processes.stop(holder)
+
+
+def test_a_failed_sandboxs_logs_are_kept_from_every_node(tmp_path: Path) -> None:
+    """keep_logs (tests/sandbox/conftest.py): the process logs, and each node's pod logs and Tessera
+    state, the first node's and the further ones' where the host keeps them; a socket in the state
+    directory (the device plugin's) is left, and everything else still copied."""
+    layout = Layout(tmp_path / "sbx")
+    further = layout.of_node("vm-2")
+    files = {
+        layout.logs / "kubelet.log": "kubelet",
+        layout.pod_logs / "default_p_uid" / "main" / "0.log": "pod",
+        install.host_dirs(layout).state / "containers" / "uid" / "main" / "allocation.json": "{}",
+        further.place(further.pod_logs) / "default_q_uid" / "main" / "0.log": "further pod",
+        further.place(install.host_dirs(further).state) / "agent.lock": "vm-2",
+    }
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(install.host_dirs(layout).state / "tessera.sock"))
+    kept = tmp_path / "kept"
+    try:
+        keep_logs(layout.root, kept)
+    finally:
+        listening.close()
+    assert {str(p.relative_to(kept)): p.read_text() for p in kept.rglob("*") if p.is_file()} == {
+        "logs/kubelet.log": "kubelet",
+        "node/pod-logs/default_p_uid/main/0.log": "pod",
+        "node/state/containers/uid/main/allocation.json": "{}",
+        "vm-2/pod-logs/default_q_uid/main/0.log": "further pod",
+        "vm-2/state/agent.lock": "vm-2",
+    }
