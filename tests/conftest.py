@@ -24,6 +24,7 @@ from kubernetes import client, config
 
 from sandbox.controlplane import ControlPlane, ManagedProcess, fake_node_body
 from tests import fuzzing
+from tests.sandbox.conftest import keep_logs_of_failed
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -51,6 +52,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ]
     if unmarked:
         raise pytest.UsageError("tests without the marker of what they need:\n" + "\n".join(unmarked))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if report.failed and report.when == "call":
+        keep_logs_of_failed(item)
+    return report
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:

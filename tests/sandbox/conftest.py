@@ -190,6 +190,15 @@ def keep_logs(root: Path, into: Path) -> None:
                 shutil.copytree(path, into / where, symlinks=True, dirs_exist_ok=True)
 
 
+def keep_logs_of_failed(item: pytest.Item) -> None:
+    """The logs of each sandbox a failed test used, kept at once: a module's last test may bring the
+    sandbox down (the fleet's, the shared one's) before its fixture's teardown would keep them."""
+    for value in getattr(item, "funcargs", {}).values():
+        for sbx in value if isinstance(value, tuple) else (value,):
+            if isinstance(sbx, Sandbox) and sbx.root.is_dir():
+                keep_logs(sbx.root, KEPT_LOGS / sbx.root.name)
+
+
 @contextlib.contextmanager
 def running_sandbox(
     name: str,

@@ -16,6 +16,7 @@ import tarfile
 import time
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -40,6 +41,7 @@ from sandbox.controlplane import DRA_K8S_VERSION, bin_dir_for
 from sandbox.layout import CGROUP_ROOT, CLUSTER_DNS_IP, POD_NETWORK, POD_SUBNET, SERVICE_CIDR, Layout
 from sandbox.processes import StartError
 from tessera.contract import KEYS
+from tests.sandbox import conftest as sandbox_conftest
 from tests.sandbox.conftest import keep_logs
 
 LAYOUT = Layout(Path("/srv/sbx"))
@@ -582,4 +584,25 @@ def test_a_failed_sandboxs_logs_are_kept_from_every_node(tmp_path: Path) -> None
         "node/state/containers/uid/main/allocation.json": "{}",
         "vm-2/pod-logs/default_q_uid/main/0.log": "further pod",
         "vm-2/state/agent.lock": "vm-2",
+    }
+
+
+def test_a_failed_tests_sandboxes_keep_their_logs_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keep_logs_of_failed (tests/conftest.py calls it when a test fails): every sandbox among the
+    test's fixture values, alone or in a (Sandbox, HostView) pair, keeps its logs; one already gone
+    (a test took it down) and other values are passed over."""
+    kept = tmp_path / "kept"
+    monkeypatch.setattr(sandbox_conftest, "KEPT_LOGS", kept)
+    roots = [tmp_path / "shared", tmp_path / "fleet", tmp_path / "gone"]
+    for root in roots[:2]:
+        Layout(root).logs.mkdir(parents=True)
+        (Layout(root).logs / "kubelet.log").write_text(root.name)
+    sandboxes = [sandbox_conftest.Sandbox(root, None, None) for root in roots]  # type: ignore[arg-type]
+    item = SimpleNamespace(funcargs={"a": sandboxes[0], "b": (sandboxes[1], None), "c": sandboxes[2], "d": 1})
+    sandbox_conftest.keep_logs_of_failed(item)  # type: ignore[arg-type]
+    assert {str(p.relative_to(kept)): p.read_text() for p in kept.rglob("*") if p.is_file()} == {
+        "shared/logs/kubelet.log": "shared",
+        "fleet/logs/kubelet.log": "fleet",
     }
