@@ -45,6 +45,7 @@ from sandbox import (
     monitoring,
     nodelife,
     nodes,
+    seeds,
 )
 from sandbox.controlplane import (
     DRA_K8S_VERSION,
@@ -283,15 +284,14 @@ def _start_all(
     tarballs = {**images.write_images(layout.images), **install.image_archives()}
     files = gpu.prepare(layout)
     containerd.write_files(layout, files.container_mounts(), files.container_env(), options.containerd_bin)
+    seed = seeds.seed(tarballs, options.containerd_bin)
+    seeds.plant(seed, layout.place(layout.containerd_root))
     starting.add(containerd.start_containerd(layout))
-    containerd.import_images(layout, tarballs)
 
     plane = ControlPlane(
         work_dir=layout.cluster, bin_dir=options.kubernetes_bin, service_accounts=True, address=BRIDGE_ADDRESS
     )
-    setup = nodelife.Cluster(
-        layout, plane.kubeconfig, options.kubernetes_bin, options.containerd_bin, tarballs
-    )
+    setup = nodelife.Cluster(layout, plane.kubeconfig, options.kubernetes_bin, options.containerd_bin, seed)
     # The further nodes are made meanwhile (network, files, containerd and its images): they need no
     # control plane until their kubelets start. Leaving the block waits for them, also on failure,
     # so that `up`'s undo stops what they started too.

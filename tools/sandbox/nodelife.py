@@ -13,13 +13,13 @@ import datetime
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes import client
 
-from sandbox import addons, containerd, gpu, host, install, kubelet, nodes
+from sandbox import addons, containerd, gpu, host, install, kubelet, nodes, seeds
 from sandbox.layout import BRIDGE_ADDRESS, CGROUP_ROOT, HOST_CONTAINERD_RUN, Layout
 from sandbox.processes import Started, StartError, alive, kill, start, stop, wait_for
 from sandbox.record import FurtherNode, SandboxState, api_client, node_ready, running_state, save_state
@@ -64,8 +64,9 @@ class Cluster:
     kubeconfig: Path
     kubernetes_bin: Path
     containerd_bin: Path | None
-    # The images imported into the node's containerd when it is first made.
-    tarballs: Mapping[str, Path]
+    # The containerd root, the images imported, that the node's starts as when it is first made
+    # (sandbox.seeds); None where no node is made.
+    seed: Path | None
 
 
 def _write_files(cluster: Cluster, node: FurtherNode) -> None:
@@ -95,14 +96,16 @@ def _write_files(cluster: Cluster, node: FurtherNode) -> None:
 def _start_runtime(
     cluster: Cluster, node: FurtherNode, add: Callable[[Started], Started], *, first: bool, timeout: float
 ) -> Started:
-    """The holder and containerd (the images imported ``first``); returns the holder."""
+    """The holder and containerd (its root seeded with the images ``first``); returns the holder."""
     layout = cluster.layout.of_node(node.name)
     host.create_cgroup_root(nodes.cgroup_root(node.name))
     holder = add(nodes.start_holder(cluster.layout, node.name, node.addresses))
     enter = nodes.enter(holder)
-    add(containerd.start_containerd(layout, timeout, name=node.process_name("containerd"), enter=enter))
     if first:
-        containerd.import_images(layout, cluster.tarballs)
+        if cluster.seed is None:
+            raise StartError(f"node {node.name}: no seed to make its containerd root from")
+        seeds.plant(cluster.seed, layout.place(layout.containerd_root))
+    add(containerd.start_containerd(layout, timeout, name=node.process_name("containerd"), enter=enter))
     return holder
 
 
@@ -298,7 +301,7 @@ def start_node(root: Path, name: str, timeout: float = 120.0) -> None:
         home = layout.of_node(name)
         shutil.rmtree(home.place(home.containerd_state), ignore_errors=True)
         shutil.rmtree(nodes.host_dir(layout, name, HOST_CONTAINERD_RUN), ignore_errors=True)
-        cluster = Cluster(layout, Path(state.kubeconfig), Path(state.kubernetes_bin), None, {})
+        cluster = Cluster(layout, Path(state.kubeconfig), Path(state.kubernetes_bin), None, None)
         holder = _start_runtime(cluster, node, add, first=False, timeout=timeout)
         join(cluster, node, holder, add, timeout)
         kubelet_process = started[node.process_name("kubelet")]
