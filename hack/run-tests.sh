@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The test run of `make test`, once `make test-deps` has built everything (the Makefile passes the DRA
-# path's Kubernetes version, DRA_K8S_VERSION). Two lanes run at once, because the sandbox tests mostly
-# wait (on pods, processes, timers) and leave a core idle:
+# path's Kubernetes version, DRA_K8S_VERSION). Lanes run at once, because the sandbox tests mostly
+# wait (on pods, processes, timers) and leave the cores idle:
 #
-#   the sandbox lane, at normal priority (the longest, so it sets the run's time): the tests that bring
-#     up a sandbox, one at a time (one sandbox fits a host: its bridge and the kubelet's host paths
-#     are fixed), then the DRA path's sandbox tests;
-#   the other lane, at nice 10, so that it takes only what the sandbox lane leaves: the tests that
+#   two sandbox lanes, at normal priority, each bringing up one sandbox at a time (one sandbox fits a
+#     host: its bridge and the kubelet's host paths are fixed):
+#     the sandbox lane, on this host: the device plugin path's shared sandbox and its fleet of three;
+#     the second sandbox lane, in a host of its own (sandbox.ownhost: network and mount namespaces of
+#       its own, a cgroup subtree of its own): the device plugin path's lifecycle and chart tests,
+#       then the DRA path's sandbox tests;
+#   the other lane, at nice 10, so that it takes only what the sandbox lanes leave: the tests that
 #     need no cluster, in three worker processes as `make check` runs them (valgrind's and
 #     Prometheus's too); those that need a control plane (each its own, on loopback ports) or look
 #     into the images (buildah, and a containerd of their own), in two;
@@ -15,17 +18,21 @@
 #     kube-scheduler).
 #
 # When the other lane is done, the tests that hold host latencies to tight bounds, then those that
-# hold GPU time shares on the wall clock, run beside the sandbox lane at a high CPU priority.
+# hold GPU time shares on the wall clock, run beside the sandbox lanes at a high CPU priority.
 #
-# Every step runs even when an earlier one failed; the exit status is the first failure's. The
-# sandbox lane's output goes to build/test-logs/sandbox.log, printed when the lane ends; a sandbox
-# that saw a test fail keeps its logs under build/test-logs/sandboxes.
+# Every step runs even when an earlier one failed; the exit status is the first failure's. Each
+# sandbox lane's output goes to build/test-logs/LANE.log, printed when the lane ends; a sandbox that
+# saw a test fail keeps its logs under build/test-logs/sandboxes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage="usage: hack/run-tests.sh DRA_K8S_VERSION"
 logs=build/test-logs
 pytest=.venv/bin/pytest
+python=.venv/bin/python
+# The device plugin path's sandbox tests that the second sandbox lane runs: each brings up sandboxes
+# of its own, none the shared one or the fleet.
+second_lane_tests=(tests/sandbox/test_lifecycle.py tests/sandbox/test_chart_lifecycle.py)
 
 status=0
 run() {
@@ -48,12 +55,16 @@ newest_device_plugin_tests() {
   bin="$(dra_bin)" && TESSERA_K8S_BIN="$bin" $pytest tests/deviceplugin/test_plugin.py tests/extender/test_k8s.py
 }
 
-# A lane, run by this script itself: `hack/run-tests.sh --lane sandbox|other DRA_K8S_VERSION`.
+# A lane, run by this script itself: `hack/run-tests.sh --lane sandbox|second-sandbox|other
+# DRA_K8S_VERSION`.
 if [ "${1:-}" = --lane ]; then
   dra_version="${3:?$usage}"
   case "$2" in
     sandbox)
-      run $pytest --ignore=tests/draplugin -m sandbox
+      run $pytest --ignore=tests/draplugin "${second_lane_tests[@]/#/--ignore=}" -m sandbox
+      ;;
+    second-sandbox)
+      run $pytest "${second_lane_tests[@]}" -m sandbox
       run dra_tests -m sandbox
       ;;
     other)
@@ -71,6 +82,20 @@ fi
 dra_version="${1:?$usage}"
 mkdir -p "$logs"
 rm -rf "$logs/sandboxes"  # an earlier run's
+# The kernel settings each kubelet writes when it starts (sandbox.host.KUBELET_SYSCTLS), written once
+# for the whole run and put back after it: they are the machine's, shared by the sandbox lanes, and
+# a kubelet of one lane starting between the other's `up` and its check after `down` would
+# otherwise change them under it.
+kubelet_sysctls=()
+while IFS= read -r setting; do kubelet_sysctls+=("$setting"); done < <(
+  $python -c 'from sandbox.host import KUBELET_SYSCTLS as s; print("\n".join(f"{k}={v}" for k, v in s.items()))'
+)
+sysctls_before=()
+for setting in "${kubelet_sysctls[@]}"; do
+  key="${setting%%=*}"
+  sysctls_before+=("$key=$(cat "/proc/sys/$key")")
+  echo "${setting#*=}" >"/proc/sys/$key"
+done
 # Everything runs in sessions of its own, in the background, so that the EXIT trap stops the whole
 # of each (pytest and its clusters) when the run ends early: a failure here, Ctrl-C, CI's timeout. A
 # signal ends `wait` at once (it would wait for a foreground command first).
@@ -79,17 +104,38 @@ start() {
   setsid "$@" &
   sessions+=("$!")
 }
-trap 'for s in "${sessions[@]}"; do kill -- -"$s" 2>/dev/null; done' EXIT
+running() {
+  local s
+  for s in "${sessions[@]}"; do kill -0 -- -"$s" 2>/dev/null && return 0; done
+  return 1
+}
+finish() {
+  for s in "${sessions[@]}"; do kill -- -"$s" 2>/dev/null; done
+  # A lane's tests bring their sandboxes down on the signal: the kernel settings go back once they are
+  # gone (two minutes at most), or a `down` after it would write the kubelet's again.
+  for _ in $(seq 120); do running || break; sleep 1; done
+  for setting in "${sysctls_before[@]}"; do echo "${setting#*=}" >"/proc/sys/${setting%%=*}"; done
+  rm -rf build/hosts
+}
+trap finish EXIT
 trap 'exit 143' TERM INT HUP
 
-start "$0" --lane sandbox "$dra_version" >"$logs/sandbox.log" 2>&1
-sandbox=$!
-echo "run-tests: the sandbox lane runs beside this one (log: $logs/sandbox.log)" >&2
+# A lane whose output goes to its log: NAME COMMAND...; its PID in lanes[NAME].
+declare -A lanes
+start_logged() {
+  local name=$1
+  shift
+  start "$@" >"$logs/$name.log" 2>&1
+  lanes[$name]=$!
+}
+start_logged sandbox "$0" --lane sandbox "$dra_version"
+start_logged second-sandbox $python -m sandbox.ownhost second build/hosts/second "$0" --lane second-sandbox "$dra_version"
+echo "run-tests: the sandbox lanes run beside this one (logs: $logs/sandbox.log, $logs/second-sandbox.log)" >&2
 
 start nice -n 10 "$0" --lane other "$dra_version"
 run wait "$!"
 # The tests that hold host latencies to tight bounds, once the other lane is done: beside the sandbox
-# lane, which mostly waits, at nice -15, so that its processes never wait on the lane's (they sleep
+# lanes, which mostly wait, at nice -15, so that its processes never wait on the lanes' (they sleep
 # most of their time and take little CPU).
 start nice -n -15 $pytest -m alone
 run wait "$!"
@@ -98,13 +144,15 @@ run wait "$!"
 # sandboxes, a 60% share measured 54.7%; docs/benchmarks.md, "Sandboxes side by side").
 start nice -n -15 $pytest -m wallclock
 run wait "$!"
-wait "$sandbox"
-sandbox_status=$?
-echo "run-tests: the sandbox lane ended ($sandbox_status); its output:" >&2
-cat "$logs/sandbox.log"
+for name in sandbox second-sandbox; do
+  wait "${lanes[$name]}"
+  lane_status=$?
+  echo "run-tests: the $name lane ended ($lane_status); its output:" >&2
+  cat "$logs/$name.log"
+  [ "$status" -ne 0 ] || status=$lane_status
+done
 # A sandbox torn down after a failed test left its logs (tests/sandbox/conftest.py, keep_logs).
 if [ -d "$logs/sandboxes" ]; then
   echo "run-tests: the logs of sandboxes that saw a test fail: $(ls -d "$logs"/sandboxes/*)" >&2
 fi
-[ "$status" -ne 0 ] || status=$sandbox_status
 exit "$status"
