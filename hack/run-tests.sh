@@ -9,20 +9,20 @@
 #     the second sandbox lane, in a host of its own (sandbox.ownhost: network and mount namespaces of
 #       its own, a cgroup subtree of its own): the device plugin path's lifecycle and chart tests,
 #       then the DRA path's sandbox tests;
-#   the other lane, at nice 10, so that it takes only what the sandbox lanes leave: the tests that
-#     need no cluster, in three worker processes as `make check` runs them (valgrind's and
-#     Prometheus's too); those that need a control plane (each its own, on loopback ports) or look
-#     into the images (buildah, and a containerd of their own), in two;
-#     then the DRA path's control-plane tests, and the device plugin path on the newest Kubernetes
-#     (the node agent's integration tests against its kube-apiserver, the extender behind its
-#     kube-scheduler).
+#   two more lanes, at nice 10, so that they take only what the sandbox lanes leave:
+#     the other lane: the tests that need no cluster, in three worker processes as `make check` runs
+#       them (valgrind's and Prometheus's too); then those that need a control plane (each its own,
+#       on loopback ports) or look into the images (buildah, and a containerd of their own), in two;
+#     the newest lane: the DRA path's control-plane tests, then the device plugin path on the newest
+#       Kubernetes (the node agent's integration tests against its kube-apiserver, the extender
+#       behind its kube-scheduler).
 #
-# When the other lane is done, the tests that hold host latencies to tight bounds, then those that
-# hold GPU time shares on the wall clock, run beside the sandbox lanes at a high CPU priority.
+# When both are done, the tests that hold host latencies to tight bounds, then those that hold GPU
+# time shares on the wall clock, run beside the sandbox lanes at a high CPU priority.
 #
-# Every step runs even when an earlier one failed; the exit status is the first failure's. Each
-# sandbox lane's output goes to build/test-logs/LANE.log, printed when the lane ends; a sandbox that
-# saw a test fail keeps its logs under build/test-logs/sandboxes.
+# Every step runs even when an earlier one failed; the exit status is the first failure's. The output
+# of the sandbox lanes and the newest lane goes to build/test-logs/LANE.log, printed when the lane
+# ends; a sandbox that saw a test fail keeps its logs under build/test-logs/sandboxes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,7 +55,7 @@ newest_device_plugin_tests() {
   bin="$(dra_bin)" && TESSERA_K8S_BIN="$bin" $pytest tests/deviceplugin/test_plugin.py tests/extender/test_k8s.py
 }
 
-# A lane, run by this script itself: `hack/run-tests.sh --lane sandbox|second-sandbox|other
+# A lane, run by this script itself: `hack/run-tests.sh --lane sandbox|second-sandbox|other|newest
 # DRA_K8S_VERSION`.
 if [ "${1:-}" = --lane ]; then
   dra_version="${3:?$usage}"
@@ -71,6 +71,8 @@ if [ "${1:-}" = --lane ]; then
       run $pytest --ignore=tests/draplugin -m "not sandbox and not k8s and not images and not alone and not wallclock" \
         --numprocesses=3 --dist=loadfile
       run $pytest --ignore=tests/draplugin -m "(k8s or images) and not sandbox" --numprocesses=2 --dist=loadfile
+      ;;
+    newest)
       run dra_tests -m "not sandbox"
       run newest_device_plugin_tests
       ;;
@@ -132,9 +134,19 @@ start_logged sandbox "$0" --lane sandbox "$dra_version"
 start_logged second-sandbox $python -m sandbox.ownhost second build/hosts/second "$0" --lane second-sandbox "$dra_version"
 echo "run-tests: the sandbox lanes run beside this one (logs: $logs/sandbox.log, $logs/second-sandbox.log)" >&2
 
+# Each logged lane's end: its status (the run's, when it is the first failure), then its output.
+ended() {
+  wait "${lanes[$1]}"
+  local lane_status=$?
+  echo "run-tests: the $1 lane ended ($lane_status); its output:" >&2
+  cat "$logs/$1.log"
+  [ "$status" -ne 0 ] || status=$lane_status
+}
+start_logged newest nice -n 10 "$0" --lane newest "$dra_version"
 start nice -n 10 "$0" --lane other "$dra_version"
 run wait "$!"
-# The tests that hold host latencies to tight bounds, once the other lane is done: beside the sandbox
+ended newest
+# The tests that hold host latencies to tight bounds, once those lanes are done: beside the sandbox
 # lanes, which mostly wait, at nice -15, so that its processes never wait on the lanes' (they sleep
 # most of their time and take little CPU).
 start nice -n -15 $pytest -m alone
@@ -144,13 +156,8 @@ run wait "$!"
 # sandboxes, a 60% share measured 54.7%; docs/benchmarks.md, "Sandboxes side by side").
 start nice -n -15 $pytest -m wallclock
 run wait "$!"
-for name in sandbox second-sandbox; do
-  wait "${lanes[$name]}"
-  lane_status=$?
-  echo "run-tests: the $name lane ended ($lane_status); its output:" >&2
-  cat "$logs/$name.log"
-  [ "$status" -ne 0 ] || status=$lane_status
-done
+ended sandbox
+ended second-sandbox
 # A sandbox torn down after a failed test left its logs (tests/sandbox/conftest.py, keep_logs).
 if [ -d "$logs/sandboxes" ]; then
   echo "run-tests: the logs of sandboxes that saw a test fail: $(ls -d "$logs"/sandboxes/*)" >&2
