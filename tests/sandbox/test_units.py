@@ -9,10 +9,12 @@ import io
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import tarfile
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -559,7 +561,16 @@ def test_a_failed_sandboxs_logs_are_kept_from_every_node(tmp_path: Path) -> None
     """keep_logs (tests/sandbox/conftest.py): the process logs, and each node's pod logs and Tessera
     state, the first node's and the further ones' where the host keeps them; a socket in the state
     directory (the device plugin's) is left, and everything else still copied."""
-    layout = Layout(tmp_path / "sbx")
+    # A short root, as a sandbox's own: the socket's path must fit sockaddr_un (pytest's tmp_path,
+    # deep under an xdist worker's directory, may not).
+    short = Path(tempfile.mkdtemp(prefix="tkl-", dir="/tmp"))
+    try:
+        _keeps_every_nodes_logs(Layout(short / "sbx"), tmp_path / "kept")
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _keeps_every_nodes_logs(layout: Layout, kept: Path) -> None:
     further = layout.of_node("vm-2")
     files = {
         layout.logs / "kubelet.log": "kubelet",
@@ -573,7 +584,6 @@ def test_a_failed_sandboxs_logs_are_kept_from_every_node(tmp_path: Path) -> None
         path.write_text(text)
     listening = socket.socket(socket.AF_UNIX)
     listening.bind(str(install.host_dirs(layout).state / "tessera.sock"))
-    kept = tmp_path / "kept"
     try:
         keep_logs(layout.root, kept)
     finally:
