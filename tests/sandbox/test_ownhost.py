@@ -13,6 +13,7 @@ import pytest
 
 from sandbox import host, ownhost
 from sandbox.layout import CGROUP_ROOT_ENV, HOST_NODE_PATHS, cgroup_root_of
+from tests.waiting import wait_for
 
 # Pure parts first; the rest makes namespaces and mounts (root: the `sandbox` marker).
 
@@ -99,7 +100,12 @@ def test_preflight_inside_counts_no_runtime_of_the_machine_and_the_machine_none_
     outside = subprocess.Popen([str(program), "60"])
     count = "from sandbox import host; print(sorted(p for p, _ in host.processes_named(['containerd'])))"
     try:
-        assert outside.pid in dict(host.processes_named(["containerd"]))
+        # Seen once it has run the program (a child not yet past exec still has its parent's name).
+        wait_for(
+            lambda: outside.pid in dict(host.processes_named(["containerd"])),
+            timeout=30,
+            what="the machine's containerd counted outside",
+        )
         script = f'{program} 60 & echo $!; {sys.executable} -c "{count}"; kill $!'
         done = _inside(tmp_path / "host", "bash", "-c", script)
         assert done.returncode == 0, done.stderr
