@@ -451,8 +451,11 @@ def test_losing_the_node_of_the_leading_scheduler_loses_no_scheduling(sbx: Sandb
                      timeout=300, what="all 20 pods placed and running on the other nodes")  # fmt: skip
         except AssertionError as e:
             raise AssertionError(f"{e}: {_not_running(sbx)[:10]}") from None
-        twice = {n: c for n, c in _scheduled_events(sbx, set(names)).items() if c != 1}
-        assert not twice, f"pods not bound exactly once: {twice}"
+        # Every pod runs, so each was bound; none may have been bound twice. Not "exactly one event":
+        # the replica on the stopped node sends its events in batches, and those of the pods it bound
+        # just before its node went are lost with it (a cold run found four pods with none).
+        twice = {n: c for n, c in _scheduled_events(sbx, set(names)).items() if c > 1}
+        assert not twice, f"pods bound more than once: {twice}"
 
 
 def _agents(sbx: Sandbox) -> list[Any]:
