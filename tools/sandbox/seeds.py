@@ -2,7 +2,7 @@
 pulled in advance is: the images are imported once into a *seed* (a containerd root kept under
 ``build/containerd-seeds``, one per containerd program and set of image archives), and each node's
 root starts as a copy of the seed. Importing the images took a node's containerd about 8 CPU-seconds
-and 7 wall seconds at every `up` (docs/benchmarks.md, "Seeded containerd roots"); the copy takes 0.3.
+and 7 wall seconds at every `up` (docs/benchmarks.md, "Seeded roots, two sandbox lanes"); the copy takes 0.3.
 
 The copy hard-links the content blobs and the snapshots' files, which is safe because containerd
 never writes either once an image is unpacked: a container writes into an upper directory of its
@@ -108,7 +108,7 @@ def plant(seed_root: Path, root: Path) -> None:
     linked = os.stat(seed_root).st_dev == os.stat(root).st_dev
     copy = ["cp", "--archive", *(["--link"] if linked else []), f"{seed_root}/.", str(root)]
     subprocess.run(copy, check=True, capture_output=True)
-    for database in DATABASES:
+    for database in DATABASES if linked else ():  # copied already where nothing is linked
         target = root / database
         if target.exists():
             target.unlink()
