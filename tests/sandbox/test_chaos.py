@@ -89,6 +89,8 @@ class Chaos:
     stop: threading.Event = field(default_factory=threading.Event)
     kills: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     errors: list[str] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)
+    """Each kill as it began ("HH:MM:SS component[@node]"), for a failure's message."""
 
     def schedule(self) -> Iterator[str]:
         while True:
@@ -102,20 +104,23 @@ class Chaos:
                 if self.stop.wait(self.rng.uniform(*KILL_GAP)):
                     return
                 self.kill(component)
-        except Exception as e:  # surfaced by the test, which joins this thread
-            self.errors.append(f"{type(e).__name__}: {e}")
+        except Exception as e:  # surfaced by the test, which joins this thread and polls this list
+            self.errors.append(f"{time.strftime('%H:%M:%S')} {self.history[-1:]}: {type(e).__name__}: {e}")
 
     def kill(self, component: str) -> None:
         if component in ("kubelet", "containerd"):
             node = self.rng.choice(self.nodes)
             where = component if node == self.nodes[0] else f"{node}/{component}"
+            self.history.append(f"{time.strftime('%H:%M:%S')} {component}@{node}")
             cluster.restart(self.root, where, timeout=180, crash=True)
         elif component in ("kube-apiserver", "etcd"):
+            self.history.append(f"{time.strftime('%H:%M:%S')} {component}")
             cluster.restart(self.root, component, timeout=180, crash=True)
         else:
             pids = processes_named(f"tessera-{component}")
             if not pids:  # its container is between restarts: nothing to kill this time
                 return
+            self.history.append(f"{time.strftime('%H:%M:%S')} {component}")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.rng.choice(sorted(pids)), signal.SIGKILL)
         self.kills[component] += 1
@@ -262,6 +267,20 @@ def settled(pod: Any, events: dict[str, list[str]]) -> tuple[str, str] | None:
     return None
 
 
+def nodes_now(core: client.CoreV1Api) -> str:
+    """Each node's Ready condition (since when, why) and taints, for a failure message."""
+    lines = []
+    for node in kubeapi.retried(lambda: core.list_node().items):
+        ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
+        since = (
+            ready.last_transition_time.strftime("%H:%M:%S") if ready and ready.last_transition_time else "?"
+        )
+        state = f"Ready={ready.status} since {since} ({ready.reason})" if ready else "no Ready condition"
+        taints = ",".join(f"{t.key}:{t.effect}" for t in node.spec.taints or [])
+        lines.append(f"{node.metadata.name} {state} taints [{taints}]")
+    return "; ".join(lines)
+
+
 def describe(pod: Any) -> str:
     """Where a pod stands, for a failure message: phase, node, conditions, containers' states."""
     conditions = ",".join(f"{c.type}={c.status}({c.reason or ''})" for c in pod.status.conditions or [])
@@ -337,15 +356,20 @@ class Waves:
                 events[e.involved_object.name].append(e.message or "")
         return {name: settled(pods[name], events) if name in pods else None for name in names}
 
-    def run(self, label: str, hold: float) -> dict[str, int]:
+    def run(self, label: str, hold: float, broken: Callable[[], list[str]] = list) -> dict[str, int]:
+        """``broken``: why the cluster can no longer settle the wave (a kill whose component never
+        came back), which ends the wave at once instead of at its deadline."""
         names = [f"{label}-{i:02d}" for i in range(PODS_PER_WAVE)]
         for name in names:
             kubeapi.create_pod(self.core, self.pod(name))
         deadline = time.monotonic() + 420
         while None in (now := self.states(names)).values():
             waiting = [n for n, s in now.items() if s is None]
-            assert time.monotonic() < deadline, f"{label}: {len(waiting)} pods never settled: " + "; ".join(
-                describe(p) for p in self.pods() if p.metadata.name in waiting[:10]
+            assert not (why := broken()), f"{label}: {len(waiting)} pods waiting, and {why}"
+            assert time.monotonic() < deadline, (
+                f"{label}: {len(waiting)} pods never settled: "
+                + "; ".join(describe(p) for p in self.pods() if p.metadata.name in waiting[:10])
+                + f"; nodes: {nodes_now(self.core)}"
             )
             time.sleep(2)
         self.check()
@@ -368,7 +392,10 @@ class Waves:
             kubeapi.delete_pod(self.core, name)
         deadline = time.monotonic() + 180
         while any(p.metadata.name in names for p in self.pods()) or not self.freed():
-            assert time.monotonic() < deadline, f"{label}: pods or what they held not gone after 180 s"
+            assert not (why := broken()), f"{label}: pods or what they held not gone, and {why}"
+            assert time.monotonic() < deadline, (
+                f"{label}: pods or what they held not gone after 180 s; nodes: {nodes_now(self.core)}"
+            )
             time.sleep(1)
         return dict(wave)
 
@@ -406,7 +433,10 @@ def waves_under_kills(chaos: Chaos, invariants: Watcher, waves: Waves, back: Cal
         thread.start()
     try:
         for n in range(WAVES):
-            wave = waves.run(f"chaos-{n}", hold=HOLD_SECONDS)
+            try:
+                wave = waves.run(f"chaos-{n}", hold=HOLD_SECONDS, broken=lambda: chaos.errors)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\nthe last kills: {chaos.history[-8:]}") from e
             print(f"wave {n}: {wave}; kills so far {dict(chaos.kills)}", flush=True)
             assert not chaos.errors, chaos.errors
     finally:
