@@ -57,8 +57,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
     report: pytest.TestReport = yield
-    if report.failed and report.when == "call":
-        keep_logs_of_failed(item)
+    if report.failed and report.when == "call" and (errors := keep_logs_of_failed(item)):
+        report.sections.append(("the sandboxes' last errors", errors))
     return report
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -190,13 +191,44 @@ def keep_logs(root: Path, into: Path) -> None:
                 shutil.copytree(path, into / where, symlinks=True, dirs_exist_ok=True)
 
 
-def keep_logs_of_failed(item: pytest.Item) -> None:
+def _sandboxes_of(item: pytest.Item) -> list[Sandbox]:
+    """The sandboxes among a test's fixture values, alone or in a (Sandbox, HostView) pair, that are
+    still there (a test may have taken one down)."""
+    values = getattr(item, "funcargs", {}).values()
+    found = [sbx for value in values for sbx in (value if isinstance(value, tuple) else (value,))]
+    return [sbx for sbx in found if isinstance(sbx, Sandbox) and sbx.root.is_dir()]
+
+
+def keep_logs_of_failed(item: pytest.Item) -> str:
     """The logs of each sandbox a failed test used, kept at once: a module's last test may bring the
-    sandbox down (the fleet's, the shared one's) before its fixture's teardown would keep them."""
-    for value in getattr(item, "funcargs", {}).values():
-        for sbx in value if isinstance(value, tuple) else (value,):
-            if isinstance(sbx, Sandbox) and sbx.root.is_dir():
-                keep_logs(sbx.root, KEPT_LOGS / sbx.root.name)
+    sandbox down (the fleet's, the shared one's) before its fixture's teardown would keep them.
+    Returns their last errors (:func:`last_errors`), for the failure's report: a CI machine and what
+    it kept are gone once its run ends."""
+    digests = []
+    for sbx in _sandboxes_of(item):
+        keep_logs(sbx.root, KEPT_LOGS / sbx.root.name)
+        digests.append(last_errors(Layout(sbx.root).logs))
+    return "\n".join(filter(None, digests))
+
+
+# The logs whose errors say why a node stopped serving, and how an error line begins in each: klog's
+# level and date ("E1207 04:22:31.123456"), containerd's logrus field.
+NODE_LOGS = ("kubelet.log", "containerd.log")
+ERROR_LINE = re.compile(r"^E\d{4} |level=error")
+
+
+def last_errors(logs: Path, per_log: int = 6, width: int = 240) -> str:
+    """The last ``per_log`` error lines (cut to ``width``) of each node's kubelet and containerd log."""
+    digest = []
+    for log in sorted(logs.glob("*.log")) if logs.is_dir() else ():
+        if not log.name.endswith(NODE_LOGS):
+            continue
+        with log.open(errors="replace") as lines:
+            errors = [line.rstrip()[:width] for line in lines if ERROR_LINE.search(line)]
+        if errors:
+            digest.append(f"{logs.parent.name}/{log.name}:")
+            digest.extend(f"  {line}" for line in errors[-per_log:])
+    return "\n".join(digest)
 
 
 @contextlib.contextmanager

@@ -275,7 +275,11 @@ def nodes_now(core: client.CoreV1Api) -> str:
         since = (
             ready.last_transition_time.strftime("%H:%M:%S") if ready and ready.last_transition_time else "?"
         )
-        state = f"Ready={ready.status} since {since} ({ready.reason})" if ready else "no Ready condition"
+        state = (
+            f"Ready={ready.status} since {since} ({ready.reason}: {(ready.message or '')[:160]})"
+            if ready
+            else "no Ready condition"
+        )
         taints = ",".join(f"{t.key}:{t.effect}" for t in node.spec.taints or [])
         lines.append(f"{node.metadata.name} {state} taints [{taints}]")
     return "; ".join(lines)

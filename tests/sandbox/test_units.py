@@ -611,8 +611,30 @@ def test_a_failed_tests_sandboxes_keep_their_logs_at_once(
         (Layout(root).logs / "kubelet.log").write_text(root.name)
     sandboxes = [sandbox_conftest.Sandbox(root, None, None) for root in roots]  # type: ignore[arg-type]
     item = SimpleNamespace(funcargs={"a": sandboxes[0], "b": (sandboxes[1], None), "c": sandboxes[2], "d": 1})
-    sandbox_conftest.keep_logs_of_failed(item)  # type: ignore[arg-type]
+    assert sandbox_conftest.keep_logs_of_failed(item) == ""  # type: ignore[arg-type]
     assert {str(p.relative_to(kept)): p.read_text() for p in kept.rglob("*") if p.is_file()} == {
         "shared/logs/kubelet.log": "shared",
         "fleet/logs/kubelet.log": "fleet",
     }
+
+
+def test_a_failed_tests_report_names_each_nodes_last_kubelet_and_containerd_errors(tmp_path: Path) -> None:
+    """last_errors: the last lines at error level (klog's E, containerd's level=error) of every node's
+    kubelet and containerd log, the sandbox named; other logs and levels are left out."""
+    logs = Layout(tmp_path / "tessera-fleet-1").logs
+    logs.mkdir(parents=True)
+    (logs / "kubelet.log").write_text(
+        "".join(f"E1207 04:22:{i:02d}.000000 1 kubelet.go:1] error {i}\n" for i in range(8))
+        + "I1207 04:23:00.000000 1 kubelet.go:1] fine\n"
+    )
+    (logs / "vm-2-containerd.log").write_text(
+        'time="t" level=info msg="fine"\ntime="t" level=error msg="shim gone"\n'
+    )
+    (logs / "kube-apiserver.log").write_text("E1207 04:22:00.000000 1 x.go:1] not a node's\n")
+    assert sandbox_conftest.last_errors(logs, per_log=2).splitlines() == [
+        "tessera-fleet-1/kubelet.log:",
+        "  E1207 04:22:06.000000 1 kubelet.go:1] error 6",
+        "  E1207 04:22:07.000000 1 kubelet.go:1] error 7",
+        "tessera-fleet-1/vm-2-containerd.log:",
+        '  time="t" level=error msg="shim gone"',
+    ]
