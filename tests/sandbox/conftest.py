@@ -196,7 +196,9 @@ def _sandboxes_of(item: pytest.Item) -> list[Sandbox]:
     still there (a test may have taken one down)."""
     values = getattr(item, "funcargs", {}).values()
     found = [sbx for value in values for sbx in (value if isinstance(value, tuple) else (value,))]
-    return [sbx for sbx in found if isinstance(sbx, Sandbox) and sbx.root.is_dir()]
+    # One sandbox is often several of the test's fixtures (``fleet``, ``sbx``, a pair): once each.
+    by_root = {sbx.root: sbx for sbx in found if isinstance(sbx, Sandbox) and sbx.root.is_dir()}
+    return list(by_root.values())
 
 
 def keep_logs_of_failed(item: pytest.Item) -> str:
@@ -212,19 +214,26 @@ def keep_logs_of_failed(item: pytest.Item) -> str:
 
 
 # The logs whose errors say why a node stopped serving, and how an error line begins in each: klog's
-# level and date ("E1207 04:22:31.123456"), containerd's logrus field.
+# level and date ("E1207 04:22:31.123456"), containerd's logrus field. Left out: a container's status
+# asked for after it was removed (NotFound), which both log at every pod's deletion.
 NODE_LOGS = ("kubelet.log", "containerd.log")
 ERROR_LINE = re.compile(r"^E\d{4} |level=error")
+ROUTINE_ERROR = re.compile(r"code = NotFound")
 
 
 def last_errors(logs: Path, per_log: int = 6, width: int = 240) -> str:
-    """The last ``per_log`` error lines (cut to ``width``) of each node's kubelet and containerd log."""
+    """The last ``per_log`` error lines (cut to ``width``) of each node's kubelet and containerd log,
+    routine ones left out."""
     digest = []
     for log in sorted(logs.glob("*.log")) if logs.is_dir() else ():
         if not log.name.endswith(NODE_LOGS):
             continue
         with log.open(errors="replace") as lines:
-            errors = [line.rstrip()[:width] for line in lines if ERROR_LINE.search(line)]
+            errors = [
+                line.rstrip()[:width]
+                for line in lines
+                if ERROR_LINE.search(line) and not ROUTINE_ERROR.search(line)
+            ]
         if errors:
             digest.append(f"{logs.parent.name}/{log.name}:")
             digest.extend(f"  {line}" for line in errors[-per_log:])

@@ -394,22 +394,47 @@ def _scheduled_events(sbx: Sandbox, names: set[str]) -> dict[str, int]:
     return counts
 
 
+@contextlib.contextmanager
+def _cordoned(sbx: Sandbox, nodes: list[str]) -> Iterator[None]:
+    """These nodes take no new pod while the block runs (`kubectl cordon`'s patch), and do again after."""
+    for node in nodes:
+        sbx.core.patch_node(node, {"spec": {"unschedulable": True}})
+    try:
+        yield
+    finally:
+        for node in nodes:
+            sbx.core.patch_node(node, {"spec": {"unschedulable": False}})
+
+
 def _lead_from(sbx: Sandbox, *, first: bool) -> str:
     """The leading tessera-scheduler pod once it runs on the first node (``first``) or on a further
-    one: the leader is deleted (it releases its lease on the way out) until the other replica, on a
-    node of that kind, leads; both replicas are ready again before it returns."""
-    for _ in range(4):
-        wait_for(
-            lambda: rolled_out(sbx) and bool(leader_pod(sbx)), timeout=120, what="both replicas, one leading"
-        )
-        leader = leader_pod(sbx)
-        node = sbx.core.read_namespaced_pod(leader, install.NAMESPACE).spec.node_name
-        if (node == sbx.state.node) == first:
-            return leader
-        sbx.core.delete_namespaced_pod(leader, install.NAMESPACE)
-        wait_for(
-            lambda old=leader: leader_pod(sbx) not in ("", old), timeout=60, what="the other replica to lead"
-        )
+    one. The nodes of the other kind are cordoned meanwhile, so that a deleted leader's replacement
+    lands on a node of the kind wanted: the leader is deleted (it releases its lease on the way out)
+    and the other replica leads, so after two deletions at most the leader is on that kind. (Without
+    the cordon, the replacements went where the replicas' preferred anti-affinity put them, and in
+    a CI run four deletions left both replicas on further nodes.) Both replicas are ready again
+    before it returns."""
+
+    def wanted(node: str) -> bool:
+        return (node == sbx.state.node) == first
+
+    others = [n.metadata.name for n in sbx.core.list_node().items if not wanted(n.metadata.name)]
+    with _cordoned(sbx, others):
+        for _ in range(3):
+            wait_for(
+                lambda: rolled_out(sbx) and bool(leader_pod(sbx)),
+                timeout=120,
+                what="both replicas, one leading",
+            )
+            leader = leader_pod(sbx)
+            if wanted(str(sbx.core.read_namespaced_pod(leader, install.NAMESPACE).spec.node_name)):
+                return leader
+            sbx.core.delete_namespaced_pod(leader, install.NAMESPACE)
+            wait_for(
+                lambda old=leader: leader_pod(sbx) not in ("", old),
+                timeout=60,
+                what="the other replica to lead",
+            )
     raise AssertionError(f"no replica on {'the first' if first else 'a further'} node came to lead")
 
 

@@ -609,23 +609,33 @@ def test_a_failed_tests_sandboxes_keep_their_logs_at_once(
     for root in roots[:2]:
         Layout(root).logs.mkdir(parents=True)
         (Layout(root).logs / "kubelet.log").write_text(root.name)
+    (Layout(roots[0]).logs / "containerd.log").write_text('level=error msg="shim gone"\n')
     sandboxes = [sandbox_conftest.Sandbox(root, None, None) for root in roots]  # type: ignore[arg-type]
-    item = SimpleNamespace(funcargs={"a": sandboxes[0], "b": (sandboxes[1], None), "c": sandboxes[2], "d": 1})
-    assert sandbox_conftest.keep_logs_of_failed(item) == ""  # type: ignore[arg-type]
+    item = SimpleNamespace(
+        funcargs={"a": sandboxes[0], "b": (sandboxes[1], None), "c": sandboxes[2], "d": 1, "e": sandboxes[0]}
+    )
+    # The shared sandbox, two of the test's fixtures, is named once.
+    assert sandbox_conftest.keep_logs_of_failed(item).splitlines() == [  # type: ignore[arg-type]
+        "shared/containerd.log:",
+        '  level=error msg="shim gone"',
+    ]
     assert {str(p.relative_to(kept)): p.read_text() for p in kept.rglob("*") if p.is_file()} == {
         "shared/logs/kubelet.log": "shared",
+        "shared/logs/containerd.log": 'level=error msg="shim gone"\n',
         "fleet/logs/kubelet.log": "fleet",
     }
 
 
 def test_a_failed_tests_report_names_each_nodes_last_kubelet_and_containerd_errors(tmp_path: Path) -> None:
     """last_errors: the last lines at error level (klog's E, containerd's level=error) of every node's
-    kubelet and containerd log, the sandbox named; other logs and levels are left out."""
+    kubelet and containerd log, the sandbox named; other logs and levels, and the routine NotFound of
+    a removed container's status, are left out."""
     logs = Layout(tmp_path / "tessera-fleet-1").logs
     logs.mkdir(parents=True)
     (logs / "kubelet.log").write_text(
         "".join(f"E1207 04:22:{i:02d}.000000 1 kubelet.go:1] error {i}\n" for i in range(8))
         + "I1207 04:23:00.000000 1 kubelet.go:1] fine\n"
+        + 'E1207 04:23:01.000000 1 log.go:32] "ContainerStatus failed" err="rpc error: code = NotFound"\n'
     )
     (logs / "vm-2-containerd.log").write_text(
         'time="t" level=info msg="fine"\ntime="t" level=error msg="shim gone"\n'
