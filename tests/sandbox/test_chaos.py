@@ -107,20 +107,23 @@ class Chaos:
         except Exception as e:  # surfaced by the test, which joins this thread and polls this list
             self.errors.append(f"{time.strftime('%H:%M:%S')} {self.history[-1:]}: {type(e).__name__}: {e}")
 
+    def _began(self, what: str) -> None:
+        self.history.append(f"{time.strftime('%H:%M:%S')} {what}")
+
     def kill(self, component: str) -> None:
         if component in ("kubelet", "containerd"):
             node = self.rng.choice(self.nodes)
             where = component if node == self.nodes[0] else f"{node}/{component}"
-            self.history.append(f"{time.strftime('%H:%M:%S')} {component}@{node}")
+            self._began(f"{component}@{node}")
             cluster.restart(self.root, where, timeout=180, crash=True)
         elif component in ("kube-apiserver", "etcd"):
-            self.history.append(f"{time.strftime('%H:%M:%S')} {component}")
+            self._began(component)
             cluster.restart(self.root, component, timeout=180, crash=True)
         else:
             pids = processes_named(f"tessera-{component}")
             if not pids:  # its container is between restarts: nothing to kill this time
                 return
-            self.history.append(f"{time.strftime('%H:%M:%S')} {component}")
+            self._began(component)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.rng.choice(sorted(pids)), signal.SIGKILL)
         self.kills[component] += 1
